@@ -1,0 +1,39 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PKG_DIRS := engine schemas topics runners replay client
+
+.PHONY: install test lint typecheck unit integration bench schemas clean
+
+$(BIN)/.deps: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	touch $@
+
+# Re-link the editable install so new modules are importable and visible to mypy.
+install: $(BIN)/.deps
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy $(addprefix -p deferline.,$(PKG_DIRS)) tests bench
+
+test: lint typecheck
+	$(BIN)/pytest
+
+unit: install
+	$(BIN)/pytest -m "not integration"
+
+integration: install
+	$(BIN)/pytest -m integration
+
+schemas: install
+	$(BIN)/python -m deferline.schemas.export docs/schemas
+
+clean:
+	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Client API: submit, defer, cancel and read tasks."""

@@ -1,0 +1,2 @@
+"""The trigger engine."""
+X: int = 1

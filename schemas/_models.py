@@ -1,0 +1,285 @@
+"""Wire models: every message deferline writes to a topic.
+
+Each record carries ``kind`` (the discriminator) and ``version`` (the schema version). The
+models are frozen data with no I/O. Values whose types JSON lacks (datetimes in trigger
+kwargs, for instance) travel in the tagged form of :mod:`._codec`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+import uuid
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
+
+from ._codec import from_tagged, to_tagged
+from ._errors import SchemaError
+
+SCHEMA_VERSION = 1
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_TRIGGER_NS = uuid.UUID("6f1c2d0e-9a43-4f57-8f3e-1f0a4d2b7c55")
+WIRE_CONTEXT = {"wire": True}
+
+
+def _validate_tagged(value: Any, info: ValidationInfo) -> Any:
+    if info.mode == "json" or (info.context or {}).get("wire"):
+        try:
+            return from_tagged(value)
+        except SchemaError as exc:
+            raise ValueError(str(exc)) from exc
+    return value
+
+
+def _serialize_tagged(value: Any) -> Any:
+    return to_tagged(value)
+
+
+_TAGGED_SCHEMA: dict[str, Any] = {
+    "description": (
+        "Any JSON value. Values JSON lacks are tagged as "
+        '{"__type": "datetime"|"date"|"time"|"timedelta"|"decimal"|"uuid"|"bytes"|"tuple"|'
+        '"set"|"frozenset"|"dict"|"float", "__var": ...}.'
+    )
+}
+
+Tagged = Annotated[
+    Any,
+    PlainValidator(_validate_tagged),
+    PlainSerializer(_serialize_tagged, when_used="json"),
+    WithJsonSchema(_TAGGED_SCHEMA),
+]
+TaggedDict = Annotated[
+    dict[str, Any],
+    PlainValidator(_validate_tagged),
+    PlainSerializer(_serialize_tagged, when_used="json"),
+    WithJsonSchema({"type": "object", **_TAGGED_SCHEMA}),
+]
+QueueName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]+$", max_length=64)]
+TaskState = Literal[
+    "scheduled",
+    "queued",
+    "running",
+    "deferred",
+    "success",
+    "failed",
+    "skipped",
+    "up_for_retry",
+    "removed",
+]
+EventStatus = Literal["fired", "failed", "timed_out", "cancelled"]
+TaskOutcome = Literal["success", "failed", "skipped"]
+
+
+def utcnow() -> dt.datetime:
+    """Now, timezone-aware in UTC (the only clock the wire format accepts)."""
+    return dt.datetime.now(dt.UTC)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+
+class _Record(_Wire):
+    version: int = Field(default=SCHEMA_VERSION, description="Schema version of this record.")
+
+
+class TaskKey(_Wire):
+    """One attempt of one task instance, as Airflow names it."""
+
+    dag_id: str = Field(min_length=1, max_length=250)
+    task_id: str = Field(min_length=1, max_length=250)
+    run_id: str = Field(min_length=1, max_length=250)
+    map_index: int = Field(default=-1, ge=-1)
+    try_number: int = Field(default=1, ge=0)
+
+    @field_validator("dag_id", "task_id")
+    @classmethod
+    def _id_chars(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("only letters, digits, '_', '.', '-' are allowed")
+        return value
+
+    @property
+    def ti_key(self) -> str:
+        """Key of the task instance across attempts: ``dag_id/task_id/run_id/map_index``."""
+        return f"{self.dag_id}/{self.task_id}/{self.run_id}/{self.map_index}"
+
+    def __str__(self) -> str:
+        return f"{self.ti_key}#{self.try_number}"
+
+
+def make_trigger_id(task: TaskKey, defer_seq: int) -> str:
+    """Deterministic trigger id of the ``defer_seq``-th deferral of one task attempt.
+
+    A retried publish of the same deferral carries the same id, so it overwrites itself in
+    the compacted defer topic instead of starting a second trigger.
+    """
+    name = "\x1f".join(
+        (task.dag_id, task.task_id, task.run_id, str(task.map_index), str(task.try_number), str(defer_seq))
+    )
+    return str(uuid.uuid5(_TRIGGER_NS, name))
+
+
+def make_event_id(trigger_id: str, status: str, payload: Any) -> str:
+    """Deterministic event id: the same event from two copies of a trigger has one id."""
+    canonical = orjson.dumps(to_tagged(payload), option=orjson.OPT_SORT_KEYS)
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(trigger_id.encode())
+    digest.update(b"\x1f" + status.encode() + b"\x1f")
+    digest.update(canonical)
+    return digest.hexdigest()
+
+
+class ResumeTarget(_Wire):
+    """What a worker needs to resume the task: the operator and where to run it."""
+
+    operator: str = Field(description="Import path of the operator class, e.g. 'pkg.mod.MyOperator'.")
+    op_kwargs: TaggedDict = Field(default_factory=dict)
+    worker_queue: QueueName = "default"
+    pool: str = "default_pool"
+    pool_slots: int = Field(default=1, ge=1)
+    priority_weight: int = 1
+    retries: int = Field(default=0, ge=0)
+
+
+class DeferRequest(_Record):
+    """A task asks for a trigger to run; value of the defer topic, keyed by ``trigger_id``."""
+
+    kind: Literal["defer_request"] = "defer_request"
+    trigger_id: str = Field(min_length=1, max_length=200)
+    task: TaskKey
+    defer_seq: int = Field(default=0, ge=0, description="How many times this attempt deferred before.")
+    classpath: str = Field(min_length=1, description="Import path of the trigger class.")
+    kwargs: TaggedDict = Field(default_factory=dict, description="Trigger kwargs (empty when sealed).")
+    kwargs_token: str | None = Field(default=None, description="Fernet token of the kwargs, if sealed.")
+    next_method: str = "execute_complete"
+    next_kwargs: TaggedDict | None = None
+    timeout_at: AwareDatetime | None = Field(default=None, description="Absolute deadline of the trigger.")
+    queue: QueueName | None = Field(default=None, description="Trigger queue; null is the default queue.")
+    end_from_trigger: bool = False
+    requested_at: AwareDatetime = Field(default_factory=utcnow)
+    resume: ResumeTarget | None = Field(default=None, description="How to resume it on a worker.")
+
+
+class CancelRequest(_Record):
+    """Stop a trigger wherever it runs (task cleared or marked); keyed by ``trigger_id``."""
+
+    kind: Literal["cancel_request"] = "cancel_request"
+    trigger_id: str = Field(min_length=1, max_length=200)
+    task: TaskKey
+    defer_seq: int = Field(default=0, ge=0)
+    reason: str = "cancelled"
+    requested_at: AwareDatetime = Field(default_factory=utcnow)
+
+
+class TriggerEventRecord(_Record):
+    """A trigger fired, failed, timed out or was cancelled; value of the resume topic."""
+
+    kind: Literal["trigger_event"] = "trigger_event"
+    event_id: str
+    trigger_id: str
+    task: TaskKey
+    defer_seq: int = 0
+    status: EventStatus
+    payload: Tagged = None
+    task_outcome: TaskOutcome | None = Field(
+        default=None, description="Set when the trigger ends the task itself (end_from_trigger)."
+    )
+    xcoms: TaggedDict | None = None
+    error: str | None = None
+    traceback: str | None = None
+    due_at: AwareDatetime | None = Field(default=None, description="When a timer was due.")
+    emitted_at: AwareDatetime = Field(default_factory=utcnow)
+    member: str | None = Field(default=None, description="Consumer-group member that ran it.")
+    partition: int | None = None
+    queue: QueueName | None = None
+    resumed_directly: bool = Field(
+        default=False, description="The triggerer already enqueued the RunTask (direct resume)."
+    )
+
+
+class TaskStateRecord(_Record):
+    """The state of a task instance; value of the compacted tasks topic keyed by ``ti_key``."""
+
+    kind: Literal["task_state"] = "task_state"
+    task: TaskKey
+    state: TaskState
+    trigger_id: str | None = None
+    defer_seq: int = 0
+    next_method: str | None = None
+    next_kwargs: TaggedDict | None = None
+    event: Tagged = None
+    event_id: str | None = None
+    reason: str | None = None
+    updated_at: AwareDatetime = Field(default_factory=utcnow)
+    source: Literal["worker", "scheduler", "triggerer", "client"] = "scheduler"
+    resume: ResumeTarget | None = None
+    timeout_at: AwareDatetime | None = None
+    queue: QueueName | None = None
+
+
+class RunTask(_Record):
+    """Work for a worker: start a task, or resume it after its trigger fired."""
+
+    kind: Literal["run_task"] = "run_task"
+    task: TaskKey
+    mode: Literal["start", "resume"]
+    operator: str
+    op_kwargs: TaggedDict = Field(default_factory=dict)
+    next_method: str | None = None
+    next_kwargs: TaggedDict | None = None
+    event: Tagged = None
+    event_id: str | None = None
+    trigger_id: str | None = None
+    defer_seq: int = 0
+    worker_queue: QueueName = "default"
+    pool: str = "default_pool"
+    pool_slots: int = Field(default=1, ge=1)
+    priority_weight: int = 1
+    retries: int = Field(default=0, ge=0)
+    enqueued_at: AwareDatetime = Field(default_factory=utcnow)
+
+
+class DeadLetter(_Record):
+    """A message that could not be applied, with where it came from and why."""
+
+    kind: Literal["dead_letter"] = "dead_letter"
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None = Field(default=None, description="Original key, base64.")
+    value: bytes | None = Field(default=None, description="Original value, base64.")
+    error: str
+    error_type: str
+    member: str | None = None
+    failed_at: AwareDatetime = Field(default_factory=utcnow)
+    trigger_id: str | None = None
+    task: TaskKey | None = None
+
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
+
+AnyRecord = DeferRequest | CancelRequest | TriggerEventRecord | TaskStateRecord | RunTask | DeadLetter
+
+RECORD_TYPES: dict[str, type[_Record]] = {
+    "defer_request": DeferRequest,
+    "cancel_request": CancelRequest,
+    "trigger_event": TriggerEventRecord,
+    "task_state": TaskStateRecord,
+    "run_task": RunTask,
+    "dead_letter": DeadLetter,
+}
