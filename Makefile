@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PKG_DIRS := engine schemas topics runners replay client
 
-.PHONY: install test lint typecheck unit integration bench schemas clean
+.PHONY: install test lint typecheck unit integration bench schemas clean kafka-jars
 
 $(BIN)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 typecheck: install
-	$(BIN)/mypy $(addprefix -p deferline.,$(PKG_DIRS)) tests bench
+	$(BIN)/mypy $(PKG_DIRS) tests bench
 
 test: lint typecheck
 	$(BIN)/pytest
@@ -31,6 +31,10 @@ unit: install
 
 integration: install
 	$(BIN)/pytest -m integration
+
+# Apache Kafka's jars for the real-Kafka test broker (cached in ~/.cache/deferline; needs Maven once).
+kafka-jars: install
+	$(BIN)/python -m deferline.topics fetch-kafka-jars
 
 schemas: install
 	$(BIN)/python -m deferline.schemas.export docs/schemas

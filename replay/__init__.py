@@ -1,1 +1,80 @@
+"""Reading the topics back: timelines, stuck-deferral verdicts, re-drive and local runs.
 
+Everything deferline knows is on its topics, so a replay of them explains a stuck deferral:
+when it was requested, who owned its partition, whether it fired, failed, timed out or was
+never picked up, and whether the scheduler applied or dropped its event.
+"""
+
+from ._collect import ReplaySession, StuckReport, StuckScan, WaitingTask, subject_filter
+from ._errors import BadSubject, RedriveRefused, ReplayError, TopicsNotFound
+from ._fold import OwnerGuess, OwnershipLog, ReplayIndex, TaskHistory, TriggerHistory
+from ._live import GroupHints, GroupView, LiveView, MemberView, read_live_view
+from ._records import REDRIVE_HEADER, Position, RawRecord, ReplayRecord, decode_raw, describe
+from ._source import NullProgress, ProgressSink, ReadBounds, TopicReader
+from ._timeline import TimelineEntry, build_timeline
+from ._topics import TopicInfo, TopicRole, classify_topic
+from ._verdict import (
+    Evidence,
+    ReplayContext,
+    Subject,
+    Verdict,
+    VerdictKind,
+    explain,
+    explain_task,
+    explain_trigger,
+    parse_subject,
+    scheduler_decisions,
+)
+
+__all__ = [
+    "REDRIVE_HEADER",
+    # Errors
+    "BadSubject",
+    # Verdicts
+    "Evidence",
+    # Live groups
+    "GroupHints",
+    "GroupView",
+    "LiveView",
+    "MemberView",
+    # Reading
+    "NullProgress",
+    # Fold
+    "OwnerGuess",
+    "OwnershipLog",
+    "Position",
+    "ProgressSink",
+    "RawRecord",
+    "ReadBounds",
+    "RedriveRefused",
+    "ReplayContext",
+    "ReplayError",
+    "ReplayIndex",
+    "ReplayRecord",
+    # Sessions
+    "ReplaySession",
+    "StuckReport",
+    "StuckScan",
+    "Subject",
+    "TaskHistory",
+    "TimelineEntry",
+    "TopicInfo",
+    "TopicReader",
+    "TopicRole",
+    "TopicsNotFound",
+    "TriggerHistory",
+    "Verdict",
+    "VerdictKind",
+    "WaitingTask",
+    "build_timeline",
+    "classify_topic",
+    "decode_raw",
+    "describe",
+    "explain",
+    "explain_task",
+    "explain_trigger",
+    "parse_subject",
+    "read_live_view",
+    "scheduler_decisions",
+    "subject_filter",
+]

@@ -1,7 +1,15 @@
 """Wire contract: versioned records, the tagged value codec and kwargs encryption. No I/O."""
 
 from ._codec import dumps_value, from_tagged, loads_value, to_tagged
-from ._errors import DecryptionError, DeferlineError, SchemaError, UnknownSchemaVersion
+from ._crypto import KwargsCipher, open_kwargs, seal
+from ._errors import (
+    DecryptionError,
+    DeferlineError,
+    InvalidKwargsKey,
+    SchemaError,
+    UnknownSchemaVersion,
+)
+from ._jsonschema import record_json_schemas, rendered_json_schemas
 from ._models import (
     RECORD_TYPES,
     SCHEMA_VERSION,
@@ -26,15 +34,15 @@ from ._wire import decode, decode_as, encode
 __all__ = [
     "RECORD_TYPES",
     "SCHEMA_VERSION",
-    # Records
     "AnyRecord",
     "CancelRequest",
     "DeadLetter",
-    # Errors
     "DecryptionError",
     "DeferRequest",
     "DeferlineError",
     "EventStatus",
+    "InvalidKwargsKey",
+    "KwargsCipher",
     "ResumeTarget",
     "RunTask",
     "SchemaError",
@@ -44,16 +52,18 @@ __all__ = [
     "TaskStateRecord",
     "TriggerEventRecord",
     "UnknownSchemaVersion",
-    # Wire
     "decode",
     "decode_as",
-    # Values
     "dumps_value",
     "encode",
     "from_tagged",
     "loads_value",
     "make_event_id",
     "make_trigger_id",
+    "open_kwargs",
+    "record_json_schemas",
+    "rendered_json_schemas",
+    "seal",
     "to_tagged",
     "utcnow",
 ]

@@ -2,16 +2,20 @@
 
 A tagged value is ``{"__type": NAME, "__var": VALUE}``; everything JSON already carries is
 left as is, so a worker in any language can write plain JSON kwargs. A dict that itself has a
-``"__type"`` key, or non-string keys, is carried as a tagged ``dict`` of pairs.
+``"__type"`` key, or non-string keys, is carried as a tagged ``dict`` of ``[key, value]`` pairs.
+The tags are listed in ``docs/protocol.md``.
+
+Errors name the offending value by a relative path such as ``moment`` or ``items[2].at``.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import math
 import uuid
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -23,46 +27,54 @@ __all__ = ["dumps_value", "from_tagged", "loads_value", "to_tagged"]
 TYPE = "__type"
 VAR = "__var"
 JsonValue = Any
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_SORT = orjson.OPT_SORT_KEYS
 
 
 def _tag(name: str, value: JsonValue) -> dict[str, JsonValue]:
     return {TYPE: name, VAR: value}
 
 
-def _datetime_to_json(value: dt.datetime) -> JsonValue:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise SchemaError("naive datetime; deferline carries only timezone-aware datetimes")
-    return _tag("datetime", value.isoformat())
+def _key(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
 
 
-def to_tagged(value: Any, _path: str = "$") -> JsonValue:
-    """Turn a Python value into JSON-safe data with tags for the types JSON lacks."""
-    if value is None or isinstance(value, bool | int | str):
+def _sorted_json(items: list[JsonValue]) -> list[JsonValue]:
+    items.sort(key=lambda item: orjson.dumps(item, option=_SORT))
+    return items
+
+
+def _encode(value: Any, path: str, canonical: bool) -> JsonValue:
+    # Ordered by frequency in trigger kwargs; bool before int is implied (bool is returned as is).
+    if value is None or isinstance(value, str | bool):
         return value
+    if isinstance(value, int):
+        return value if _INT64_MIN <= value <= _INT64_MAX else _tag("int", str(value))
     if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            return _tag("float", repr(value))
-        return value
+        return value if math.isfinite(value) else _tag("float", repr(value))
     if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value) and TYPE not in value:
-            return {k: to_tagged(v, f"{_path}.{k}") for k, v in value.items()}
-        return _tag(
-            "dict",
-            [[to_tagged(k, f"{_path}[key]"), to_tagged(v, f"{_path}[{k!r}]")] for k, v in value.items()],
-        )
+        if TYPE not in value and all(isinstance(k, str) for k in value):
+            return {k: _encode(v, _key(path, k), canonical) for k, v in value.items()}
+        pairs = [
+            [_encode(k, f"{path}[key {k!r}]", canonical), _encode(v, f"{path}[{k!r}]", canonical)]
+            for k, v in value.items()
+        ]
+        return _tag("dict", _sorted_json(pairs) if canonical else pairs)
     if isinstance(value, list):
-        return [to_tagged(v, f"{_path}[{i}]") for i, v in enumerate(value)]
+        return [_encode(v, f"{path}[{i}]", canonical) for i, v in enumerate(value)]
     if isinstance(value, tuple):
-        return _tag("tuple", [to_tagged(v, f"{_path}[{i}]") for i, v in enumerate(value)])
+        return _tag("tuple", [_encode(v, f"{path}[{i}]", canonical) for i, v in enumerate(value)])
     if isinstance(value, set | frozenset):
-        items = [to_tagged(v, f"{_path}[]") for v in value]
-        items.sort(key=lambda item: orjson.dumps(item, option=orjson.OPT_SORT_KEYS))
+        items = _sorted_json([_encode(v, f"{path}[]", canonical) for v in value])
         return _tag("frozenset" if isinstance(value, frozenset) else "set", items)
-    try:
-        if isinstance(value, dt.datetime):
-            return _datetime_to_json(value)
-    except SchemaError as exc:
-        raise SchemaError(str(exc), field=_path) from None
+    if isinstance(value, dt.datetime):
+        if value.utcoffset() is None:
+            raise SchemaError(
+                "naive datetime; deferline carries only timezone-aware datetimes "
+                "(use datetime.now(timezone.utc) or attach a tzinfo)",
+                field=path or None,
+            )
+        return _tag("datetime", value.isoformat())
     if isinstance(value, dt.date):
         return _tag("date", value.isoformat())
     if isinstance(value, dt.time):
@@ -73,66 +85,180 @@ def to_tagged(value: Any, _path: str = "$") -> JsonValue:
         return _tag("decimal", str(value))
     if isinstance(value, uuid.UUID):
         return _tag("uuid", str(value))
-    if isinstance(value, bytes | bytearray):
-        return _tag("bytes", base64.b64encode(bytes(value)).decode("ascii"))
-    raise SchemaError(f"cannot encode a value of type {type(value).__qualname__}", field=_path)
-
-
-def _timedelta(var: JsonValue) -> dt.timedelta:
-    if isinstance(var, list) and len(var) == 3:
-        days, seconds, micros = var
-        return dt.timedelta(days=days, seconds=seconds, microseconds=micros)
-    return dt.timedelta(seconds=float(var))
-
-
-def _datetime(var: JsonValue) -> dt.datetime:
-    value = dt.datetime.fromisoformat(var) if isinstance(var, str) else dt.datetime.fromtimestamp(
-        float(var), dt.UTC
+    if isinstance(value, bytes | bytearray | memoryview):
+        return _tag("bytes", base64.b64encode(value).decode("ascii"))
+    raise SchemaError(
+        f"cannot encode a value of type {type(value).__qualname__}; kwargs, payloads and xcoms "
+        "may hold JSON values, datetime, date, time, timedelta, Decimal, UUID, bytes, tuple, "
+        "set and frozenset",
+        field=path or None,
     )
-    if value.tzinfo is None:
+
+
+def to_tagged(value: Any) -> JsonValue:
+    """Turn a Python value into JSON-safe data with tags for the types JSON lacks."""
+    try:
+        return _encode(value, "", False)
+    except RecursionError:
+        raise SchemaError("value is nested too deeply to encode") from None
+
+
+def canonical_json(value: Any) -> bytes:
+    """Tagged JSON with sorted keys and pairs: equal values give equal bytes (for ids)."""
+    try:
+        return orjson.dumps(_encode(value, "", True), option=_SORT)
+    except RecursionError:
+        raise SchemaError("value is nested too deeply to encode") from None
+    except orjson.JSONEncodeError as exc:
+        raise SchemaError(f"cannot encode value: {exc}") from exc
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+
+def _want(var: JsonValue, what: str, *kinds: type) -> None:
+    if not isinstance(var, kinds) or isinstance(var, bool):
+        raise TypeError(f"expected {what}, got {type(var).__name__}")
+
+
+def _datetime(var: JsonValue, path: str) -> dt.datetime:
+    if isinstance(var, int | float) and not isinstance(var, bool):
+        return dt.datetime.fromtimestamp(var, dt.UTC)
+    _want(var, "an ISO 8601 string or epoch seconds", str)
+    value = dt.datetime.fromisoformat(var)
+    if value.utcoffset() is None:
         raise ValueError("naive datetime; give an offset such as +00:00 or Z")
     return value
 
 
+def _date(var: JsonValue, path: str) -> dt.date:
+    _want(var, "an ISO 8601 date string", str)
+    return dt.date.fromisoformat(var)
+
+
+def _time(var: JsonValue, path: str) -> dt.time:
+    _want(var, "an ISO 8601 time string", str)
+    return dt.time.fromisoformat(var)
+
+
+def _timedelta(var: JsonValue, path: str) -> dt.timedelta:
+    if isinstance(var, list):
+        if len(var) != 3:
+            raise ValueError("expected [days, seconds, microseconds]")
+        for part in var:
+            _want(part, "integers in [days, seconds, microseconds]", int)
+        return dt.timedelta(days=var[0], seconds=var[1], microseconds=var[2])
+    _want(var, "[days, seconds, microseconds] or a number of seconds", int, float)
+    return dt.timedelta(seconds=var)
+
+
+def _decimal(var: JsonValue, path: str) -> Decimal:
+    _want(var, "a decimal string", str, int, float)
+    # A JSON number goes through its shortest repr, so 0.1 stays 0.1 rather than 0.1000...0555.
+    return Decimal(var if isinstance(var, str) else repr(var))
+
+
+def _uuid(var: JsonValue, path: str) -> uuid.UUID:
+    _want(var, "a UUID string", str)
+    return uuid.UUID(var)
+
+
+def _bytes(var: JsonValue, path: str) -> bytes:
+    _want(var, "a base64 string", str)
+    return base64.b64decode(var, validate=True)
+
+
+def _float(var: JsonValue, path: str) -> float:
+    _want(var, '"nan", "inf" or "-inf"', str, int, float)
+    return float(var)
+
+
+def _int(var: JsonValue, path: str) -> int:
+    _want(var, "a string of decimal digits", str, int)
+    return int(var)
+
+
+def _items(var: JsonValue, path: str) -> list[Any]:
+    _want(var, "an array", list)
+    return [_decode(x, f"{path}[{i}]") for i, x in enumerate(var)]
+
+
+def _set(var: JsonValue, path: str) -> set[Any]:
+    return set(_items(var, path))
+
+
+def _dict(var: JsonValue, path: str) -> dict[Any, Any]:
+    _want(var, "an array of [key, value] pairs", list)
+    out: dict[Any, Any] = {}
+    for i, pair in enumerate(var):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError(f"item {i} is not a [key, value] pair")
+        key = _decode(pair[0], f"{path}[key {i}]")
+        out[key] = _decode(pair[1], f"{path}[{key!r}]")
+    return out
+
+
 _DECODERS: dict[str, Callable[[JsonValue, str], Any]] = {
-    "datetime": lambda v, p: _datetime(v),
-    "date": lambda v, p: dt.date.fromisoformat(v),
-    "time": lambda v, p: dt.time.fromisoformat(v),
-    "timedelta": lambda v, p: _timedelta(v),
-    "decimal": lambda v, p: Decimal(v),
-    "uuid": lambda v, p: uuid.UUID(v),
-    "bytes": lambda v, p: base64.b64decode(v, validate=True),
-    "float": lambda v, p: float(v),
-    "tuple": lambda v, p: tuple(from_tagged(x, f"{p}[{i}]") for i, x in enumerate(v)),
-    "set": lambda v, p: {from_tagged(x, f"{p}[]") for x in v},
-    "frozenset": lambda v, p: frozenset(from_tagged(x, f"{p}[]") for x in v),
-    "dict": lambda v, p: {from_tagged(k, f"{p}[key]"): from_tagged(x, p) for k, x in v},
+    "datetime": _datetime,
+    "date": _date,
+    "time": _time,
+    "timedelta": _timedelta,
+    "decimal": _decimal,
+    "uuid": _uuid,
+    "bytes": _bytes,
+    "float": _float,
+    "int": _int,
+    "tuple": lambda v, p: tuple(_items(v, p)),
+    "set": _set,
+    "frozenset": lambda v, p: frozenset(_items(v, p)),
+    "dict": _dict,
 }
+TAGS = tuple(_DECODERS)
 
 
-def from_tagged(value: JsonValue, _path: str = "$") -> Any:
-    """Inverse of :func:`to_tagged`; raises :class:`SchemaError` naming the field on bad input."""
+def _decode(value: JsonValue, path: str) -> Any:
     if isinstance(value, list):
-        return [from_tagged(v, f"{_path}[{i}]") for i, v in enumerate(value)]
+        return [_decode(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if not isinstance(value, dict):
         return value
     if TYPE not in value:
-        return {k: from_tagged(v, f"{_path}.{k}") for k, v in value.items()}
+        return {k: _decode(v, _key(path, k)) for k, v in value.items()}
     name = value[TYPE]
+    if set(value) != {TYPE, VAR}:
+        raise SchemaError(
+            f"a tagged value has exactly the keys {TYPE!r} and {VAR!r}, got {sorted(value)}",
+            field=path or None,
+        )
     decoder = _DECODERS.get(name) if isinstance(name, str) else None
-    if decoder is None or set(value) != {TYPE, VAR}:
-        raise SchemaError(f"unknown tagged type {name!r}", field=_path)
+    if decoder is None:
+        raise SchemaError(
+            f"unknown tagged type {name!r} (known: {', '.join(TAGS)})", field=path or None
+        )
     try:
-        return decoder(value[VAR], _path)
+        return decoder(value[VAR], path)
     except SchemaError:
         raise
-    except (ValueError, TypeError, InvalidOperation, ArithmeticError) as exc:
-        raise SchemaError(f"bad {name} value {value[VAR]!r}: {exc}", field=_path) from exc
+    except (ValueError, TypeError, ArithmeticError, OSError) as exc:
+        shown = repr(value[VAR])
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise SchemaError(f"bad {name} value {shown}: {exc}", field=path or None) from exc
+
+
+def from_tagged(value: JsonValue) -> Any:
+    """Inverse of :func:`to_tagged`; raises :class:`SchemaError` naming the field on bad input."""
+    try:
+        return _decode(value, "")
+    except RecursionError:
+        raise SchemaError("value is nested too deeply to decode") from None
 
 
 def dumps_value(value: Any) -> bytes:
     """Encode any supported Python value as tagged JSON bytes."""
-    return orjson.dumps(to_tagged(value))
+    tagged = to_tagged(value)
+    try:
+        return orjson.dumps(tagged)
+    except orjson.JSONEncodeError as exc:
+        raise SchemaError(f"cannot encode value: {exc}") from exc
 
 
 def loads_value(data: bytes | str) -> Any:

@@ -2,18 +2,20 @@
 
 Each record carries ``kind`` (the discriminator) and ``version`` (the schema version). The
 models are frozen data with no I/O. Values whose types JSON lacks (datetimes in trigger
-kwargs, for instance) travel in the tagged form of :mod:`._codec`.
+kwargs, for instance) travel in the tagged form of :mod:`._codec`. Field-by-field reference:
+``docs/protocol.md``; JSON Schemas: ``docs/schemas/``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import hashlib
-import re
 import uuid
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -25,34 +27,78 @@ from pydantic import (
     WithJsonSchema,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from ._codec import from_tagged, to_tagged
+from ._codec import TAGS, canonical_json, from_tagged, to_tagged
 from ._errors import SchemaError
 
 SCHEMA_VERSION = 1
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_NAME = r"^[A-Za-z0-9_.\-]+$"
+_NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 _TRIGGER_NS = uuid.UUID("6f1c2d0e-9a43-4f57-8f3e-1f0a4d2b7c55")
 WIRE_CONTEXT = {"wire": True}
 
 
+def _on_wire(info: ValidationInfo) -> bool:
+    return info.mode == "json" or bool((info.context or {}).get("wire"))
+
+
 def _validate_tagged(value: Any, info: ValidationInfo) -> Any:
-    if info.mode == "json" or (info.context or {}).get("wire"):
-        try:
-            return from_tagged(value)
-        except SchemaError as exc:
-            raise ValueError(str(exc)) from exc
-    return value
+    if not _on_wire(info):
+        return value
+    try:
+        return from_tagged(value)
+    except SchemaError as exc:
+        # ``path`` lets the wire layer report "kwargs.moment" rather than just "kwargs".
+        raise PydanticCustomError(
+            "tagged_value", "{reason}", {"reason": exc.reason, "path": exc.field or ""}
+        ) from exc
+
+
+def _validate_tagged_dict(value: Any, info: ValidationInfo) -> dict[Any, Any]:
+    value = _validate_tagged(value, info)
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise PydanticCustomError(
+        "tagged_object", "expected an object, got {type}", {"type": type(value).__name__}
+    )
 
 
 def _serialize_tagged(value: Any) -> Any:
     return to_tagged(value)
 
 
+def _validate_bytes(value: Any, info: ValidationInfo) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        if not _on_wire(info):
+            return value.encode()
+        try:
+            urlsafe = "-" in value or "_" in value
+            return base64.b64decode(value, altchars=b"-_" if urlsafe else None, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise PydanticCustomError(
+                "wire_bytes", "not base64: {error}", {"error": str(exc)}
+            ) from exc
+    raise PydanticCustomError(
+        "wire_bytes", "expected base64 text, got {type}", {"type": type(value).__name__}
+    )
+
+
+def _serialize_bytes(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
 _TAGGED_SCHEMA: dict[str, Any] = {
     "description": (
         "Any JSON value. Values JSON lacks are tagged as "
-        '{"__type": "datetime"|"date"|"time"|"timedelta"|"decimal"|"uuid"|"bytes"|"tuple"|'
-        '"set"|"frozenset"|"dict"|"float", "__var": ...}.'
+        '{"__type": ' + "|".join(f'"{tag}"' for tag in TAGS) + ', "__var": ...}'
+        " (see docs/protocol.md)."
     )
 }
 
@@ -64,9 +110,15 @@ Tagged = Annotated[
 ]
 TaggedDict = Annotated[
     dict[str, Any],
-    PlainValidator(_validate_tagged),
+    PlainValidator(_validate_tagged_dict),
     PlainSerializer(_serialize_tagged, when_used="json"),
     WithJsonSchema({"type": "object", **_TAGGED_SCHEMA}),
+]
+WireBytes = Annotated[
+    bytes,
+    PlainValidator(_validate_bytes),
+    PlainSerializer(_serialize_bytes, when_used="json-unless-none"),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64"}),
 ]
 QueueName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]+$", max_length=64)]
 TaskState = Literal[
@@ -100,18 +152,11 @@ class _Record(_Wire):
 class TaskKey(_Wire):
     """One attempt of one task instance, as Airflow names it."""
 
-    dag_id: str = Field(min_length=1, max_length=250)
-    task_id: str = Field(min_length=1, max_length=250)
-    run_id: str = Field(min_length=1, max_length=250)
-    map_index: int = Field(default=-1, ge=-1)
+    dag_id: str = Field(min_length=1, max_length=250, pattern=_NAME)
+    task_id: str = Field(min_length=1, max_length=250, pattern=_NAME)
+    run_id: str = Field(min_length=1, max_length=250, pattern=_NO_CONTROL)
+    map_index: int = Field(default=-1, ge=-1, description="-1 when the task is not mapped.")
     try_number: int = Field(default=1, ge=0)
-
-    @field_validator("dag_id", "task_id")
-    @classmethod
-    def _id_chars(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("only letters, digits, '_', '.', '-' are allowed")
-        return value
 
     @property
     def ti_key(self) -> str:
@@ -126,28 +171,44 @@ def make_trigger_id(task: TaskKey, defer_seq: int) -> str:
     """Deterministic trigger id of the ``defer_seq``-th deferral of one task attempt.
 
     A retried publish of the same deferral carries the same id, so it overwrites itself in
-    the compacted defer topic instead of starting a second trigger.
+    the compacted defer topic instead of starting a second trigger. The id is
+    ``uuid5(6f1c2d0e-9a43-4f57-8f3e-1f0a4d2b7c55, NAME)`` where NAME is dag_id, task_id,
+    run_id, map_index, try_number and defer_seq (integers in decimal) joined by U+001F,
+    so any language can compute it (``docs/protocol.md``).
     """
     name = "\x1f".join(
-        (task.dag_id, task.task_id, task.run_id, str(task.map_index), str(task.try_number), str(defer_seq))
+        (
+            task.dag_id,
+            task.task_id,
+            task.run_id,
+            str(task.map_index),
+            str(task.try_number),
+            str(defer_seq),
+        )
     )
     return str(uuid.uuid5(_TRIGGER_NS, name))
 
 
 def make_event_id(trigger_id: str, status: str, payload: Any) -> str:
-    """Deterministic event id: the same event from two copies of a trigger has one id."""
-    canonical = orjson.dumps(to_tagged(payload), option=orjson.OPT_SORT_KEYS)
+    """Deterministic event id: the same event from two copies of a trigger has one id.
+
+    32 hex digits of BLAKE2b-128 over ``trigger_id 0x1F status 0x1F canonical(payload)``,
+    where canonical is the tagged JSON with sorted keys (and sorted pairs of tagged dicts),
+    so neither dict order nor set order changes the id.
+    """
     digest = hashlib.blake2b(digest_size=16)
     digest.update(trigger_id.encode())
     digest.update(b"\x1f" + status.encode() + b"\x1f")
-    digest.update(canonical)
+    digest.update(canonical_json(payload))
     return digest.hexdigest()
 
 
 class ResumeTarget(_Wire):
     """What a worker needs to resume the task: the operator and where to run it."""
 
-    operator: str = Field(description="Import path of the operator class, e.g. 'pkg.mod.MyOperator'.")
+    operator: str = Field(
+        description="Import path of the operator class, e.g. 'pkg.mod.MyOperator'."
+    )
     op_kwargs: TaggedDict = Field(default_factory=dict)
     worker_queue: QueueName = "default"
     pool: str = "default_pool"
@@ -162,17 +223,34 @@ class DeferRequest(_Record):
     kind: Literal["defer_request"] = "defer_request"
     trigger_id: str = Field(min_length=1, max_length=200)
     task: TaskKey
-    defer_seq: int = Field(default=0, ge=0, description="How many times this attempt deferred before.")
+    defer_seq: int = Field(
+        default=0, ge=0, description="How many times this attempt deferred before."
+    )
     classpath: str = Field(min_length=1, description="Import path of the trigger class.")
-    kwargs: TaggedDict = Field(default_factory=dict, description="Trigger kwargs (empty when sealed).")
-    kwargs_token: str | None = Field(default=None, description="Fernet token of the kwargs, if sealed.")
+    kwargs: TaggedDict = Field(
+        default_factory=dict, description="Trigger kwargs (empty when sealed)."
+    )
+    kwargs_token: str | None = Field(
+        default=None, min_length=1, description="Fernet token of the tagged-JSON kwargs, if sealed."
+    )
     next_method: str = "execute_complete"
     next_kwargs: TaggedDict | None = None
-    timeout_at: AwareDatetime | None = Field(default=None, description="Absolute deadline of the trigger.")
-    queue: QueueName | None = Field(default=None, description="Trigger queue; null is the default queue.")
+    timeout_at: AwareDatetime | None = Field(
+        default=None, description="Absolute deadline of the trigger."
+    )
+    queue: QueueName | None = Field(
+        default=None, description="Trigger queue; null is the default queue."
+    )
     end_from_trigger: bool = False
     requested_at: AwareDatetime = Field(default_factory=utcnow)
     resume: ResumeTarget | None = Field(default=None, description="How to resume it on a worker.")
+
+    @field_validator("kwargs_token")
+    @classmethod
+    def _sealed_kwargs_are_empty(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("kwargs"):
+            raise ValueError("kwargs must be empty when kwargs_token carries them (sealed)")
+        return value
 
 
 class CancelRequest(_Record):
@@ -190,8 +268,8 @@ class TriggerEventRecord(_Record):
     """A trigger fired, failed, timed out or was cancelled; value of the resume topic."""
 
     kind: Literal["trigger_event"] = "trigger_event"
-    event_id: str
-    trigger_id: str
+    event_id: str = Field(min_length=1, description="make_event_id(trigger_id, status, payload).")
+    trigger_id: str = Field(min_length=1)
     task: TaskKey
     defer_seq: int = 0
     status: EventStatus
@@ -261,8 +339,8 @@ class DeadLetter(_Record):
     topic: str
     partition: int
     offset: int
-    key: bytes | None = Field(default=None, description="Original key, base64.")
-    value: bytes | None = Field(default=None, description="Original value, base64.")
+    key: WireBytes | None = Field(default=None, description="Original key, base64.")
+    value: WireBytes | None = Field(default=None, description="Original value, base64.")
     error: str
     error_type: str
     member: str | None = None
@@ -270,10 +348,10 @@ class DeadLetter(_Record):
     trigger_id: str | None = None
     task: TaskKey | None = None
 
-    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
 
-
-AnyRecord = DeferRequest | CancelRequest | TriggerEventRecord | TaskStateRecord | RunTask | DeadLetter
+AnyRecord = (
+    DeferRequest | CancelRequest | TriggerEventRecord | TaskStateRecord | RunTask | DeadLetter
+)
 
 RECORD_TYPES: dict[str, type[_Record]] = {
     "defer_request": DeferRequest,

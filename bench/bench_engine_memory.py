@@ -1,0 +1,138 @@
+"""RSS per waiting trigger and creation rate of the trigger supervisor.
+
+Cases (each measured in a fresh subprocess so one cannot inflate the next):
+  * N timer triggers (DateTimeTrigger, the shared-heap fast path), N = 100,000 and 1,000,000;
+  * N generic coroutine triggers (each waits on an asyncio.Event), N = 100,000.
+
+Bytes per trigger = (RSS with N waiting triggers - RSS before) / N. It includes the trigger
+ids (36-character strings, as the runner keeps them), the supervisor's per-trigger entries
+and, for coroutine triggers, the trigger object, its generator and its task.
+Creation rate = triggers constructed and added per second.
+
+Run: .venv/bin/python -m bench.bench_engine_memory   (or: python bench/bench_engine_memory.py)
+     add --case timers --n 100000 to run one case in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import gc
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+AIRFLOW_BYTES_PER_TRIGGER = 24 * 1024  # measured Airflow 2.10.5 triggerer, see ANCHORS.md
+CASES = [("timers", 100_000), ("timers", 1_000_000), ("coroutines", 100_000)]
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def measure(case: str, n: int) -> dict[str, Any]:
+    from deferline.engine import BaseTrigger, TriggerEvent, TriggerSupervisor
+    from deferline.engine.triggers import DateTimeTrigger
+
+    class Waiter(BaseTrigger):
+        """A generic coroutine trigger: waits for an event that never comes here."""
+
+        def __init__(self, gate: asyncio.Event) -> None:
+            super().__init__()
+            self.gate = gate
+
+        def serialize(self) -> tuple[str, dict[str, Any]]:
+            return ("bench.Waiter", {})
+
+        async def run(self) -> AsyncIterator[TriggerEvent]:
+            await self.gate.wait()
+            yield TriggerEvent(None)
+
+    # Adding N triggers in one synchronous burst blocks the loop on purpose; keep the
+    # watchdog running (as in production) but quiet.
+    logging.getLogger("deferline.engine").setLevel(logging.ERROR)
+    fired: list[object] = []
+    sup = TriggerSupervisor(capacity=n, on_event=fired.append)
+    await sup.start()
+    gate = asyncio.Event()
+    start_moment = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    step = dt.timedelta(microseconds=1000)
+    gc.collect()
+    before = rss_bytes()
+    ids = [str(uuid.uuid4()) for _ in range(n)]
+    t0 = time.perf_counter()
+    if case == "timers":
+        for i, tid in enumerate(ids):
+            sup.add(tid, DateTimeTrigger(start_moment + i * step))
+    else:
+        for tid in ids:
+            sup.add(tid, Waiter(gate))
+    created = time.perf_counter() - t0
+    # Let every coroutine trigger reach its first await, so each holds its full state.
+    while case == "coroutines" and len(asyncio.all_tasks()) < n:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)
+    settled = time.perf_counter() - t0
+    gc.collect()
+    after = rss_bytes()
+    assert len(sup) == n and sup.running == n and not fired
+    result = {
+        "case": case,
+        "n": n,
+        "rss_before_mb": before / 2**20,
+        "rss_after_mb": after / 2**20,
+        "bytes_per_trigger": (after - before) / n,
+        "created_per_s": n / created,
+        "settled_s": settled,
+        "waiting_timers": sup.waiting_timers,
+    }
+    await sup.stop()
+    return result
+
+
+def run_case_in_subprocess(case: str, n: int) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--n", str(n), "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=["timers", "coroutines"])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--json", action="store_true", help="print one JSON line (internal)")
+    args = parser.parse_args()
+    if args.case:
+        result = asyncio.run(measure(args.case, args.n))
+        print(json.dumps(result) if args.json else result)
+        return
+    print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"{platform.machine()}")
+    print()
+    print("| triggers waiting | kind | RSS before → after | bytes / trigger "
+          "| vs Airflow (24 KB) | created / s |")
+    print("|---|---|---|---|---|---|")
+    for case, n in CASES:
+        r = run_case_in_subprocess(case, n)
+        kind = "timer (shared heap)" if case == "timers" else "coroutine (task each)"
+        print(
+            f"| {n:,} | {kind} | {r['rss_before_mb']:.0f} → {r['rss_after_mb']:.0f} MB "
+            f"| {r['bytes_per_trigger']:,.0f} B "
+            f"| {AIRFLOW_BYTES_PER_TRIGGER / r['bytes_per_trigger']:.0f}× smaller "
+            f"| {r['created_per_s']:,.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Micro-benchmark of the wire codec: µs per DeferRequest encoded and decoded, plain and sealed.
+
+Run: .venv/bin/python bench/bench_schemas.py [--number N]
+Prints a Markdown table (best of 5 repeats) for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import timeit
+from collections.abc import Callable
+
+import pydantic
+from deferline.schemas import (
+    DeferRequest,
+    KwargsCipher,
+    ResumeTarget,
+    TaskKey,
+    decode,
+    decode_as,
+    encode,
+    make_event_id,
+    make_trigger_id,
+    open_kwargs,
+    seal,
+)
+
+
+def sample_request() -> DeferRequest:
+    """A typical deferral: a DateTimeTrigger with a resume target, as a worker sends it."""
+    task = TaskKey(dag_id="etl_daily", task_id="wait_for_window", run_id="scheduled__2030-01-02")
+    moment = dt.datetime(2030, 1, 2, 6, 0, tzinfo=dt.UTC)
+    return DeferRequest(
+        trigger_id=make_trigger_id(task, 0),
+        task=task,
+        classpath="deferline.engine.triggers.DateTimeTrigger",
+        kwargs={"moment": moment, "end_from_trigger": False},
+        next_kwargs={"attempt": 1},
+        timeout_at=moment + dt.timedelta(hours=1),
+        requested_at=moment - dt.timedelta(hours=6),
+        resume=ResumeTarget(operator="pkg.ops.WaitOperator", op_kwargs={"window": "06:00"}),
+    )
+
+
+def best_us(fn: Callable[[], object], number: int) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--number", type=int, default=20_000, help="calls per repeat")
+    args = parser.parse_args()
+    n: int = args.number
+
+    request = sample_request()
+    cipher = KwargsCipher([KwargsCipher.generate_key()])
+    plain = encode(request)
+    sealed_request = seal(request, cipher)
+    sealed = encode(sealed_request)
+    payload = {"moment": request.kwargs["moment"]}
+
+    rows = [
+        ("encode DeferRequest (plain)", len(plain), lambda: encode(request)),
+        ("decode DeferRequest (plain)", len(plain), lambda: decode(plain)),
+        ("decode_as DeferRequest (plain)", len(plain), lambda: decode_as(plain, DeferRequest)),
+        ("seal + encode DeferRequest", len(sealed), lambda: encode(seal(request, cipher))),
+        (
+            "decode + open_kwargs (sealed)",
+            len(sealed),
+            lambda: open_kwargs(decode_as(sealed, DeferRequest), cipher),
+        ),
+        ("make_trigger_id", None, lambda: make_trigger_id(request.task, 0)),
+        ("make_event_id", None, lambda: make_event_id(request.trigger_id, "fired", payload)),
+    ]
+    print(
+        f"Python {platform.python_version()}, pydantic {pydantic.VERSION}, "
+        f"{platform.machine()}, best of 5 x {n} calls"
+    )
+    print()
+    print("| operation | bytes | µs/op | ops/s |")
+    print("|---|---:|---:|---:|")
+    for name, size, fn in rows:
+        us = best_us(fn, n)
+        shown = "" if size is None else str(size)
+        print(f"| {name} | {shown} | {us:.2f} | {1e6 / us:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

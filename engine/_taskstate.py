@@ -1,0 +1,660 @@
+"""The task state machine and event dedup: a pure fold of the tasks and resume topics.
+
+One :class:`TaskTable` holds the state of every task instance, keyed by ``TaskKey.ti_key``. It
+folds two streams: :class:`TaskStateRecord` values from the tasks topic (written by clients,
+workers and the scheduler itself) and :class:`TriggerEventRecord` values from the resume
+topics. It does no I/O and reads no clock: every time it writes comes from a record, so the
+same input in the same order gives the same state and the same output, byte for byte.
+
+Rules (Airflow's, with deferline's pool handling):
+
+- Records of one task are ordered by *progress* (try number, then deferral, then step); a
+  record behind the current one is stale and never moves the state back. When a stale record
+  is the last one written to the compacted tasks topic, :meth:`TaskTable.drain` re-publishes
+  the current state so the topic converges ("repair").
+- An event applies only while its task is ``deferred`` on that trigger (same trigger id, try
+  number and defer sequence). An event for a deferral not seen yet is held pending; anything
+  else is a duplicate or stale event: counted, never applied.
+- ``fired`` → ``queued`` with the deferral's ``next_method``/``next_kwargs`` and the event, plus
+  a resume RunTask; ``failed``/``timed_out`` → resume into ``__fail__``; an event with
+  ``task_outcome`` ends the task without a worker; ``cancelled`` → ``removed``.
+- Pools with slot counts admit new work in priority-weight order. ``queued``, ``running`` and
+  ``deferred`` tasks hold their slots; a resume keeps the slot and bypasses the pool.
+- ``up_for_retry`` schedules the next try; a task cleared (``removed``) while deferred gets a
+  CancelRequest for its trigger.
+
+Decisions that depend on the whole table (admission, retries, cancels, repairs) are taken in
+:meth:`TaskTable.drain`, so a process rebuilding its state from the topics can fold everything
+first and decide once, instead of re-deciding what the topics already record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import logging
+from collections.abc import Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from deferline.schemas import (
+    CancelRequest,
+    ResumeTarget,
+    RunTask,
+    TaskStateRecord,
+    TriggerEventRecord,
+)
+
+__all__ = [
+    "FAIL_METHOD",
+    "HOLDING_STATES",
+    "TERMINAL_STATES",
+    "Emit",
+    "Pools",
+    "TableCounters",
+    "TaskTable",
+    "Verdict",
+    "progress",
+]
+
+logger = logging.getLogger(__name__)
+
+FAIL_METHOD: Final = "__fail__"
+"""``next_method`` of a task whose trigger failed or timed out: the worker fails the task."""
+
+HOLDING_STATES: Final = frozenset({"queued", "running", "deferred"})
+"""States that hold a pool slot."""
+
+TERMINAL_STATES: Final = frozenset({"success", "failed", "skipped", "up_for_retry", "removed"})
+"""States that end an attempt."""
+
+_END: Final = 1 << 40  # progress of a finished attempt, beyond any deferral
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_STEP: Final[Mapping[str, int]] = {"scheduled": 0, "queued": 1, "running": 2}
+
+Progress = tuple[int, int, int]
+Verdict = Literal["applied", "echo", "stale", "pending", "duplicate", "direct", "cancelled"]
+"""What folding one record did.
+
+``applied``: the state moved; ``echo``: the record repeats the current state; ``stale``: a
+task record behind the current state; ``pending``: an event held until its deferral is seen;
+``duplicate``: an event for a deferral already resolved (or never matching); ``direct``: the
+first event of a deferral the triggerer already resumed directly, seen after the worker moved
+on; ``cancelled``: the expected ``cancelled`` event of a trigger whose task was cleared.
+"""
+
+
+def progress(record: TaskStateRecord) -> Progress:
+    """Where a record sits in its task's life: (try number, deferral, step).
+
+    Within a try: ``scheduled`` < ``queued`` < ``running`` < ``deferred`` #0 < ``scheduled`` /
+    ``queued`` / ``running`` after resume #0 (records naming the trigger) < ``deferred`` #1 <
+    ... < the end of the try. ``removed`` is after every other end: a cleared attempt stays
+    cleared.
+    """
+    try_number = record.task.try_number
+    state = record.state
+    if state == "removed":
+        return (try_number, _END, 1)
+    if state in TERMINAL_STATES:
+        return (try_number, _END, 0)
+    if state == "deferred":
+        return (try_number, record.defer_seq + 1, 0)
+    step = _STEP[state]
+    if record.trigger_id is None:
+        return (try_number, 0, step)
+    return (try_number, record.defer_seq + 1, step + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Pools:
+    """Slot counts per pool; a pool not listed has ``default_slots`` slots.
+
+    ``default_slots=None`` makes unlisted pools unlimited.
+    """
+
+    slots: Mapping[str, int] = field(default_factory=lambda: {"default_pool": 128})
+    default_slots: int | None = 128
+
+    def size(self, pool: str) -> int | None:
+        """Slots of ``pool``; None means unlimited."""
+        if pool in self.slots:
+            return self.slots[pool]
+        return self.default_slots
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """A record the table decided to publish.
+
+    ``queue`` is the trigger queue of a CancelRequest (its topic is ``defer.<queue>``); the
+    other records name their destination themselves (``RunTask.worker_queue`` and ``mode``,
+    the tasks topic for a TaskStateRecord).
+    """
+
+    record: TaskStateRecord | RunTask | CancelRequest
+    queue: str | None = None
+
+
+@dataclass(slots=True)
+class TableCounters:
+    """Running totals of what the table did (exported as metrics)."""
+
+    states_applied: int = 0
+    states_stale: int = 0
+    events_applied: int = 0
+    events_duplicate: int = 0
+    events_direct: int = 0
+    events_cancelled: int = 0
+    events_orphaned: int = 0
+    resumes: int = 0
+    starts: int = 0
+    ended_by_trigger: int = 0
+    retries: int = 0
+    cancels: int = 0
+    repairs: int = 0
+
+
+@dataclass(slots=True)
+class _View:
+    record: TaskStateRecord
+    at: Progress
+    target: ResumeTarget | None
+    holds: tuple[str, int] | None = None
+    needs_repair: bool = False
+    inflight: list[TaskStateRecord] = field(default_factory=list)  # own writes not read back
+    resolved: set[str] = field(default_factory=set)  # trigger ids whose event is accounted for
+
+
+@dataclass(slots=True)
+class _Pending:
+    event: TriggerEventRecord
+    generation: int
+    ref: Hashable | None
+
+
+def _holds(record: TaskStateRecord, target: ResumeTarget | None) -> tuple[str, int] | None:
+    if target is None or record.state not in HOLDING_STATES:
+        return None
+    return (target.pool, target.pool_slots)
+
+
+class TaskTable:
+    """State of every task instance, folded from the tasks and resume topics. No I/O.
+
+    Feed records with :meth:`apply`; collect what to publish with :meth:`drain`.
+    """
+
+    def __init__(self, *, pools: Pools | None = None) -> None:
+        self.pools = pools if pools is not None else Pools()
+        self.counters = TableCounters()
+        self._views: dict[str, _View] = {}
+        self._pending: dict[str, list[_Pending]] = {}
+        self._pending_count = 0
+        self._generation = 0
+        self._outbox: list[Emit] = []
+        self._used: dict[str, int] = {}
+        self._ready: dict[str, list[tuple[int, dt.datetime, str, int]]] = {}
+        self._retry: set[str] = set()
+        self._cancel: dict[str, Emit] = {}
+        self._repair: set[str] = set()
+        self._clock = _EPOCH
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __contains__(self, ti_key: object) -> bool:
+        return ti_key in self._views
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def get(self, ti_key: str) -> TaskStateRecord | None:
+        """The current state record of a task instance, or None if unknown."""
+        view = self._views.get(ti_key)
+        return view.record if view is not None else None
+
+    def snapshot(self) -> dict[str, TaskStateRecord]:
+        """Current state record of every task instance."""
+        return {key: view.record for key, view in self._views.items()}
+
+    def count_by_state(self) -> dict[str, int]:
+        """How many task instances are in each state."""
+        counts: dict[str, int] = {}
+        for view in self._views.values():
+            counts[view.record.state] = counts.get(view.record.state, 0) + 1
+        return counts
+
+    def pool_usage(self) -> dict[str, tuple[int, int | None]]:
+        """Slots in use and pool size, per pool that has been used or configured."""
+        names = set(self.pools.slots) | set(self._used)
+        return {name: (self._used.get(name, 0), self.pools.size(name)) for name in sorted(names)}
+
+    @property
+    def pending_events(self) -> int:
+        """Events held until their deferral is seen."""
+        return self._pending_count
+
+    def pending_refs(self) -> Iterator[Hashable]:
+        """The ``ref`` of every pending event (the runner's topic position of each)."""
+        for items in self._pending.values():
+            for item in items:
+                if item.ref is not None:
+                    yield item.ref
+
+    @property
+    def clock(self) -> dt.datetime:
+        """The latest time read from any record: the table's only notion of now."""
+        return self._clock
+
+    # -- folding ---------------------------------------------------------------------------
+
+    def apply(
+        self, record: TaskStateRecord | TriggerEventRecord, *, ref: Hashable | None = None
+    ) -> Verdict:
+        """Fold one record. ``ref`` is kept with a pending event (see :meth:`pending_refs`)."""
+        if isinstance(record, TriggerEventRecord):
+            self._tick(record.emitted_at)
+            return self._apply_event(record, ref)
+        self._tick(record.updated_at)
+        return self._apply_state(record)
+
+    def forget(self, ti_key: str) -> None:
+        """Drop a task instance (its key was tombstoned on the tasks topic); frees its slot."""
+        view = self._views.pop(ti_key, None)
+        if view is not None and view.holds is not None:
+            self._used[view.holds[0]] -= view.holds[1]
+        self._retry.discard(ti_key)
+        self._cancel.pop(ti_key, None)
+        self._repair.discard(ti_key)
+
+    def mark_generation(self) -> int:
+        """Close the current generation of pending events and return its number.
+
+        A runner calls this, then reads the tasks topic's end offsets; once its tasks consumer
+        reaches them, every deferral written before those events is folded, so events of
+        generations up to the returned one that are still pending can never apply:
+        :meth:`expire_pending` drops them as orphans.
+        """
+        closed = self._generation
+        self._generation += 1
+        return closed
+
+    def expire_pending(self, upto: int) -> int:
+        """Drop pending events of generations ``<= upto`` as orphans; returns how many."""
+        dropped = 0
+        for key in list(self._pending):
+            keep = [item for item in self._pending[key] if item.generation > upto]
+            gone = len(self._pending[key]) - len(keep)
+            for item in self._pending[key]:
+                if item.generation <= upto:
+                    logger.info(
+                        "event dropped: no deferral for it on the tasks topic",
+                        extra={
+                            "trigger_id": item.event.trigger_id,
+                            "task": str(item.event.task),
+                            "event_id": item.event.event_id,
+                        },
+                    )
+            dropped += gone
+            if keep:
+                self._pending[key] = keep
+            else:
+                del self._pending[key]
+        self._pending_count -= dropped
+        self.counters.events_orphaned += dropped
+        return dropped
+
+    def drain(self) -> list[Emit]:
+        """Take the decisions the current state calls for and return everything to publish.
+
+        Order matters and is kept: for one task, its TaskStateRecord comes before its RunTask.
+        """
+        for key in sorted(self._retry):
+            self._schedule_retry(key)
+        self._retry.clear()
+        for key in sorted(self._cancel):
+            self._outbox.append(self._cancel[key])
+            self.counters.cancels += 1
+        self._cancel.clear()
+        for key in sorted(self._repair):
+            view = self._views[key]
+            if view.needs_repair and not view.inflight:
+                self._outbox.append(Emit(view.record))
+                view.inflight.append(view.record)
+                view.needs_repair = False
+                self.counters.repairs += 1
+        self._repair.clear()
+        for pool in sorted(self._ready):
+            self._admit(pool)
+        out, self._outbox = self._outbox, []
+        return out
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _tick(self, when: dt.datetime) -> None:
+        if when > self._clock:
+            self._clock = when
+
+    def _apply_state(self, record: TaskStateRecord) -> Verdict:
+        key = record.task.ti_key
+        at = progress(record)
+        view = self._views.get(key)
+        if view is None:
+            view = _View(record=record, at=at, target=record.resume)
+            self._views[key] = view
+            self._entered(key, view, None)
+            self.counters.states_applied += 1
+            return "applied"
+        if record in view.inflight:
+            # One of our own writes read back; it may already be behind the current state.
+            del view.inflight[: view.inflight.index(record) + 1]
+            if at == view.at:
+                view.needs_repair = False
+                return "echo"
+            if view.inflight:
+                return "echo"  # a later write of ours is still on its way
+        elif at == view.at and record.state == view.record.state:
+            view.needs_repair = False
+            return "echo"
+        if at <= view.at:
+            # Behind the current state. If it is the last record the tasks topic holds for
+            # this task (none of our writes still on its way), publish the state again.
+            if not view.inflight:
+                view.needs_repair = True
+                self._repair.add(key)
+            self.counters.states_stale += 1
+            logger.debug(
+                "stale task state ignored",
+                extra={
+                    "task": str(record.task),
+                    "state": record.state,
+                    "current": view.record.state,
+                },
+            )
+            return "stale"
+        self._advance(key, view, record)
+        view.needs_repair = False
+        self.counters.states_applied += 1
+        return "applied"
+
+    def _advance(self, key: str, view: _View, record: TaskStateRecord) -> None:
+        previous = view.record
+        view.record = record
+        view.at = progress(record)
+        if record.resume is not None:
+            view.target = record.resume
+        self._entered(key, view, previous)
+
+    def _entered(self, key: str, view: _View, previous: TaskStateRecord | None) -> None:
+        """Book-keeping after ``view.record`` changed: pool slots, queues, follow-ups."""
+        record = view.record
+        holds = _holds(record, view.target)
+        if holds != view.holds:
+            if view.holds is not None:
+                self._used[view.holds[0]] -= view.holds[1]
+            if holds is not None:
+                self._used[holds[0]] = self._used.get(holds[0], 0) + holds[1]
+            view.holds = holds
+        if record.state == "scheduled" and record.next_method is None and view.target is not None:
+            entry = (
+                -view.target.priority_weight,
+                record.updated_at,
+                key,
+                record.task.try_number,
+            )
+            heapq.heappush(self._ready.setdefault(view.target.pool, []), entry)
+        elif record.state == "up_for_retry":
+            self._retry.add(key)
+        elif (
+            record.state == "removed"
+            and record.source != "scheduler"
+            and previous is not None
+            and previous.state == "deferred"
+            and previous.trigger_id is not None
+        ):
+            cancel = CancelRequest(
+                trigger_id=previous.trigger_id,
+                task=previous.task,
+                defer_seq=previous.defer_seq,
+                reason=record.reason or "cleared",
+                requested_at=record.updated_at,
+            )
+            self._cancel[key] = Emit(cancel, queue=previous.queue)
+            view.resolved.add(previous.trigger_id)
+        if key in self._pending:
+            self._resolve_pending(key)
+
+    def _resolve_pending(self, key: str) -> None:
+        items = self._pending.pop(key)
+        self._pending_count -= len(items)
+        # Each item sees the state the previous one left; hold=False never re-adds an item.
+        keep = [
+            item
+            for item in items
+            if self._apply_event(item.event, item.ref, hold=False) == "pending"
+        ]
+        if keep:
+            self._pending.setdefault(key, []).extend(keep)
+            self._pending_count += len(keep)
+
+    def _apply_event(
+        self, event: TriggerEventRecord, ref: Hashable | None, *, hold: bool = True
+    ) -> Verdict:
+        key = event.task.ti_key
+        view = self._views.get(key)
+        wanted = (event.task.try_number, event.defer_seq + 1, 0)
+        if (
+            view is not None
+            and view.record.state == "deferred"
+            and view.at == wanted
+            and view.record.trigger_id == event.trigger_id
+        ):
+            self._resume(key, view, event)
+            return "applied"
+        if view is None or view.at < wanted:
+            if hold:
+                self._pending.setdefault(key, []).append(
+                    _Pending(event=event, generation=self._generation, ref=ref)
+                )
+                self._pending_count += 1
+            return "pending"
+        if event.resumed_directly and event.trigger_id not in view.resolved:
+            view.resolved.add(event.trigger_id)
+            self.counters.events_direct += 1
+            return "direct"
+        if event.status == "cancelled":
+            self.counters.events_cancelled += 1
+            return "cancelled"
+        self.counters.events_duplicate += 1
+        logger.info(
+            "duplicate or stale trigger event dropped",
+            extra={
+                "trigger_id": event.trigger_id,
+                "task": str(event.task),
+                "event_id": event.event_id,
+                "partition": event.partition,
+                "member": event.member,
+                "state": view.record.state,
+            },
+        )
+        return "duplicate"
+
+    def _resume(self, key: str, view: _View, event: TriggerEventRecord) -> None:
+        deferred = view.record
+        target = view.target
+        base: dict[str, Any] = {
+            "task": deferred.task,
+            "trigger_id": event.trigger_id,
+            "defer_seq": event.defer_seq,
+            "event": event.payload,
+            "event_id": event.event_id,
+            "updated_at": event.emitted_at,
+            "source": "scheduler",
+            "resume": target,
+            "queue": deferred.queue,
+            "timeout_at": deferred.timeout_at,
+        }
+        self.counters.events_applied += 1
+        view.resolved.add(event.trigger_id)
+        logger.debug(
+            "trigger event applied",
+            extra={
+                "trigger_id": event.trigger_id,
+                "task": str(event.task),
+                "status": event.status,
+                "partition": event.partition,
+                "member": event.member,
+            },
+        )
+        if event.status == "cancelled":
+            state = TaskStateRecord(
+                state="removed", reason=event.error or "trigger cancelled", **base
+            )
+            self._own(key, view, state)
+            return
+        if event.status == "fired" and event.task_outcome is not None:
+            state = TaskStateRecord(
+                state=event.task_outcome, reason=f"ended by trigger: {event.task_outcome}", **base
+            )
+            self.counters.ended_by_trigger += 1
+            self._own(key, view, state)
+            return
+        next_method: str
+        next_kwargs: dict[str, Any] | None
+        reason: str | None = None
+        if event.status == "fired":
+            next_method = deferred.next_method or "execute_complete"
+            next_kwargs = deferred.next_kwargs
+        else:
+            reason = (
+                "Trigger/execution timeout"
+                if event.status == "timed_out"
+                else (f"Trigger failure: {event.error}" if event.error else "Trigger failure")
+            )
+            next_method = FAIL_METHOD
+            next_kwargs = {"error": reason, "traceback": event.traceback, "status": event.status}
+        if target is None:
+            # Nobody told us how to run it: publish Airflow's "scheduled with next_method"
+            # for whoever owns the task to pick up.
+            state = TaskStateRecord(
+                state="scheduled",
+                next_method=next_method,
+                next_kwargs=next_kwargs,
+                reason=reason,
+                **base,
+            )
+            self._own(key, view, state)
+            return
+        state = TaskStateRecord(
+            state="queued", next_method=next_method, next_kwargs=next_kwargs, reason=reason, **base
+        )
+        self._own(key, view, state)
+        if event.resumed_directly:
+            return
+        self._outbox.append(
+            Emit(
+                RunTask(
+                    task=deferred.task,
+                    mode="resume",
+                    operator=target.operator,
+                    op_kwargs=target.op_kwargs,
+                    next_method=next_method,
+                    next_kwargs=next_kwargs,
+                    event=event.payload,
+                    event_id=event.event_id,
+                    trigger_id=event.trigger_id,
+                    defer_seq=event.defer_seq,
+                    worker_queue=target.worker_queue,
+                    pool=target.pool,
+                    pool_slots=target.pool_slots,
+                    priority_weight=target.priority_weight,
+                    retries=target.retries,
+                    enqueued_at=event.emitted_at,
+                )
+            )
+        )
+        self.counters.resumes += 1
+
+    def _own(self, key: str, view: _View, record: TaskStateRecord) -> None:
+        """Move to a state the table itself decided, and publish it."""
+        self._outbox.append(Emit(record))
+        self._advance(key, view, record)
+        view.inflight.append(record)
+        view.needs_repair = False
+
+    def _schedule_retry(self, key: str) -> None:
+        view = self._views[key]
+        record = view.record
+        if record.state != "up_for_retry" or view.target is None:
+            return
+        task = record.task.model_copy(update={"try_number": record.task.try_number + 1})
+        state = TaskStateRecord(
+            task=task,
+            state="scheduled",
+            reason="retry",
+            updated_at=record.updated_at,
+            source="scheduler",
+            resume=view.target,
+        )
+        self.counters.retries += 1
+        self._own(key, view, state)
+
+    def _admit(self, pool: str) -> None:
+        heap = self._ready[pool]
+        size = self.pools.size(pool)
+        held: list[tuple[int, dt.datetime, str, int]] = []
+        while heap:
+            free = None if size is None else size - self._used.get(pool, 0)
+            if free is not None and free <= 0:
+                break
+            entry = heapq.heappop(heap)
+            view = self._views.get(entry[2])
+            if (
+                view is None
+                or view.record.state != "scheduled"
+                or view.record.next_method is not None
+                or view.record.task.try_number != entry[3]
+                or view.target is None
+                or view.target.pool != pool
+            ):
+                continue  # superseded entry
+            if free is not None and view.target.pool_slots > free:
+                held.append(entry)
+                continue
+            self._start(entry[2], view, view.target)
+        for entry in held:
+            heapq.heappush(heap, entry)
+        if not heap:
+            del self._ready[pool]
+
+    def _start(self, key: str, view: _View, target: ResumeTarget) -> None:
+        scheduled = view.record
+        now = self._clock
+        state = TaskStateRecord(
+            task=scheduled.task,
+            state="queued",
+            updated_at=now,
+            source="scheduler",
+            resume=target,
+        )
+        self._own(key, view, state)
+        self._outbox.append(
+            Emit(
+                RunTask(
+                    task=scheduled.task,
+                    mode="start",
+                    operator=target.operator,
+                    op_kwargs=target.op_kwargs,
+                    worker_queue=target.worker_queue,
+                    pool=target.pool,
+                    pool_slots=target.pool_slots,
+                    priority_weight=target.priority_weight,
+                    retries=target.retries,
+                    enqueued_at=now,
+                )
+            )
+        )
+        self.counters.starts += 1

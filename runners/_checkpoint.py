@@ -1,0 +1,252 @@
+"""Per-partition checkpoints of the active-trigger table: state and positions written together.
+
+A checkpoint holds one partition's active set (latest value per trigger id) with the defer
+offset it reflects and the resume offset a restart must read from. Both are written in one
+atomic write batch, so a restored table is always the fold of the log up to its offset.
+:class:`RocksCheckpointStore` keeps one rocksdict database per partition under a state
+directory; :class:`MemoryCheckpointStore` is the same contract in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+from deferline.schemas import DeferlineError
+
+from ._partition_table import ActiveTriggerTable, TableChanges, TableEntry
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointStore",
+    "MemoryCheckpointStore",
+    "PartitionCheckpoint",
+    "RocksCheckpointStore",
+]
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = 1
+_META = b"m"
+_ENTRY = b"t:"
+_ENTRY_END = b"t;"
+_HEADER = struct.Struct(">qq")  # offset, timestamp
+
+
+class CheckpointError(DeferlineError):
+    """A partition checkpoint could not be read or written."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCheckpoint:
+    """A stored table: active entries plus the positions they reflect."""
+
+    topic: str
+    partition: int
+    defer_offset: int
+    resume_offset: int
+    saved_at: float
+    entries: Mapping[bytes, TableEntry]
+
+    def table(self) -> ActiveTriggerTable:
+        """The table this checkpoint restores."""
+        return ActiveTriggerTable.restore(
+            self.entries, defer_offset=self.defer_offset, resume_offset=self.resume_offset
+        )
+
+
+class CheckpointStore(Protocol):
+    """Where partition tables are kept between assignments and restarts.
+
+    Implementations are called from worker threads, one call at a time per partition.
+    """
+
+    def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
+        """The stored checkpoint of the partition, or None."""
+
+    def write(self, topic: str, partition: int, changes: TableChanges) -> None:
+        """Apply ``changes`` and store the positions, atomically."""
+
+    def discard(self, topic: str, partition: int) -> None:
+        """Forget the partition (e.g. the checkpoint no longer matches the topic)."""
+
+    def release(self, topic: str, partition: int) -> None:
+        """The partition is no longer owned here: close what is held open for it."""
+
+    def close(self) -> None:
+        """Release everything."""
+
+
+def _meta(topic: str, partition: int, changes: TableChanges, saved_at: float) -> bytes:
+    return orjson.dumps(
+        {
+            "format": _FORMAT,
+            "topic": topic,
+            "partition": partition,
+            "defer_offset": changes.defer_offset,
+            "resume_offset": changes.resume_offset,
+            "saved_at": saved_at,
+        }
+    )
+
+
+class MemoryCheckpointStore:
+    """The checkpoint contract in memory (tests, and runs without a state directory)."""
+
+    def __init__(self) -> None:
+        self._data: dict[tuple[str, int], tuple[dict[str, Any], dict[bytes, TableEntry]]] = {}
+        self._lock = threading.Lock()
+
+    def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
+        with self._lock:
+            stored = self._data.get((topic, partition))
+            if stored is None:
+                return None
+            meta, entries = stored
+            return PartitionCheckpoint(
+                topic=topic,
+                partition=partition,
+                defer_offset=meta["defer_offset"],
+                resume_offset=meta["resume_offset"],
+                saved_at=meta["saved_at"],
+                entries=dict(entries),
+            )
+
+    def write(self, topic: str, partition: int, changes: TableChanges) -> None:
+        with self._lock:
+            meta, entries = self._data.setdefault((topic, partition), ({}, {}))
+            for key in changes.deletes:
+                entries.pop(key, None)
+            entries.update(changes.upserts)
+            meta.update(
+                defer_offset=changes.defer_offset,
+                resume_offset=changes.resume_offset,
+                saved_at=time.time(),
+            )
+
+    def discard(self, topic: str, partition: int) -> None:
+        with self._lock:
+            self._data.pop((topic, partition), None)
+
+    def release(self, topic: str, partition: int) -> None:
+        """Nothing is held open."""
+
+    def close(self) -> None:
+        """Nothing is held open."""
+
+
+class RocksCheckpointStore:
+    """One rocksdict database per partition: ``<state_dir>/<topic>/<partition>/``.
+
+    A database stays open while its partition is owned and is closed on :meth:`release`,
+    so another process sharing the state directory can take the partition over and reuse
+    the checkpoint. A database that another live process holds open raises
+    :class:`CheckpointError`; the caller then runs that partition without a checkpoint.
+    """
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self._root = Path(state_dir)
+        self._open: dict[tuple[str, int], Any] = {}
+        self._lock = threading.Lock()
+
+    def _path(self, topic: str, partition: int) -> Path:
+        return self._root / topic / str(partition)
+
+    def _db(self, topic: str, partition: int) -> Any:
+        from rocksdict import Options, Rdict
+
+        with self._lock:
+            db = self._open.get((topic, partition))
+            if db is not None:
+                return db
+            path = self._path(topic, partition)
+            options = Options(raw_mode=True)
+            options.create_if_missing(True)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                db = Rdict(str(path), options)
+            except Exception as exc:  # rocksdict raises a bare Exception (lock, corruption)
+                raise CheckpointError(f"cannot open checkpoint {path}: {exc}") from exc
+            self._open[(topic, partition)] = db
+            return db
+
+    def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
+        db = self._db(topic, partition)
+        try:
+            raw_meta = db.get(_META)
+            if raw_meta is None:
+                return None
+            meta = orjson.loads(raw_meta)
+            if meta.get("format") != _FORMAT or meta.get("topic") != topic:
+                logger.warning(
+                    "checkpoint format or topic does not match; ignoring it",
+                    extra={"topic": topic, "partition": partition},
+                )
+                return None
+            entries: dict[bytes, TableEntry] = {}
+            start = len(_ENTRY)
+            for key, value in db.items(from_key=_ENTRY):
+                if not key.startswith(_ENTRY):
+                    break
+                offset, timestamp = _HEADER.unpack_from(value)
+                entries[key[start:]] = TableEntry(offset, timestamp, value[_HEADER.size :])
+        except (orjson.JSONDecodeError, struct.error, KeyError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint of {topic}/{partition} is corrupt: {exc}") from exc
+        return PartitionCheckpoint(
+            topic=topic,
+            partition=partition,
+            defer_offset=int(meta["defer_offset"]),
+            resume_offset=int(meta["resume_offset"]),
+            saved_at=float(meta["saved_at"]),
+            entries=entries,
+        )
+
+    def write(self, topic: str, partition: int, changes: TableChanges) -> None:
+        from rocksdict import WriteBatch
+
+        db = self._db(topic, partition)
+        batch = WriteBatch(raw_mode=True)
+        for key in changes.deletes:
+            batch.delete(_ENTRY + key)
+        for key, entry in changes.upserts.items():
+            batch.put(_ENTRY + key, _HEADER.pack(entry.offset, entry.timestamp) + entry.value)
+        batch.put(_META, _meta(topic, partition, changes, time.time()))
+        try:
+            db.write(batch)
+        except Exception as exc:
+            raise CheckpointError(f"cannot write checkpoint of {topic}/{partition}: {exc}") from exc
+
+    def discard(self, topic: str, partition: int) -> None:
+        db = self._db(topic, partition)
+        try:
+            db.delete_range(_ENTRY, _ENTRY_END)
+            db.delete(_META)
+        except Exception as exc:
+            raise CheckpointError(
+                f"cannot discard checkpoint of {topic}/{partition}: {exc}"
+            ) from exc
+
+    def release(self, topic: str, partition: int) -> None:
+        with self._lock:
+            db = self._open.pop((topic, partition), None)
+        if db is not None:
+            db.close()
+
+    def close(self) -> None:
+        with self._lock:
+            dbs, self._open = list(self._open.values()), {}
+        for db in dbs:
+            db.close()
+
+    def destroy(self) -> None:
+        """Close and delete every checkpoint under the state directory."""
+        self.close()
+        shutil.rmtree(self._root, ignore_errors=True)

@@ -1,0 +1,91 @@
+"""A Prometheus scrape endpoint served from the process's own event loop.
+
+Any runner can use it: build a :class:`prometheus_client.CollectorRegistry` (one per
+process, so tests can run several runners in one interpreter), register its metrics, and
+serve it with :class:`MetricsServer`. Collectors run on the event loop thread at scrape
+time, so they may read the runner's state without locks.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+
+from aiohttp import web
+from deferline.schemas import DeferlineError
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+__all__ = ["MetricsServer", "MetricsServerError"]
+
+logger = logging.getLogger(__name__)
+
+
+class MetricsServerError(DeferlineError):
+    """The metrics endpoint could not be started."""
+
+
+class MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` (port 0 picks a free port).
+
+    Args:
+        registry: the registry to expose.
+        host: interface to bind; defaults to all interfaces, as Prometheus scrapes remotely.
+        port: TCP port; 0 binds an ephemeral port, readable afterwards as :attr:`port`.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry, *, host: str = "0.0.0.0", port: int = 0
+    ) -> None:
+        self._registry = registry
+        self._host = host
+        self._requested_port = port
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def start(self) -> None:
+        """Bind and start serving."""
+        if self._runner is not None:
+            return
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._health)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._requested_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise MetricsServerError(
+                f"cannot serve metrics on {self._host}:{self._requested_port}: {exc}"
+            ) from exc
+        self._runner = runner
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._requested_port
+        logger.info("metrics served", extra={"host": self._host, "port": self.port})
+
+    async def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> MetricsServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

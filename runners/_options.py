@@ -1,0 +1,113 @@
+"""Reusable click options: connection flags that build a Settings (flags override env)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import click
+from deferline.topics import Settings
+from pydantic import ValidationError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_SETTINGS_FIELDS = frozenset(Settings.model_fields)
+
+
+def _env(name: str) -> str:
+    return f"[env: DEFERLINE_{name.upper()}]"
+
+
+_CONNECTION: list[Callable[[F], F]] = [
+    click.option(
+        "--bootstrap-servers",
+        help="Comma-separated host:port list (default localhost:9092). "
+        + _env("bootstrap_servers"),
+    ),
+    click.option("--client-id", help=f"Client id sent to the brokers. {_env('client_id')}"),
+    click.option(
+        "--security-protocol",
+        type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+        help=f"{_env('security_protocol')}",
+    ),
+    click.option(
+        "--sasl-mechanism",
+        type=click.Choice(["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]),
+        help=f"{_env('sasl_mechanism')}",
+    ),
+    click.option("--sasl-username", help=f"{_env('sasl_username')}"),
+    click.option(
+        "--sasl-password",
+        help=f"Prefer the environment: flags show in process lists. {_env('sasl_password')}",
+    ),
+    click.option(
+        "--ssl-cafile",
+        type=click.Path(exists=True, dir_okay=False),
+        help=f"CA bundle for the brokers' certificates. {_env('ssl_cafile')}",
+    ),
+    click.option(
+        "--ssl-certfile",
+        type=click.Path(exists=True, dir_okay=False),
+        help=f"Client certificate (mutual TLS). {_env('ssl_certfile')}",
+    ),
+    click.option(
+        "--ssl-keyfile",
+        type=click.Path(exists=True, dir_okay=False),
+        help=f"Client key (mutual TLS). {_env('ssl_keyfile')}",
+    ),
+    click.option(
+        "--topic-prefix",
+        help=f"Prefix of every topic (default 'deferline.'). {_env('topic_prefix')}",
+    ),
+]
+
+_LAYOUT: list[Callable[[F], F]] = [
+    click.option(
+        "--partitions",
+        type=click.IntRange(min=1),
+        help=f"Partitions of new topics (default 12). {_env('partitions')}",
+    ),
+    click.option(
+        "--replication-factor",
+        type=click.IntRange(min=1),
+        help=f"Replication factor of new topics (default 1). {_env('replication_factor')}",
+    ),
+]
+
+
+def settings_from_flags(**flags: Any) -> Settings:
+    """A Settings from flags that were given (not None), the environment for the rest."""
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        raise click.UsageError(f"invalid settings: {problems}") from exc
+
+
+def connection_options(func: F) -> F:
+    """Add the connection flags; the command receives ``settings: Settings`` instead.
+
+    Any other option named after a Settings field (see :func:`layout_options`) is folded
+    into the same Settings.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = {name: kwargs.pop(name) for name in list(kwargs) if name in _SETTINGS_FIELDS}
+        kwargs["settings"] = settings_from_flags(**flags)
+        return func(*args, **kwargs)
+
+    command = cast(F, wrapper)
+    for option in reversed(_CONNECTION):
+        command = option(command)
+    return command
+
+
+def layout_options(func: F) -> F:
+    """Add ``--partitions`` and ``--replication-factor`` (use under connection_options)."""
+    for option in reversed(_LAYOUT):
+        func = option(func)
+    return func

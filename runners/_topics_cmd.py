@@ -1,0 +1,86 @@
+"""``deferline topics``: create deferline's topics, or show what the cluster has."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+from deferline.topics import (
+    BrokerError,
+    InvalidQueueName,
+    Settings,
+    TopicDescription,
+    describe_topics,
+    ensure_topics,
+    topic_specs,
+)
+
+from ._options import connection_options, layout_options
+
+# The configs deferline sets; `topics list` shows these rather than every broker default.
+_SHOWN_CONFIGS = (
+    "cleanup.policy",
+    "retention.ms",
+    "min.compaction.lag.ms",
+    "delete.retention.ms",
+    "segment.ms",
+)
+
+
+@click.group("topics")
+def topics() -> None:
+    """Create or inspect deferline's topics."""
+
+
+@topics.command("ensure")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    help="Trigger queue: also create defer.<queue> and resume.<queue>. Repeatable.",
+)
+@click.option(
+    "--worker-queue",
+    "worker_queues",
+    multiple=True,
+    help="Worker queue: also create queue.<name> and queue.<name>.resumes. Repeatable.",
+)
+@layout_options
+@connection_options
+def ensure(settings: Settings, queues: tuple[str, ...], worker_queues: tuple[str, ...]) -> None:
+    """Create the missing topics (idempotent) and check defer/resume co-partitioning."""
+    try:
+        specs = topic_specs(settings, queues, worker_queues)
+    except InvalidQueueName as exc:
+        raise click.BadParameter(str(exc)) from exc
+    try:
+        asyncio.run(ensure_topics(settings, specs))
+        found = asyncio.run(describe_topics(settings, [s.name for s in specs]))
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _print(found)
+
+
+@topics.command("list")
+@click.option(
+    "--all", "show_all", is_flag=True, help="Every topic, not only those under the prefix."
+)
+@connection_options
+def list_topics(settings: Settings, show_all: bool) -> None:
+    """List topics with partitions, replication factor and retention/compaction configs."""
+    try:
+        found = asyncio.run(describe_topics(settings, prefix="" if show_all else None))
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not found:
+        click.echo(f"no topics under prefix {settings.topic_prefix!r}")
+        return
+    _print(found)
+
+
+def _print(found: list[TopicDescription]) -> None:
+    width = max(len("TOPIC"), *(len(t.name) for t in found))
+    click.echo(f"{'TOPIC':<{width}}  PARTITIONS  RF  CONFIG")
+    for t in found:
+        config = " ".join(f"{k}={t.config[k]}" for k in _SHOWN_CONFIGS if k in t.config) or "-"
+        click.echo(f"{t.name:<{width}}  {t.partitions:>10}  {t.replication_factor:>2}  {config}")

@@ -1,0 +1,302 @@
+"""Batching producer pipeline: events first, tombstones only after their events are acked.
+
+The supervisor's outcome callback is synchronous, so outcomes are queued here as
+:class:`Emission` values. Two stages drain the queue in batches: stage one sends every
+record of a batch (trigger events, direct-resume RunTasks, dead letters) and gathers the
+acks together; stage two sends the tombstones of the emissions whose records were all
+acked. Awaiting one send at a time would cap the rate at a few thousand per second; a
+batch of sends shares the producer's linger window and one round trip. A failed send is
+retried after a backoff; nothing is dropped while the emitter runs. A crash between the
+two stages leaves the trigger in the defer table, so its next owner runs it again and
+emits the same event id: a duplicate at worst, never a lost event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
+
+from aiokafka.errors import (
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
+
+__all__ = ["Emission", "Emitter", "Send"]
+
+logger = logging.getLogger(__name__)
+
+# Errors that no retry can fix; everything else (timeouts, leader moves, a broker that is
+# down) is retried until it succeeds.
+_PERMANENT: tuple[type[BaseException], ...] = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    InvalidTopicError,
+    TypeError,
+    ValueError,
+)
+
+
+class Producer(Protocol):
+    """The part of :class:`aiokafka.AIOKafkaProducer` the emitter uses."""
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One record to produce; ``partition=None`` lets the producer's partitioner choose."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int | None = None
+
+
+@dataclass(slots=True)
+class Emission:
+    """Records produced together, then an optional tombstone once all of them are acked.
+
+    ``on_acked`` receives the record metadata of ``sends`` (same order) when they are all
+    acked; ``on_done`` runs after the tombstone is acked (or right after ``on_acked`` when
+    there is none). A send that fails with a permanent error (a record too large, for
+    instance) is tried ``give_up_after`` times, then the emission is dropped and
+    ``on_failed`` gets the error (the caller may submit a smaller replacement). Callbacks
+    run on the event loop and must not block.
+    """
+
+    sends: Sequence[Send]
+    tombstone: Send | None = None
+    on_acked: Callable[[Sequence[Any]], None] | None = None
+    on_done: Callable[[], None] | None = None
+    on_failed: Callable[[BaseException], None] | None = None
+    attempts: int = field(default=0)
+
+
+class Emitter:
+    """Drain emissions into the producer in batches (see the module docstring).
+
+    Args:
+        producer: a started producer (``send()`` returns the ack future).
+        max_batch: emissions taken per stage round; bounds the memory of one round.
+        retry_backoff: seconds to wait before retrying a batch whose sends failed.
+        give_up_after: attempts before an emission failing with a permanent error (too
+            large, invalid topic) is dropped and handed to its ``on_failed``; any other
+            error is retried for as long as the emitter runs.
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        *,
+        max_batch: int = 1000,
+        retry_backoff: float = 0.5,
+        give_up_after: int = 3,
+    ) -> None:
+        self._producer = producer
+        self._give_up_after = give_up_after
+        self._max_batch = max_batch
+        self._retry_backoff = retry_backoff
+        self._first: deque[Emission] = deque()
+        self._second: deque[Emission] = deque()
+        self._first_ready = asyncio.Event()
+        self._second_ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._outstanding = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self.sent = 0
+        self.failures = 0
+
+    @property
+    def backlog(self) -> int:
+        """Emissions submitted and not finished yet."""
+        return self._outstanding
+
+    def submit(self, emission: Emission) -> None:
+        """Queue an emission (synchronous; safe to call from the supervisor's callback)."""
+        self._outstanding += 1
+        self._idle.clear()
+        if emission.sends:
+            self._first.append(emission)
+            self._first_ready.set()
+        else:
+            self._second.append(emission)
+            self._second_ready.set()
+
+    async def start(self) -> None:
+        """Start both stages."""
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._stage_one(), name="emitter-events"),
+                asyncio.create_task(self._stage_two(), name="emitter-tombstones"),
+            ]
+
+    async def flush(self, within: float | None = None) -> bool:
+        """Wait until everything submitted so far is acked; False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), within)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self, within: float = 10.0) -> None:
+        """Flush (bounded by ``within`` seconds), then stop the stages."""
+        if not self._tasks:
+            return
+        if not await self.flush(within):
+            logger.error(
+                "emitter stopped with unsent records; their triggers stay in the defer "
+                "table and run again on the next owner",
+                extra={"backlog": self._outstanding},
+            )
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> Emitter:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- stages ---------------------------------------------------------------------------
+
+    def _take(self, queue: deque[Emission], ready: asyncio.Event) -> list[Emission]:
+        batch: list[Emission] = []
+        while queue and len(batch) < self._max_batch:
+            batch.append(queue.popleft())
+        if not queue:
+            ready.clear()
+        return batch
+
+    def _finish(self, emission: Emission) -> None:
+        if emission.on_done is not None:
+            try:
+                emission.on_done()
+            except Exception:
+                logger.exception("emission completion callback failed")
+        self._outstanding -= 1
+        if self._outstanding == 0:
+            self._idle.set()
+
+    async def _send_all(self, sends: list[Send]) -> list[Any]:
+        pending: list[asyncio.Future[Any] | BaseException] = []
+        for send in sends:
+            try:
+                pending.append(
+                    await self._producer.send(
+                        send.topic, value=send.value, key=send.key, partition=send.partition
+                    )
+                )
+            except Exception as exc:  # rejected before sending (e.g. record too large)
+                pending.append(exc)
+        futures = [item for item in pending if not isinstance(item, BaseException)]
+        acked = iter(await asyncio.gather(*futures, return_exceptions=True))
+        return [item if isinstance(item, BaseException) else next(acked) for item in pending]
+
+    async def _stage_one(self) -> None:
+        while True:
+            await self._first_ready.wait()
+            batch = self._take(self._first, self._first_ready)
+            sends = [send for emission in batch for send in emission.sends]
+            results = await self._send_all(sends)
+            retry: list[Emission] = []
+            position = 0
+            for emission in batch:
+                mine = results[position : position + len(emission.sends)]
+                position += len(emission.sends)
+                errors = [r for r in mine if isinstance(r, BaseException)]
+                if errors:
+                    if self._note_failure(emission, errors[0]):
+                        retry.append(emission)
+                    continue
+                self.sent += len(mine)
+                if emission.on_acked is not None:
+                    try:
+                        emission.on_acked(mine)
+                    except Exception:
+                        logger.exception("emission ack callback failed")
+                if emission.tombstone is None:
+                    self._finish(emission)
+                else:
+                    self._second.append(emission)
+                    self._second_ready.set()
+            if retry:
+                await asyncio.sleep(self._retry_backoff)
+                self._first.extendleft(reversed(retry))
+                self._first_ready.set()
+
+    async def _stage_two(self) -> None:
+        while True:
+            await self._second_ready.wait()
+            batch = self._take(self._second, self._second_ready)
+            sends = [emission.tombstone for emission in batch if emission.tombstone is not None]
+            results = await self._send_all(sends)
+            retry: list[Emission] = []
+            position = 0
+            for emission in batch:
+                if emission.tombstone is None:
+                    self._finish(emission)
+                    continue
+                result = results[position]
+                position += 1
+                if isinstance(result, BaseException):
+                    if self._note_failure(emission, result):
+                        retry.append(emission)
+                else:
+                    self.sent += 1
+                    self._finish(emission)
+            if retry:
+                await asyncio.sleep(self._retry_backoff)
+                self._second.extendleft(reversed(retry))
+                self._second_ready.set()
+
+    def _note_failure(self, emission: Emission, error: BaseException) -> bool:
+        """Count a failed attempt; True to retry, False when the emission was given up."""
+        emission.attempts += 1
+        self.failures += 1
+        if isinstance(error, _PERMANENT) and emission.attempts >= self._give_up_after:
+            logger.error(
+                "produce failed permanently; giving the emission up",
+                extra={"error": repr(error), "attempts": emission.attempts},
+            )
+            if emission.on_failed is not None:
+                try:
+                    emission.on_failed(error)
+                except Exception:
+                    logger.exception("emission failure callback failed")
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._idle.set()
+            return False
+        level = logging.WARNING if emission.attempts < 5 else logging.ERROR
+        logger.log(
+            level,
+            "produce failed; retrying",
+            extra={"error": repr(error), "attempts": emission.attempts},
+        )
+        return True

@@ -1,0 +1,145 @@
+"""What one defer-topic value asks the triggerer to do: start, cancel, or dead-letter.
+
+Pure apart from importing the trigger class: bytes in, a decision out. Every way a record
+can be bad (no key, undecodable bytes, an unknown schema version, a classpath outside the
+allowlist, an import error, bad or undecryptable kwargs) becomes :class:`BadRecord` with
+the reason and, where the task can still be identified, the task and trigger id so it
+gets a failure event that explains why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from deferline.engine import BaseTrigger, TriggerLoadError, load_trigger
+from deferline.schemas import (
+    CancelRequest,
+    DecryptionError,
+    DeferlineError,
+    DeferRequest,
+    KwargsCipher,
+    SchemaError,
+    TaskKey,
+    decode,
+    open_kwargs,
+)
+from pydantic import ValidationError
+
+__all__ = ["BadRecord", "CancelTrigger", "StartTrigger", "interpret", "peek_identity"]
+
+
+@dataclass(frozen=True, slots=True)
+class StartTrigger:
+    """A valid DeferRequest and the trigger instance built from it."""
+
+    request: DeferRequest
+    trigger: BaseTrigger
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTrigger:
+    """A CancelRequest for the trigger under this key."""
+
+    request: CancelRequest
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A value that cannot be run, with the reason and whatever identifies its task."""
+
+    error: str
+    error_type: str
+    trigger_id: str | None = None
+    task: TaskKey | None = None
+    defer_seq: int = 0
+
+    @property
+    def identified(self) -> bool:
+        """True when the task can be told about it with a failure event."""
+        return self.trigger_id is not None and self.task is not None
+
+
+Decision = StartTrigger | CancelTrigger | BadRecord
+
+
+def peek_identity(value: bytes | None) -> tuple[str | None, TaskKey | None, int]:
+    """Best-effort trigger id, task and defer_seq of a value that failed to decode."""
+    if value is None:
+        return None, None, 0
+    try:
+        raw: Any = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None, None, 0
+    if not isinstance(raw, dict):
+        return None, None, 0
+    trigger_id = raw.get("trigger_id")
+    if not isinstance(trigger_id, str) or not trigger_id:
+        trigger_id = None
+    try:
+        task = TaskKey.model_validate(raw.get("task"))
+    except ValidationError:
+        task = None
+    defer_seq = raw.get("defer_seq", 0)
+    return trigger_id, task, defer_seq if isinstance(defer_seq, int) else 0
+
+
+def _bad(error: BaseException | str, error_type: str | None, value: bytes | None) -> BadRecord:
+    trigger_id, task, defer_seq = peek_identity(value)
+    return BadRecord(
+        error=str(error),
+        error_type=error_type or type(error).__name__,
+        trigger_id=trigger_id,
+        task=task,
+        defer_seq=defer_seq,
+    )
+
+
+def interpret(
+    key: bytes | None,
+    value: bytes,
+    *,
+    allowed_prefixes: Sequence[str],
+    cipher: KwargsCipher | None,
+) -> Decision:
+    """Decide what to do with one (non-tombstone) defer-topic record."""
+    if key is None:
+        return _bad("record has no key (the key must be the trigger id)", "MissingKey", value)
+    try:
+        key_text = key.decode()
+    except UnicodeDecodeError:
+        return _bad("record key is not UTF-8", "BadKey", value)
+    try:
+        record = decode(value)
+    except SchemaError as exc:
+        return _bad(exc, None, value)
+    if not isinstance(record, DeferRequest | CancelRequest):
+        return _bad(
+            f"a {record.__class__.__name__} does not belong on a defer topic", "WrongKind", value
+        )
+    if record.trigger_id != key_text:
+        return BadRecord(
+            error=f"record key {key_text!r} differs from its trigger_id {record.trigger_id!r}",
+            error_type="KeyMismatch",
+            trigger_id=record.trigger_id,
+            task=record.task,
+            defer_seq=record.defer_seq,
+        )
+    if isinstance(record, CancelRequest):
+        return CancelTrigger(record)
+    try:
+        kwargs = open_kwargs(record, cipher)
+        trigger = load_trigger(record.classpath, kwargs, allowed_prefixes=allowed_prefixes)
+    except (DecryptionError, TriggerLoadError, DeferlineError, Exception) as exc:
+        # Anything a third-party trigger's import or __init__ raises is bad input too.
+        return BadRecord(
+            error=str(exc),
+            error_type=type(exc).__name__,
+            trigger_id=record.trigger_id,
+            task=record.task,
+            defer_seq=record.defer_seq,
+        )
+    trigger.trigger_id = record.trigger_id
+    return StartTrigger(record, trigger)

@@ -1,0 +1,521 @@
+"""The triggerer process: consumer-group members that run triggers, and its CLI command.
+
+One process runs one :class:`~deferline.engine.TriggerSupervisor` (shared capacity), one
+batching producer pipeline, and one consumer-group member ("lane") per trigger queue it
+serves. Which triggers it runs is decided by partition assignment: adding a process scales
+out, a crash is healed by a rebalance. See docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import click
+from deferline.engine import TriggerOutcome, TriggerSupervisor
+from deferline.schemas import DeferlineError, KwargsCipher
+from deferline.topics import (
+    Settings,
+    ensure_topics,
+    make_producer,
+    topic_specs,
+    validate_queue_name,
+)
+from prometheus_client import CollectorRegistry
+
+from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
+from ._metrics import MetricsServer
+from ._triggerer_emitter import Emitter
+from ._triggerer_lane import (
+    BootstrapError,
+    LaneOptions,
+    TriggererError,
+    TriggerLane,
+    TriggerRef,
+)
+from ._triggerer_log import configure_logging
+from ._triggerer_metrics import TriggererMetrics
+
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "BootstrapError",
+    "Triggerer",
+    "TriggererError",
+    "TriggererOptions",
+    "default_member",
+    "default_state_dir",
+    "triggerer_command",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CAPACITY = 10_000
+"""Triggers run at once per process. Ten times Airflow's 1,000: timers cost a few hundred
+bytes in the supervisor's heap and coroutine triggers a few KB, and partition ownership is
+not load-aware, so a member should run what it owns rather than hold it back."""
+
+
+def default_member() -> str:
+    """``hostname-pid``: unique per process, readable in events and logs."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/deferline/triggerer`` (``~/.local/state/...`` when unset)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "deferline" / "triggerer"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TriggererOptions:
+    """How one triggerer process behaves (every default is what ``deferline triggerer`` uses).
+
+    Attributes:
+        capacity: triggers running at once (see :data:`DEFAULT_CAPACITY`); more wait.
+        queues: trigger queues served; ``None`` (or ``"default"``) is the default queue.
+        member: name in events and logs; default :func:`default_member`.
+        state_dir: where partition checkpoints live; ``None`` keeps them in memory only
+            (a restart then rebuilds from the topics).
+        direct_resume: also produce ``RunTask(mode="resume")`` for fired triggers whose
+            DeferRequest carries ``resume`` (the event is marked ``resumed_directly``).
+        max_pending: pause fetching while pending triggers plus unsent events exceed this;
+            resume below half of it. Default: the capacity.
+        session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
+            member's partitions move after the session timeout.
+        fetch_max_wait_ms: broker-side fetch wait (Tansu holds a fetch this long).
+        checkpoint_interval: seconds between checkpoints (and commits) of owned partitions.
+        checkpoint_max_age: an older checkpoint is ignored (compaction may have removed
+            tombstones it has not seen; keep it below the topic's ``delete.retention.ms``).
+        resume_skew_margin: without a checkpoint, the resume topic is scanned from this many
+            seconds before the oldest active deferral (covers clock skew).
+        flush_timeout: bound on flushing sends when partitions are revoked or at shutdown.
+        cleanup_timeout: bound on each trigger's ``cleanup()``.
+        block_threshold: report the loop as blocked after this many seconds (None: off).
+        create_topics: create missing topics at start (idempotent).
+        metrics_port: serve Prometheus metrics on this port (0: any free port; None: off).
+        metrics_host: interface for the metrics endpoint.
+    """
+
+    capacity: int = DEFAULT_CAPACITY
+    queues: tuple[str | None, ...] = (None,)
+    member: str | None = None
+    state_dir: Path | None = None
+    direct_resume: bool = False
+    max_pending: int | None = None
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    fetch_max_wait_ms: int = 20
+    checkpoint_interval: float = 5.0
+    checkpoint_max_age: float = 12 * 3600.0
+    resume_skew_margin: float = 600.0
+    flush_timeout: float = 10.0
+    cleanup_timeout: float = 5.0
+    block_threshold: float | None = 0.2
+    create_topics: bool = True
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    lane_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _normalise_queues(queues: Sequence[str | None]) -> tuple[str | None, ...]:
+    seen: list[str | None] = []
+    for queue in queues or (None,):
+        name = None if queue in (None, "", "default") else validate_queue_name(str(queue))
+        if name not in seen:
+            seen.append(name)
+    return tuple(seen)
+
+
+class Triggerer:
+    """A triggerer process: ``async with Triggerer(settings, options): ...`` or :meth:`run`.
+
+    Stopping (``stop()``, or SIGTERM/SIGINT under :meth:`run`) stops fetching, cancels the
+    running triggers with cleanup, flushes sends, writes checkpoints, commits and leaves
+    the group, so the other members take the partitions over at once.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        options: TriggererOptions | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.options = options or TriggererOptions()
+        if self.options.capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.member = self.options.member or default_member()
+        self.queues = _normalise_queues(self.options.queues)
+        self.metrics = TriggererMetrics(registry, member=self.member)
+        self._stop_requested = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._producer: Any = None
+        self._supervisor: TriggerSupervisor | None = None
+        self._emitter: Emitter | None = None
+        self._store: CheckpointStore | None = None
+        self._server: MetricsServer | None = None
+        self._lanes: list[TriggerLane] = []
+        self._fetchers: list[asyncio.Task[None]] = []
+        self._cancels: asyncio.Queue[str] = asyncio.Queue()
+        self._reaper: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopped = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def lanes(self) -> list[TriggerLane]:
+        """One lane per served queue."""
+        return list(self._lanes)
+
+    @property
+    def supervisor(self) -> TriggerSupervisor:
+        """The process's trigger supervisor (after start)."""
+        assert self._supervisor is not None, "start() first"
+        return self._supervisor
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound metrics port, when serving."""
+        return self._server.port if self._server is not None else None
+
+    async def start(self) -> None:
+        """Connect, join the groups and start fetching."""
+        if self._started:
+            return
+        self._started = True
+        options = self.options
+        if options.metrics_port is not None:
+            self._server = MetricsServer(
+                self.metrics.registry, host=options.metrics_host, port=options.metrics_port
+            )
+            await self._server.start()
+        if options.create_topics:
+            named = [q for q in self.queues if q is not None]
+            await ensure_topics(self.settings, topic_specs(self.settings, queues=named))
+        cipher = KwargsCipher(self.settings.kwargs_keys) if self.settings.kwargs_keys else None
+        self._producer = make_producer(
+            self.settings, client_id=self.member, linger_ms=5, max_batch_size=256 * 1024
+        )
+        await self._producer.start()
+        self._supervisor = TriggerSupervisor(
+            capacity=options.capacity,
+            on_event=self._on_outcome,
+            cleanup_timeout=options.cleanup_timeout,
+            block_threshold=options.block_threshold,
+        )
+        await self._supervisor.start()
+        self._emitter = Emitter(self._producer)
+        await self._emitter.start()
+        self._store = (
+            RocksCheckpointStore(options.state_dir)
+            if options.state_dir is not None
+            else MemoryCheckpointStore()
+        )
+        self._reaper = asyncio.create_task(self._reap(), name="trigger-reaper")
+        lane_options = LaneOptions(
+            member=self.member,
+            direct_resume=options.direct_resume,
+            session_timeout_ms=options.session_timeout_ms,
+            heartbeat_interval_ms=options.heartbeat_interval_ms,
+            fetch_max_wait_ms=options.fetch_max_wait_ms,
+            checkpoint_interval=options.checkpoint_interval,
+            checkpoint_max_age=options.checkpoint_max_age,
+            resume_skew_margin=options.resume_skew_margin,
+            flush_timeout=options.flush_timeout,
+            **dict(options.lane_overrides),
+        )
+        for queue in self.queues:
+            lane = TriggerLane(
+                self.settings,
+                queue=queue,
+                options=lane_options,
+                supervisor=self._supervisor,
+                emitter=self._emitter,
+                store=self._store,
+                metrics=self.metrics,
+                cipher=cipher,
+                cancel=self._cancels.put_nowait,
+                on_fatal=self._on_fatal,
+            )
+            lane.set_max_pending(options.max_pending or options.capacity)
+            self._lanes.append(lane)
+            await lane.start()
+        supervisor, emitter = self._supervisor, self._emitter
+        self.metrics.watch(
+            supervisor=supervisor.metrics.snapshot,
+            fire_lag=lambda: supervisor.metrics.fire_lag,
+            partitions=lambda: [row for lane in self._lanes for row in lane.partitions()],
+            backlog=lambda: emitter.backlog,
+        )
+        for lane in self._lanes:
+            task = asyncio.create_task(lane.run(self._stop_requested), name=f"fetch-{lane.label}")
+            task.add_done_callback(self._fetcher_done)
+            self._fetchers.append(task)
+        logger.info(
+            "triggerer started",
+            extra={
+                "member": self.member,
+                "queues": [lane.label for lane in self._lanes],
+                "capacity": options.capacity,
+                "state_dir": str(options.state_dir) if options.state_dir else None,
+                "metrics_port": self.metrics_port,
+            },
+        )
+
+    def request_stop(self) -> None:
+        """Ask the process to stop (signal-handler safe)."""
+        self._stop_requested.set()
+
+    async def wait(self) -> None:
+        """Wait until a stop is requested or something fatal happens."""
+        await self._stop_requested.wait()
+
+    async def stop(self) -> None:
+        """Stop fetching, release partitions cleanly and leave the groups (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop_requested.set()
+        started = asyncio.get_running_loop().time()
+        for task in self._fetchers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for lane in self._lanes:
+            try:
+                await lane.release_all()
+            except Exception:
+                logger.exception("releasing partitions failed", extra={"member": self.member})
+        for lane in self._lanes:
+            with contextlib.suppress(Exception):
+                await lane.close()
+        left = asyncio.get_running_loop().time() - started
+        if self._supervisor is not None:
+            await self._supervisor.stop()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        if self._emitter is not None:
+            await self._emitter.stop(self.options.flush_timeout)
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._store is not None:
+            self._store.close()
+        if self._server is not None:
+            await self._server.stop()
+        logger.info(
+            "triggerer stopped",
+            extra={"member": self.member, "left_group_after_s": round(left, 3)},
+        )
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Run until SIGTERM/SIGINT (or :meth:`request_stop`); raise if something was fatal."""
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, self.request_stop)
+                    installed.append(sig)
+        try:
+            async with self:
+                await self.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        if self._fatal is not None:
+            raise TriggererError(str(self._fatal)) from self._fatal
+
+    async def __aenter__(self) -> Triggerer:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- callbacks ------------------------------------------------------------------------------
+
+    def _on_outcome(self, outcome: TriggerOutcome) -> None:
+        ref = outcome.context
+        if isinstance(ref, TriggerRef):
+            ref.lane.handle_outcome(ref, outcome)
+        else:  # pragma: no cover - every trigger is added with a TriggerRef
+            logger.error("outcome without a source", extra={"trigger_id": outcome.trigger_id})
+
+    def _on_fatal(self, error: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = error
+        logger.error("triggerer stopping: %s", error, extra={"member": self.member})
+        self._stop_requested.set()
+
+    def _fetcher_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self._on_fatal(error)
+
+    async def _reap(self) -> None:
+        """Cancel triggers that emitted, were cancelled or tombstoned elsewhere (with cleanup)."""
+        supervisor = self.supervisor
+        while True:
+            batch = [await self._cancels.get()]
+            while not self._cancels.empty() and len(batch) < 1000:
+                batch.append(self._cancels.get_nowait())
+            await asyncio.gather(*(supervisor.cancel(tid) for tid in batch))
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (value or "").split(",") if part.strip())
+
+
+@click.command(name="triggerer")
+@click.option(
+    "--capacity",
+    type=click.IntRange(min=1),
+    default=DEFAULT_CAPACITY,
+    show_default=True,
+    help="Triggers run at once by this process; more wait for capacity.",
+)
+@click.option(
+    "--queues",
+    default=None,
+    metavar="A,B",
+    help="Trigger queues to serve (comma-separated); default: the default queue only.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (0: any free port).",
+)
+@click.option("--metrics-host", default="0.0.0.0", show_default=True)
+@click.option("--member", default=None, help="Member name in events and logs [hostname-pid].")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Checkpoint directory [$XDG_STATE_HOME/deferline/triggerer].",
+)
+@click.option(
+    "--no-checkpoint",
+    is_flag=True,
+    help="Keep no local checkpoint (every assignment rebuilds from the topics).",
+)
+@click.option(
+    "--direct-resume",
+    is_flag=True,
+    help="Also enqueue RunTask(mode=resume) for fired triggers carrying `resume`.",
+)
+@click.option(
+    "--max-pending",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Pause fetching above this many waiting triggers + unsent events [capacity].",
+)
+@click.option(
+    "--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True
+)
+@click.option(
+    "--heartbeat-interval-ms", type=click.IntRange(min=100), default=1_000, show_default=True
+)
+@click.option("--fetch-max-wait-ms", type=click.IntRange(min=0), default=20, show_default=True)
+@click.option(
+    "--checkpoint-interval",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds between checkpoints and commits.",
+)
+@click.option("--cleanup-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
+@click.option("--create-topics/--no-create-topics", default=True, show_default=True)
+@click.option(
+    "--bootstrap-servers", default=None, help="Kafka brokers [DEFERLINE_BOOTSTRAP_SERVERS]."
+)
+@click.option("--topic-prefix", default=None, help="Topic prefix [DEFERLINE_TOPIC_PREFIX].")
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-format", default="text", show_default=True, type=click.Choice(["text", "json"])
+)
+def triggerer_command(
+    capacity: int,
+    queues: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    member: str | None,
+    state_dir: Path | None,
+    no_checkpoint: bool,
+    direct_resume: bool,
+    max_pending: int | None,
+    session_timeout_ms: int,
+    heartbeat_interval_ms: int,
+    fetch_max_wait_ms: int,
+    checkpoint_interval: float,
+    cleanup_timeout: float,
+    create_topics: bool,
+    bootstrap_servers: str | None,
+    topic_prefix: str | None,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Run a triggerer: a consumer-group member that runs the triggers of its partitions."""
+    configure_logging(log_level, "json" if log_format == "json" else "text")
+    overrides: dict[str, Any] = {}
+    if bootstrap_servers:
+        overrides["bootstrap_servers"] = bootstrap_servers
+    if topic_prefix is not None:
+        overrides["topic_prefix"] = topic_prefix
+    try:
+        settings = Settings(**overrides)
+        options = TriggererOptions(
+            capacity=capacity,
+            queues=_normalise_queues(_split(queues)),
+            member=member,
+            state_dir=None if no_checkpoint else (state_dir or default_state_dir()),
+            direct_resume=direct_resume,
+            max_pending=max_pending,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            fetch_max_wait_ms=fetch_max_wait_ms,
+            checkpoint_interval=checkpoint_interval,
+            cleanup_timeout=cleanup_timeout,
+            create_topics=create_topics,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+        )
+    except (ValueError, DeferlineError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        asyncio.run(Triggerer(settings, options).run())
+    except DeferlineError as exc:
+        click.echo(f"triggerer failed: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,236 @@
+"""Shared fixtures: real brokers for integration tests, per-test Settings, client factories.
+
+Backends (``DEFERLINE_TEST_BACKENDS``, comma-separated, default ``tansu,kafka``):
+
+- ``tansu``: the embedded Tansu broker; must start, or the tests fail.
+- ``kafka``: Apache Kafka (KRaft) run from its jars (fetched once through Maven into
+  ``~/.cache/deferline``). If it cannot start, its tests fail in CI (``CI=true``) and are
+  skipped elsewhere, with the reason.
+- ``testcontainers``: Kafka in Docker via testcontainers; skipped unless a Docker engine answers.
+
+``DEFERLINE_TEST_BOOTSTRAP=host:port`` runs the integration tests once, against that cluster
+(treated as Apache Kafka). Each broker starts once per session and is stopped at the end, at
+exit, or when pytest gets SIGTERM.
+
+Tests that use ``broker`` (or ``settings``) must be marked ``integration``; ``kafka_only``
+tests run only on the Apache Kafka backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from types import FrameType
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from deferline.topics import BrokerError, KRaftBroker, Settings, TansuBroker, _brokers
+
+from tests.integration._util import KafkaClients
+
+BACKENDS_ENV = "DEFERLINE_TEST_BACKENDS"
+BOOTSTRAP_ENV = "DEFERLINE_TEST_BOOTSTRAP"
+KNOWN_BACKENDS = ("tansu", "kafka", "testcontainers")
+REAL_KAFKA = frozenset({"kafka", "testcontainers", "external"})
+_NO_REAL_KAFKA = "no-real-kafka"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def selected_backends() -> list[str]:
+    if os.environ.get(BOOTSTRAP_ENV):
+        return ["external"]
+    raw = os.environ.get(BACKENDS_ENV, "tansu,kafka")
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in names if name not in KNOWN_BACKENDS]
+    if unknown or not names:
+        raise pytest.UsageError(
+            f"{BACKENDS_ENV}={raw!r}: use a comma-separated subset of {', '.join(KNOWN_BACKENDS)}"
+        )
+    return names
+
+
+class BrokerPool:
+    """Starts each backend at most once per session and remembers why one could not start."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, Any] = {}
+        self._bootstrap: dict[str, str] = {}
+        self._failed: dict[str, str] = {}
+        self.startup_seconds: dict[str, float] = {}
+
+    def bootstrap(self, backend: str) -> str:
+        if backend not in self._bootstrap and backend not in self._failed:
+            try:
+                self._bootstrap[backend] = self._start(backend)
+            except Exception as exc:
+                self._failed[backend] = f"{type(exc).__name__}: {exc}"
+        if backend in self._failed:
+            unavailable(backend, self._failed[backend])
+        return self._bootstrap[backend]
+
+    def _start(self, backend: str) -> str:
+        if backend == "external":
+            return os.environ[BOOTSTRAP_ENV]
+        if backend == "testcontainers":
+            return self._start_testcontainers()
+        broker: TansuBroker | KRaftBroker = TansuBroker() if backend == "tansu" else KRaftBroker()
+        # Started from the main thread, so the kernel kills it if pytest dies (PDEATHSIG).
+        asyncio.run(broker.start())
+        self._running[backend] = broker
+        self.startup_seconds[backend] = broker.startup_seconds or 0.0
+        return broker.bootstrap
+
+    def _start_testcontainers(self) -> str:
+        reason = docker_unavailable()
+        if reason:
+            raise BrokerError(reason)
+        from testcontainers.community.kafka import KafkaContainer
+
+        container = KafkaContainer().with_kraft()
+        container.start()
+        self._running["testcontainers"] = container
+        return str(container.get_bootstrap_server())
+
+    def close(self) -> None:
+        for backend, broker in list(self._running.items()):
+            if isinstance(broker, TansuBroker | KRaftBroker):
+                asyncio.run(broker.stop())
+            else:
+                broker.stop()
+            del self._running[backend]
+
+
+def unavailable(backend: str, reason: str) -> None:
+    """Fail or skip a test whose backend is unavailable, as the backend's policy says."""
+    message = f"{backend} broker unavailable: {reason}"
+    if backend in ("tansu", "external") or (backend == "kafka" and in_ci()):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def docker_unavailable() -> str | None:
+    """Why testcontainers cannot run here, or None when a Docker engine answers."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    # Probe the socket first: docker-py leaks a socket when the engine is absent.
+    try:
+        if host.startswith("unix://"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(3)
+                sock.connect(host.removeprefix("unix://"))
+        else:
+            url = urlsplit(host)
+            socket.create_connection((url.hostname or "localhost", url.port or 2375), 3).close()
+    except OSError as exc:
+        return f"no Docker engine answers at {host} ({exc})"
+    try:
+        import docker  # type: ignore[import-untyped, unused-ignore]
+
+        client = docker.from_env(timeout=3)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        return f"the Docker engine at {host} does not answer ({type(exc).__name__}: {exc})"
+    return None
+
+
+_POOL = BrokerPool()
+_PREVIOUS_SIGTERM: Any = None
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _brokers.terminate_all(grace=5.0)
+    signal.signal(signum, _PREVIOUS_SIGTERM or signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _PREVIOUS_SIGTERM
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        _PREVIOUS_SIGTERM = signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _POOL.close()
+    _brokers.terminate_all()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"deferline broker backends: {', '.join(selected_backends())}"]
+    if "testcontainers" not in selected_backends():
+        lines.append(
+            f"  testcontainers backend off (add it to {BACKENDS_ENV}; needs a Docker engine)"
+        )
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _POOL.startup_seconds:
+        started = ", ".join(f"{b} {s:.2f}s" for b, s in _POOL.startup_seconds.items())
+        terminalreporter.write_line(f"deferline brokers started: {started}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("kafka_only") and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    uses_broker = "broker_backend" in getattr(item, "fixturenames", ())
+    if uses_broker and not item.get_closest_marker("integration"):
+        pytest.fail(f"{item.nodeid} uses a broker: mark it @pytest.mark.integration", pytrace=False)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "broker_backend" not in metafunc.fixturenames:
+        return
+    backends = selected_backends()
+    if metafunc.definition.get_closest_marker("kafka_only"):
+        backends = [b for b in backends if b in REAL_KAFKA] or [_NO_REAL_KAFKA]
+    metafunc.parametrize("broker_backend", backends, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def broker_backend(request: pytest.FixtureRequest) -> str:
+    """The backend this test runs on: tansu, kafka, testcontainers or external."""
+    backend: str = request.param
+    if backend == _NO_REAL_KAFKA:
+        pytest.skip(f"kafka_only: {BACKENDS_ENV} selects no Apache Kafka backend")
+    return backend
+
+
+@pytest.fixture(scope="session")
+def broker(broker_backend: str) -> str:
+    """Bootstrap address of a running broker of the current backend (started once)."""
+    return _POOL.bootstrap(broker_backend)
+
+
+@pytest.fixture
+def settings(broker: str) -> Settings:
+    """Settings for this broker with a topic prefix no other test uses, and 4 partitions."""
+    return Settings(
+        bootstrap_servers=broker,
+        client_id="deferline-test",
+        topic_prefix=f"t{uuid.uuid4().hex[:12]}.",
+        partitions=4,
+    )
+
+
+@pytest.fixture
+async def kafka_clients(settings: Settings) -> AsyncIterator[KafkaClients]:
+    """Factory of started producers/consumers/admins for ``settings``, all stopped afterwards."""
+    clients = KafkaClients(settings)
+    try:
+        yield clients
+    finally:
+        await clients.aclose()

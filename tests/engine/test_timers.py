@@ -1,0 +1,268 @@
+"""The timer fast path: pure-deadline triggers live in one shared heap, not a coroutine each."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from deferline.engine import (
+    BaseTrigger,
+    TaskSkippedEvent,
+    TimerSpec,
+    TriggerEvent,
+    TriggerSupervisor,
+)
+from deferline.engine.triggers import DateTimeTrigger, TimeDeltaTrigger
+from deferline.schemas import make_event_id
+
+from ._support import GateTrigger, Sink, wait_until
+
+
+def _in(seconds: float) -> dt.datetime:
+    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+@pytest.fixture
+async def sup(sink: Sink) -> AsyncIterator[TriggerSupervisor]:
+    async with TriggerSupervisor(capacity=1000, on_event=sink, block_threshold=None) as s:
+        yield s
+
+
+async def test_datetime_trigger_waits_in_the_heap_and_fires_at_its_moment(
+    sup: TriggerSupervisor, sink: Sink
+) -> None:
+    moment = _in(0.05)
+    sup.add("dt", DateTimeTrigger(moment), context="ctx")
+    assert sup.waiting_timers == 1
+    assert sup.running == 1
+    assert not any(t.get_name().startswith("deferline-trigger") for t in asyncio.all_tasks())
+    await wait_until(lambda: "dt" not in sup)
+    out = sink.one("dt")
+    assert out.status == "fired"
+    assert out.final
+    assert out.context == "ctx"
+    assert out.payload == moment
+    assert out.due_at == moment
+    assert out.fired_at is not None
+    assert out.fired_at >= moment
+    assert out.event_id == make_event_id("dt", "fired", moment)
+    assert sup.waiting_timers == 0
+    assert sup.running == 0
+    assert sup.metrics.fired == 1
+    assert sup.metrics.fire_lag.count == 1
+
+
+async def test_timedelta_and_end_from_trigger(sup: TriggerSupervisor, sink: Sink) -> None:
+    sup.add("td", TimeDeltaTrigger(dt.timedelta(milliseconds=10), end_from_trigger=True))
+    assert sup.waiting_timers == 1
+    await wait_until(lambda: "td" not in sup)
+    out = sink.one("td")
+    assert (out.status, out.payload, out.task_outcome, out.xcoms) == (
+        "fired",
+        "success",
+        "success",
+        None,
+    )
+
+
+async def test_timers_fire_in_due_order(sup: TriggerSupervisor, sink: Sink) -> None:
+    base = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=10)
+    for i in (3, 1, 4, 0, 2):
+        sup.add(f"t{i}", DateTimeTrigger(base + dt.timedelta(seconds=i)))
+    await wait_until(lambda: len(sup) == 0)
+    assert [o.trigger_id for o in sink.outcomes] == ["t0", "t1", "t2", "t3", "t4"]
+
+
+async def test_timeout_before_the_moment_times_out(sup: TriggerSupervisor, sink: Sink) -> None:
+    timeout_at = _in(0.02)
+    sup.add("t", DateTimeTrigger(_in(3600)), timeout_at=timeout_at)
+    assert sup.waiting_timers == 1
+    await wait_until(lambda: "t" not in sup)
+    out = sink.one("t")
+    assert out.status == "timed_out"
+    assert out.due_at == timeout_at
+
+
+async def test_timeout_after_the_moment_does_not_matter(sup: TriggerSupervisor, sink: Sink) -> None:
+    sup.add("t", DateTimeTrigger(_in(0.01)), timeout_at=_in(0.02))
+    await wait_until(lambda: "t" not in sup)
+    await wait_until(lambda: not sup._heap)
+    assert [o.status for o in sink.outcomes] == ["fired"]
+
+
+async def test_cancelled_timer_never_fires_and_frees_capacity(
+    sup: TriggerSupervisor, sink: Sink
+) -> None:
+    sup.add("t", DateTimeTrigger(_in(0.02)))
+    assert await sup.cancel("t") is True
+    assert sup.running == 0
+    assert sup.waiting_timers == 0
+    assert sup.metrics.cancelled == 1
+    await wait_until(lambda: not sup._heap)
+    assert sink.outcomes == []
+    # The same id may be added again (e.g. after a rebalance) and then fires once.
+    sup.add("t", DateTimeTrigger(_in(0.0)))
+    await wait_until(lambda: "t" not in sup)
+    assert len(sink.of("t")) == 1
+
+
+async def test_timers_count_toward_capacity(sink: Sink) -> None:
+    async with TriggerSupervisor(capacity=1, on_event=sink, block_threshold=None) as sup:
+        sup.add("timer", DateTimeTrigger(_in(0.03)))
+        gate = GateTrigger()
+        sup.add("coro", gate)
+        assert sup.pending == 1
+        assert sup.capacity_left == 0
+        await gate.started.wait()  # admitted once the timer fired
+        assert sink.one("timer").status == "fired"
+        gate.gate.set()
+        await wait_until(lambda: len(sup) == 0)
+
+
+async def test_pending_timer_is_admitted_into_the_heap(sink: Sink) -> None:
+    async with TriggerSupervisor(capacity=1, on_event=sink, block_threshold=None) as sup:
+        gate = GateTrigger()
+        sup.add("coro", gate)
+        sup.add("timer", DateTimeTrigger(_in(-1)), timeout_at=_in(3600))
+        assert sup.pending == 1
+        gate.gate.set()
+        await wait_until(lambda: len(sup) == 0)
+        assert [o.trigger_id for o in sink.outcomes] == ["coro", "timer"]
+        assert sink.one("timer").status == "fired"
+
+
+class Deadline(BaseTrigger):
+    """A custom trigger declaring a pure deadline through the documented hook."""
+
+    def __init__(self, at: dt.datetime, payload: Any) -> None:
+        super().__init__()
+        self.at = at
+        self.payload = payload
+        self.ran = False
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("tests.engine.test_timers.Deadline", {"at": self.at, "payload": self.payload})
+
+    def as_timer(self) -> TimerSpec:
+        return TimerSpec(
+            self.at, TaskSkippedEvent() if self.payload is None else TriggerEvent(self.payload)
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        self.ran = True
+        yield TriggerEvent(self.payload)
+
+
+async def test_custom_trigger_declaring_a_deadline_uses_the_fast_path(
+    sup: TriggerSupervisor, sink: Sink
+) -> None:
+    trigger = Deadline(_in(0.01), {"batch": 7})
+    sup.add("custom", trigger)
+    skip = Deadline(_in(0.01), None)
+    sup.add("skip", skip)
+    assert sup.waiting_timers == 2
+    await wait_until(lambda: len(sup) == 0)
+    assert sink.one("custom").payload == {"batch": 7}
+    assert sink.one("skip").task_outcome == "skipped"
+    assert not trigger.ran
+    assert not skip.ran
+
+
+async def test_subclass_overriding_run_is_not_treated_as_a_timer(
+    sup: TriggerSupervisor, sink: Sink
+) -> None:
+    class Custom(DateTimeTrigger):
+        async def run(self) -> AsyncIterator[TriggerEvent]:
+            yield TriggerEvent("custom run")
+
+    class CustomCleanup(DateTimeTrigger):
+        cleaned = False
+
+        async def cleanup(self) -> None:
+            CustomCleanup.cleaned = True
+
+    sup.add("c", Custom(_in(3600)))
+    sup.add("cc", CustomCleanup(_in(-1)))
+    assert sup.waiting_timers == 0
+    await wait_until(lambda: len(sup) == 0)
+    assert sink.one("c").payload == "custom run"
+    assert sink.one("cc").status == "fired"
+    assert CustomCleanup.cleaned
+
+
+async def test_as_timer_that_fails_falls_back_to_running(
+    sup: TriggerSupervisor, sink: Sink
+) -> None:
+    class Broken(Deadline):
+        def as_timer(self) -> TimerSpec:
+            raise RuntimeError("no deadline today")
+
+    class Naive(Deadline):
+        def as_timer(self) -> TimerSpec:
+            return TimerSpec(dt.datetime(2020, 1, 1), TriggerEvent(1))
+
+    sup.add("broken", Broken(_in(0), "ran"))
+    sup.add("naive", Naive(_in(0), "ran too"))
+    assert sup.waiting_timers == 0
+    await wait_until(lambda: len(sup) == 0)
+    assert sink.one("broken").payload == "ran"
+    assert sink.one("naive").payload == "ran too"
+
+
+async def test_unserializable_timer_payload_fails(sup: TriggerSupervisor, sink: Sink) -> None:
+    sup.add("odd", Deadline(_in(0), object()))
+    await wait_until(lambda: "odd" not in sup)
+    out = sink.one("odd")
+    assert out.status == "failed"
+    assert out.error is not None
+    assert "serialized" in out.error
+
+
+async def test_many_due_timers_fire_in_slices_keeping_the_loop_responsive(
+    sup: TriggerSupervisor, sink: Sink
+) -> None:
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    n = 5000
+    for i in range(n):
+        sup.add(f"t{i}", DateTimeTrigger(past))
+    seen: list[int] = []
+
+    async def ticker() -> None:
+        while len(sink.outcomes) < n:
+            seen.append(len(sink.outcomes))
+            await asyncio.sleep(0)
+
+    await asyncio.gather(ticker(), wait_until(lambda: len(sink.outcomes) == n, within=30))
+    assert len({o.trigger_id for o in sink.outcomes}) == n
+    assert sup.metrics.fired == n
+    assert sup.running == 0
+    # Other work ran between slices: the ticker saw the batch half done.
+    assert any(0 < count < n for count in seen)
+    assert sup.metrics.fire_lag.count == n
+    assert sup.metrics.fire_lag.quantile(0.5) > 0
+
+
+async def test_timers_added_from_on_event_into_the_firing_bucket_are_not_lost() -> None:
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    fired: list[str] = []
+    sup: TriggerSupervisor
+
+    def on_event(outcome: Any) -> None:
+        fired.append(outcome.trigger_id)
+        if outcome.trigger_id.startswith("t") and len(fired) % 500 == 0:
+            sup.add(f"again{len(fired)}", DateTimeTrigger(past))  # same millisecond bucket
+
+    async with TriggerSupervisor(capacity=10_000, on_event=on_event, block_threshold=None) as sup:
+        for i in range(3000):
+            sup.add(f"t{i}", DateTimeTrigger(past))
+        await wait_until(lambda: len(sup) == 0, within=30)
+    assert len(fired) == len(set(fired)) == 3006
+    assert fired[:3000] == [f"t{i}" for i in range(3000)]  # one bucket fires in add order

@@ -1,0 +1,174 @@
+"""Broker launchers: they start, answer, stop, and never outlive the process that started them."""
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from deferline.topics import BrokerStartError, KRaftBroker, Settings, TansuBroker, describe_topics
+from deferline.topics._brokers import _metadata_has_broker, free_port
+
+from tests.integration._util import wait_until
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+async def test_tansu_starts_answers_and_cleans_up():
+    async with TansuBroker() as tansu:
+        host, port = tansu.bootstrap.split(":")
+        assert await _metadata_has_broker(host, int(port))
+        pid = tansu._proc.pid  # type: ignore[union-attr]
+        workdir = tansu.log_path.parent  # type: ignore[union-attr]
+        assert await describe_topics(Settings(bootstrap_servers=tansu.bootstrap)) == []
+    assert not _alive(pid)
+    assert not workdir.exists()
+    await tansu.stop()  # idempotent
+
+
+async def test_tansu_on_a_busy_port_says_why():
+    async with TansuBroker() as first:
+        port = int(first.bootstrap.split(":")[1])
+        second = TansuBroker(port=port, startup_timeout=5)
+        # Tansu binds with SO_REUSEPORT, so it would share the port silently; we refuse.
+        with pytest.raises(BrokerStartError, match=f"port {port} on 127.0.0.1 is in use"):
+            await second.start()
+        assert second._proc is None
+
+
+async def test_kraft_starts_and_cleans_up():
+    from tests.conftest import selected_backends, unavailable
+
+    if "kafka" not in selected_backends():
+        pytest.skip("the kafka backend is not selected")
+    kraft = KRaftBroker()
+    try:
+        await kraft.start()
+    except BrokerStartError as exc:
+        await kraft.stop()
+        unavailable("kafka", str(exc))
+    pid, workdir = kraft._proc.pid, kraft.log_path.parent  # type: ignore[union-attr]
+    try:
+        host, port = kraft.bootstrap.split(":")
+        assert await _metadata_has_broker(host, int(port))
+    finally:
+        await kraft.stop()
+    assert not _alive(pid)
+    assert not workdir.exists()
+
+
+async def _spawn(script: str) -> tuple[asyncio.subprocess.Process, int, Path]:
+    """Run a Python script that starts Tansu; return it, the broker's pid and work dir."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    pid, workdir = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).split()
+    return proc, int(pid), Path(workdir.decode())
+
+
+_START = textwrap.dedent(
+    """
+    import asyncio, sys
+    from deferline.topics import TansuBroker
+    from deferline.topics._brokers import _LIVE
+    asyncio.run(TansuBroker().start())
+    pid, (_, workdir) = next(iter(_LIVE.items()))
+    print(pid, workdir, flush=True)
+    """
+)
+
+
+async def test_broker_dies_with_a_killed_parent():
+    proc, broker_pid, workdir = await _spawn(_START + "import time; time.sleep(120)\n")
+    assert _alive(broker_pid)
+    proc.kill()
+    await proc.wait()
+    await wait_until(lambda: not _alive(broker_pid), timeout=10, message="broker gone")
+    shutil.rmtree(workdir)  # nobody was left to remove it
+
+
+async def test_broker_is_stopped_at_interpreter_exit():
+    proc, broker_pid, workdir = await _spawn(_START)  # exits without stopping the broker
+    assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+    await wait_until(lambda: not _alive(broker_pid), timeout=10, message="broker gone")
+    assert not workdir.exists()
+
+
+async def test_sigterm_to_pytest_stops_the_session_brokers(tmp_path):
+    (tmp_path / "test_wait.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            import pytest
+            from deferline.topics._brokers import _LIVE
+
+            @pytest.mark.integration
+            def test_wait(broker):
+                print("BROKER", *_LIVE, flush=True)
+                time.sleep(60)
+            """
+        )
+    )
+    env = {**os.environ, "DEFERLINE_TEST_BACKENDS": "tansu"}
+    env.pop("DEFERLINE_TEST_BOOTSTRAP", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider",
+        "-p", "tests.conftest", "--rootdir", str(tmp_path), str(tmp_path / "test_wait.py"),
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = b""
+    while not line.startswith(b"BROKER"):
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+        assert line, "pytest ended before its broker started"
+    broker_pids = [int(p) for p in line.split()[1:]]
+    assert broker_pids
+    assert all(_alive(p) for p in broker_pids)
+    proc.send_signal(signal.SIGTERM)
+    await asyncio.wait_for(proc.wait(), timeout=30)
+    await wait_until(
+        lambda: not any(_alive(p) for p in broker_pids), timeout=10, message="brokers gone"
+    )
+
+
+async def test_deferline_broker_command_prints_bootstrap_and_stops_on_sigterm():
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "deferline"), "broker", "--port", str(port),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        first = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+        assert f"bootstrap: 127.0.0.1:{port}" in first.decode(), first
+        assert await _metadata_has_broker("127.0.0.1", port)
+        children = _children(proc.pid)
+        assert children, "the Tansu process should be a child of the command"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 0, rest.decode()
+    for child in children:
+        assert not _alive(child)

@@ -1,0 +1,190 @@
+"""The whole loop on a real broker: client → scheduler → worker → triggerer → scheduler → worker.
+
+Real components run in this process (one triggerer, one scheduler, one worker); operators
+come from ``deferline.engine.examples`` and ``tests.integration._e2e_ops``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import pytest
+
+from deferline.client import Client
+from deferline.engine import Pools
+from deferline.runners.scheduler import Scheduler
+from deferline.runners.triggerer import Triggerer, TriggererOptions
+from deferline.runners.worker import Worker
+from deferline.schemas import TaskKey, make_trigger_id
+from deferline.topics import Settings
+
+from . import _e2e_ops
+from ._taskflow import TaskFlow
+from ._util import wait_until
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = "deferline.engine.examples"
+OPS = _e2e_ops.MODULE
+
+
+@dataclass
+class Deployment:
+    client: Client
+    scheduler: Scheduler
+    triggerer: Triggerer
+    worker: Worker
+    flow: TaskFlow
+
+    async def submit(self, name: str, operator: str, **options: object) -> TaskKey:
+        return await self.client.submit(
+            operator,
+            dag_id="e2e",
+            task_id=name,
+            run_id="run1",
+            **options,  # type: ignore[arg-type]
+        )
+
+
+def allow_test_code(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={
+            "allowed_trigger_prefixes": ["deferline.engine.triggers", OPS],
+            "allowed_operator_prefixes": [EXAMPLES, OPS],
+        }
+    )
+
+
+@contextlib.asynccontextmanager
+async def deployment(
+    settings: Settings,
+    *,
+    direct_resume: bool = False,
+    pools: Pools | Mapping[str, int] | None = None,
+    slots: int = 4,
+) -> AsyncIterator[Deployment]:
+    settings = allow_test_code(settings)
+    options = TriggererOptions(
+        direct_resume=direct_resume, session_timeout_ms=6000, checkpoint_interval=0.5
+    )
+    async with (
+        TaskFlow(settings) as flow,
+        Scheduler(settings, pools=pools, orphan_check_interval=0.5, commit_interval=0.2) as sched,
+        Triggerer(settings, options) as triggerer,
+        Worker(settings, slots=slots, poll_interval=0.02, graceful_timeout=5.0) as worker,
+        Client(settings) as client,
+    ):
+        await sched.wait_ready()
+        yield Deployment(client, sched, triggerer, worker, flow)
+
+
+async def test_task_lifecycles(settings: Settings) -> None:
+    """Defer once, several times, time out, fail in the trigger, end from it, be cleared."""
+    async with deployment(settings) as d:
+        once = await d.submit("once", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 0.2})
+        multi = await d.submit(
+            "multi", f"{EXAMPLES}.MultiWaitOperator", op_kwargs={"waits": [0.1, 0.1, 0.1]}
+        )
+        timeout = await d.submit(
+            "timeout", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 60, "timeout": 0.3}
+        )
+        explode = await d.submit("explode", f"{OPS}.ExplodeOperator")
+        ended = await d.submit(
+            "ended",
+            f"{EXAMPLES}.WaitOperator",
+            op_kwargs={"seconds": 0.2, "end_from_trigger": True},
+        )
+        cleared = await d.submit("cleared", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 60})
+
+        flow = d.flow
+        assert (await flow.wait_state(once, "success")).source == "worker"
+        assert len(flow.runs_of(once, "resume")) == 1
+
+        await flow.wait_state(multi, "success")
+        deferrals = [
+            r.defer_seq for r in flow.tasks_log if r.task == multi and r.state == "deferred"
+        ]
+        assert deferrals == [0, 1, 2]
+        assert [r.defer_seq for r in flow.runs_of(multi, "resume")] == [0, 1, 2]
+
+        failed = await flow.wait_state(timeout, "failed")
+        assert failed.reason is not None
+        assert "TaskDeferralTimeout" in failed.reason
+
+        failed = await flow.wait_state(explode, "failed")
+        assert failed.reason is not None
+        assert "kaboom" in failed.reason
+
+        done = await flow.wait_state(ended, "success")
+        assert done.source == "scheduler", "the trigger ended it, not a worker"
+        assert flow.runs_of(ended, "resume") == []
+
+        await flow.wait_state(cleared, "deferred")
+        await d.client.clear(cleared, reason="no longer needed")
+        trigger_id = make_trigger_id(cleared, 0)
+        await flow.wait_for(
+            lambda: any(e.trigger_id == trigger_id and e.status == "cancelled" for e in flow.events)
+        )
+        await wait_until(lambda: d.scheduler.table.counters.events_cancelled == 1)
+        assert flow.latest(cleared).state == "removed"  # type: ignore[union-attr]
+        assert flow.runs_of(cleared, "resume") == []
+        assert d.scheduler.table.counters.events_duplicate == 0
+        assert d.scheduler.table.pool_usage()["default_pool"][0] == 0, "every slot came back"
+
+
+async def test_resumes_go_ahead_of_new_work(settings: Settings) -> None:
+    """With one worker slot and a backlog of new work, fired tasks resume next."""
+    pools = Pools(slots={"held": 2}, default_slots=None)
+    async with deployment(settings, pools=pools, slots=1) as d:
+        held = [
+            await d.submit(
+                f"held-{n}", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 1.0}, pool="held"
+            )
+            for n in range(2)
+        ]
+        for task in held:
+            await d.flow.wait_state(task, "deferred")
+        # The "held" pool is full with deferred tasks: new work there waits for a slot.
+        blocked = [
+            await d.submit(
+                f"blocked-{n}", f"{OPS}.SleepOperator", op_kwargs={"seconds": 0.0}, pool="held"
+            )
+            for n in range(5)
+        ]
+        flood = [
+            await d.submit(f"flood-{n:02d}", f"{OPS}.SleepOperator", op_kwargs={"seconds": 0.1})
+            for n in range(50)
+        ]
+        for task in held:
+            await d.flow.wait_state(task, "success", within=30)
+        started = [t for t in flood if d.flow.runs_of(t) and _ran(d.flow, t)]
+        assert len(started) < 30, f"{len(started)} of 50 new tasks ran before the resumes"
+        for task in blocked:
+            await d.flow.wait_state(task, "success", within=30)
+        await wait_until(lambda: all(_done(d.flow, t) for t in flood), timeout=30)
+
+
+def _ran(flow: TaskFlow, task: TaskKey) -> bool:
+    return any(r.task.ti_key == task.ti_key and r.state == "running" for r in flow.tasks_log)
+
+
+def _done(flow: TaskFlow, task: TaskKey) -> bool:
+    latest = flow.latest(task)
+    return latest is not None and latest.state == "success"
+
+
+async def test_direct_resume(settings: Settings) -> None:
+    async with deployment(settings, direct_resume=True) as d:
+        tasks = [
+            await d.submit(f"direct-{n}", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 0.3})
+            for n in range(5)
+        ]
+        for task in tasks:
+            await d.flow.wait_state(task, "success")
+        counters = d.scheduler.table.counters
+        await wait_until(lambda: counters.events_applied + counters.events_direct == 5)
+        assert counters.resumes == 0, "the triggerer enqueued every resume itself"
+        assert all(len(d.flow.runs_of(t, "resume")) == 1 for t in tasks)
+        assert d.worker.metrics.resumed == 5

@@ -1,0 +1,141 @@
+"""Several ``deferline triggerer`` processes: sharing, SIGKILL failover, scaling out and in.
+
+Every trigger must fire; duplicates (a trigger re-run after its owner died) must carry the
+same event id, so that after dedup by event id each trigger fired exactly once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deferline.schemas import TriggerEventRecord
+from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
+
+from tests.integration._triggerer_help import (
+    FAILOVER_FLAGS,
+    TopicReader,
+    TriggererProcess,
+    defer_request,
+    owners,
+    partition_of,
+    produce_requests,
+)
+from tests.integration._util import KafkaClients, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+PARTITIONS = 6
+
+
+@pytest.fixture
+def wide(settings: Settings) -> Settings:
+    """The test's settings with more partitions, so three members all get some."""
+    return settings.model_copy(update={"partitions": PARTITIONS})
+
+
+@pytest.fixture
+def spawn(wide: Settings, tmp_path: Path) -> Iterator[list[TriggererProcess]]:
+    """Started processes, killed at the end whatever happened."""
+    processes: list[TriggererProcess] = []
+    yield processes
+    for process in processes:
+        process.close()
+
+
+def start(wide: Settings, tmp_path: Path, processes: list[TriggererProcess], member: str) -> None:
+    processes.append(TriggererProcess(wide, member, tmp_path, *FAILOVER_FLAGS))
+
+
+async def settled(processes: list[TriggererProcess]) -> bool:
+    """Every live member rebuilt its partitions and together they own all of them."""
+    live = [p for p in processes if p.proc.poll() is None]
+    for process in live:
+        if not await process.bootstrapped():
+            return False
+    owned = [n for p in live for n in p.find("partitions assigned")[-1]["partitions"]]
+    return sorted(owned) == list(range(PARTITIONS))
+
+
+def once_each(events: list[TriggerEventRecord]) -> dict[str, set[str]]:
+    ids: dict[str, set[str]] = defaultdict(set)
+    for event in events:
+        ids[event.trigger_id].add(event.event_id)
+    return ids
+
+
+async def test_members_share_triggers_and_each_fires_once_on_its_owner(
+    wide: Settings, kafka_clients: KafkaClients, tmp_path: Path, spawn: list[TriggererProcess]
+) -> None:
+    names = TopicNames(wide.topic_prefix)
+    await ensure_topics(wide, topic_specs(wide))
+    for member in ("a", "b", "c"):
+        start(wide, tmp_path, spawn, member)
+    await wait_until(lambda: settled(spawn), 60, interval=0.2, message="group settled")
+    ownership = await owners(spawn)
+    requests = [defer_request(i, due_in=1.0) for i in range(3000)]
+    async with TopicReader(wide, names.resume()) as events:
+        producer = await kafka_clients.producer()
+        await produce_requests(producer, wide, requests)
+        await wait_until(lambda: len(events.distinct_triggers()) == 3000, 60, interval=0.2)
+    fired = events.events()
+    ids = once_each(fired)
+    assert set(ids) == {r.trigger_id for r in requests}
+    assert all(len(event_ids) == 1 for event_ids in ids.values())
+    for event in fired:
+        assert event.partition == partition_of(event.trigger_id, PARTITIONS)
+        assert event.member == ownership[event.partition], "fired by the partition's owner"
+    assert {event.member for event in fired} == {"a", "b", "c"}
+
+
+async def test_sigkill_of_a_member_under_load_loses_nothing(
+    wide: Settings, kafka_clients: KafkaClients, tmp_path: Path, spawn: list[TriggererProcess]
+) -> None:
+    names = TopicNames(wide.topic_prefix)
+    await ensure_topics(wide, topic_specs(wide))
+    for member in ("a", "b", "c"):
+        start(wide, tmp_path, spawn, member)
+    await wait_until(lambda: settled(spawn), 60, interval=0.2, message="group settled")
+    # Due over eight seconds: some fire before the kill, the rest during and after failover.
+    requests = [defer_request(i, due_in=1.0 + 8.0 * i / 2000) for i in range(2000)]
+    victim = spawn[0]
+    async with TopicReader(wide, names.resume()) as events:
+        producer = await kafka_clients.producer()
+        await produce_requests(producer, wide, requests)
+        await wait_until(lambda: len(events.distinct_triggers()) >= 300, 30, interval=0.1)
+        victim.kill()
+        await wait_until(lambda: len(events.distinct_triggers()) == 2000, 60, interval=0.2)
+    ids = once_each(events.events())
+    assert set(ids) == {r.trigger_id for r in requests}, "no trigger lost"
+    assert all(len(event_ids) == 1 for event_ids in ids.values()), "duplicates share an id"
+    survivors = {e.member for e in events.events()} - {victim.member}
+    assert survivors == {"b", "c"}
+
+
+async def test_scale_out_to_three_and_back_to_one_loses_nothing(
+    wide: Settings, kafka_clients: KafkaClients, tmp_path: Path, spawn: list[TriggererProcess]
+) -> None:
+    names = TopicNames(wide.topic_prefix)
+    await ensure_topics(wide, topic_specs(wide))
+    start(wide, tmp_path, spawn, "a")
+    await wait_until(lambda: settled(spawn), 60, interval=0.2, message="first member ready")
+    requests = [defer_request(i, due_in=1.0 + 14.0 * i / 1500) for i in range(1500)]
+    async with TopicReader(wide, names.resume()) as events:
+        producer = await kafka_clients.producer()
+        await produce_requests(producer, wide, requests)
+        await wait_until(lambda: events.events(), 20, interval=0.1)
+        start(wide, tmp_path, spawn, "b")
+        start(wide, tmp_path, spawn, "c")
+        await wait_until(lambda: settled(spawn), 60, interval=0.2, message="three members")
+        for process in spawn[1:]:
+            process.terminate()
+        for process in spawn[1:]:
+            assert process.wait(30) == 0, "graceful stop exits cleanly"
+        await wait_until(lambda: settled(spawn), 60, interval=0.2, message="back to one")
+        await wait_until(lambda: len(events.distinct_triggers()) == 1500, 60, interval=0.2)
+    ids = once_each(events.events())
+    assert set(ids) == {r.trigger_id for r in requests}
+    assert all(len(event_ids) == 1 for event_ids in ids.values())
+    assert {e.member for e in events.events()} == {"a", "b", "c"}, "all three fired some"

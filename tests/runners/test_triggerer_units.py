@@ -1,0 +1,344 @@
+"""Triggerer pieces without a broker: record interpretation, the emitter, metrics, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
+from deferline.engine.triggers import DateTimeTrigger
+from deferline.runners._metrics import MetricsServer
+from deferline.runners._triggerer_emitter import Emission, Emitter, Send
+from deferline.runners._triggerer_input import (
+    BadRecord,
+    CancelTrigger,
+    StartTrigger,
+    interpret,
+)
+from deferline.runners._triggerer_log import JsonFormatter, TextFormatter
+from deferline.runners._triggerer_metrics import TriggererMetrics
+from deferline.runners.triggerer import TriggererOptions, _normalise_queues
+from deferline.schemas import (
+    CancelRequest,
+    DeferRequest,
+    KwargsCipher,
+    TaskKey,
+    encode,
+    make_trigger_id,
+    seal,
+)
+from prometheus_client import CollectorRegistry, Counter
+
+ALLOWED = ("deferline.engine.triggers",)
+TASK = TaskKey(dag_id="d", task_id="t", run_id="r")
+TID = make_trigger_id(TASK, 0)
+MOMENT = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+def request(**changes: Any) -> DeferRequest:
+    fields: dict[str, Any] = {
+        "trigger_id": TID,
+        "task": TASK,
+        "classpath": "deferline.engine.triggers.DateTimeTrigger",
+        "kwargs": {"moment": MOMENT},
+    }
+    fields.update(changes)
+    return DeferRequest(**fields)
+
+
+def decide(key: bytes | None, value: bytes, cipher: KwargsCipher | None = None) -> Any:
+    return interpret(key, value, allowed_prefixes=ALLOWED, cipher=cipher)
+
+
+# -- interpretation -------------------------------------------------------------------------
+
+
+def test_a_valid_request_becomes_a_trigger() -> None:
+    decision = decide(TID.encode(), encode(request()))
+    assert isinstance(decision, StartTrigger)
+    assert isinstance(decision.trigger, DateTimeTrigger)
+    assert decision.trigger.trigger_id == TID
+    assert decision.request.task == TASK
+
+
+def test_sealed_kwargs_are_opened_with_the_configured_keys() -> None:
+    cipher = KwargsCipher([KwargsCipher.generate_key()])
+    sealed = seal(request(), cipher)
+    assert sealed.kwargs_token is not None
+    decision = decide(TID.encode(), encode(sealed), cipher)
+    assert isinstance(decision, StartTrigger)
+
+
+def test_a_cancel_request_is_a_cancel() -> None:
+    cancel = CancelRequest(trigger_id=TID, task=TASK, reason="cleared")
+    decision = decide(TID.encode(), encode(cancel))
+    assert isinstance(decision, CancelTrigger)
+    assert decision.request.reason == "cleared"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error_type", "identified"),
+    [
+        (None, encode(request()), "MissingKey", True),
+        (b"\xff\xfe", encode(request()), "BadKey", True),
+        (TID.encode(), b"\x00not json", "SchemaError", False),
+        (TID.encode(), b"[1, 2]", "SchemaError", False),
+        (
+            TID.encode(),
+            orjson.dumps({**orjson.loads(encode(request())), "version": 99}),
+            "UnknownSchemaVersion",
+            True,
+        ),
+        (TID.encode(), encode(request(classpath="os.system")), "TriggerNotAllowed", True),
+        (
+            TID.encode(),
+            encode(request(classpath="deferline.engine.triggers.NoSuchTrigger")),
+            "TriggerImportError",
+            True,
+        ),
+        (TID.encode(), encode(request(kwargs={"bogus": 1})), "TriggerKwargsError", True),
+        (b"other-id", encode(request()), "KeyMismatch", True),
+    ],
+    ids=[
+        "no-key",
+        "non-utf8-key",
+        "not-json",
+        "not-an-object",
+        "unknown-version",
+        "not-allowed",
+        "import-error",
+        "bad-kwargs",
+        "key-mismatch",
+    ],
+)
+def test_bad_input_is_named_and_identified_where_possible(
+    key: bytes | None, value: bytes, error_type: str, identified: bool
+) -> None:
+    decision = decide(key, value)
+    assert isinstance(decision, BadRecord)
+    assert decision.error_type == error_type
+    assert decision.error
+    assert decision.identified is identified
+    if identified:
+        assert decision.task == TASK
+
+
+def test_undecryptable_kwargs_are_bad_input_that_names_the_task() -> None:
+    sealed = seal(request(), KwargsCipher([KwargsCipher.generate_key()]))
+    other = KwargsCipher([KwargsCipher.generate_key()])
+    decision = decide(TID.encode(), encode(sealed), other)
+    assert isinstance(decision, BadRecord)
+    assert decision.error_type == "DecryptionError"
+    assert decision.identified
+
+
+def test_a_token_without_configured_keys_is_bad_input() -> None:
+    sealed = seal(request(), KwargsCipher([KwargsCipher.generate_key()]))
+    decision = decide(TID.encode(), encode(sealed), None)
+    assert isinstance(decision, BadRecord)
+    assert decision.identified
+
+
+def test_a_record_of_another_kind_is_bad_input() -> None:
+    from deferline.schemas import TriggerEventRecord
+
+    event = TriggerEventRecord(event_id="e", trigger_id=TID, task=TASK, status="fired")
+    decision = decide(TID.encode(), encode(event))
+    assert isinstance(decision, BadRecord)
+    assert decision.error_type == "WrongKind"
+
+
+# -- emitter ----------------------------------------------------------------------------------
+
+
+class FakeProducer:
+    """Records sends; acks them when told, or fails the first ``fail`` of a topic."""
+
+    def __init__(self, fail: dict[str, list[BaseException]] | None = None) -> None:
+        self.sent: list[Send] = []
+        self.fail = fail or {}
+        self.offsets: dict[str, int] = {}
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        errors = self.fail.get(topic)
+        if errors:
+            future.set_exception(errors.pop(0))
+            return future
+        self.sent.append(Send(topic, key, value, partition))
+        offset = self.offsets.get(topic, 0)
+        self.offsets[topic] = offset + 1
+        future.set_result(type("Meta", (), {"offset": offset})())
+        return future
+
+
+async def test_tombstone_follows_the_acked_event() -> None:
+    producer = FakeProducer()
+    acked: list[int] = []
+    done = asyncio.Event()
+    async with Emitter(producer) as emitter:
+        emitter.submit(
+            Emission(
+                sends=[Send("resume", b"k", b"event", 3)],
+                tombstone=Send("defer", b"k", None, 3),
+                on_acked=lambda meta: acked.append(meta[0].offset),
+                on_done=done.set,
+            )
+        )
+        assert await emitter.flush(5)
+    assert done.is_set()
+    assert acked == [0]
+    assert [(s.topic, s.value, s.partition) for s in producer.sent] == [
+        ("resume", b"event", 3),
+        ("defer", None, 3),
+    ]
+
+
+async def test_many_emissions_are_sent_in_batches_and_all_finish() -> None:
+    producer = FakeProducer()
+    async with Emitter(producer, max_batch=100) as emitter:
+        for i in range(1000):
+            key = str(i).encode()
+            emitter.submit(
+                Emission(sends=[Send("resume", key, b"e")], tombstone=Send("defer", key, None))
+            )
+        assert await emitter.flush(5)
+        assert emitter.backlog == 0
+    resume = [s.key for s in producer.sent if s.topic == "resume"]
+    defer = [s.key for s in producer.sent if s.topic == "defer"]
+    assert len(resume) == len(defer) == 1000
+    for tomb_key in defer:  # every tombstone was sent after its event
+        assert producer.sent.index(Send("resume", tomb_key, b"e")) < producer.sent.index(
+            Send("defer", tomb_key, None)
+        )
+
+
+async def test_a_retriable_failure_is_retried_and_no_tombstone_goes_first() -> None:
+    producer = FakeProducer(fail={"resume": [KafkaTimeoutError(), KafkaTimeoutError()]})
+    async with Emitter(producer, retry_backoff=0.01) as emitter:
+        emitter.submit(
+            Emission(sends=[Send("resume", b"k", b"e")], tombstone=Send("defer", b"k", None))
+        )
+        assert await emitter.flush(5)
+        assert emitter.failures == 2
+    assert [s.topic for s in producer.sent] == ["resume", "defer"]
+
+
+async def test_a_permanent_failure_is_handed_back_without_a_tombstone() -> None:
+    producer = FakeProducer(fail={"resume": [MessageSizeTooLargeError()] * 3})
+    failed: list[BaseException] = []
+    async with Emitter(producer, retry_backoff=0.01, give_up_after=3) as emitter:
+        emitter.submit(
+            Emission(
+                sends=[Send("resume", b"k", b"huge")],
+                tombstone=Send("defer", b"k", None),
+                on_failed=failed.append,
+            )
+        )
+        assert await emitter.flush(5)
+    assert len(failed) == 1
+    assert isinstance(failed[0], MessageSizeTooLargeError)
+    assert producer.sent == []
+
+
+async def test_flush_times_out_while_sends_cannot_complete() -> None:
+    producer = FakeProducer(fail={"resume": [KafkaTimeoutError()] * 1000})
+    emitter = Emitter(producer, retry_backoff=0.01)
+    await emitter.start()
+    emitter.submit(
+        Emission(sends=[Send("resume", b"k", b"e")], tombstone=Send("defer", b"k", None))
+    )
+    assert not await emitter.flush(0.2)
+    producer.fail.clear()
+    assert await emitter.flush(5)
+    await emitter.stop()
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+async def test_metrics_server_serves_its_own_registry() -> None:
+    registry = CollectorRegistry()
+    Counter("deferline_test_things", "Things.", registry=registry).inc(3)
+    async with MetricsServer(registry, host="127.0.0.1", port=0) as server:
+        assert server.port
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            assert response.status == 200
+            body = await response.text()
+    assert "deferline_test_things_total 3.0" in body
+
+
+def test_triggerer_metrics_read_live_sources_at_scrape_time() -> None:
+    from deferline.engine import LagHistogram
+    from prometheus_client import generate_latest
+
+    metrics = TriggererMetrics(member="m1")
+    state = {"running": 5.0, "capacity_left": 995.0, "fired": 7.0, "blocked_loop": 1.0}
+    lag = LagHistogram()
+    lag.observe(0.003)
+    metrics.watch(
+        supervisor=lambda: state,
+        fire_lag=lambda: lag,
+        partitions=lambda: [("default", 0, 10, 2), ("default", 1, 4, 0)],
+        backlog=lambda: 3,
+    )
+    metrics.events.labels(queue="default", status="fired").inc(7)
+    text = generate_latest(metrics.registry).decode()
+    for line in (
+        "deferline_triggers_running 5.0",
+        "deferline_triggerer_capacity_left 995.0",
+        "deferline_triggers_succeeded_total 7.0",
+        "deferline_triggers_blocked_main_thread_total 1.0",
+        'deferline_triggerer_consumer_lag{partition="0",queue="default"} 2.0',
+        'deferline_triggerer_active_triggers{partition="1",queue="default"} 4.0',
+        "deferline_triggerer_emitter_backlog 3.0",
+        'deferline_triggerer_events_total{queue="default",status="fired"} 7.0',
+        'deferline_triggerer_info{member="m1"} 1.0',
+        "deferline_trigger_fire_lag_seconds_count 1.0",
+    ):
+        assert line in text, line
+    state["running"] = 6.0
+    assert "deferline_triggers_running 6.0" in generate_latest(metrics.registry).decode()
+
+
+# -- logs and options --------------------------------------------------------------------------
+
+
+def _record(**extra: Any) -> logging.LogRecord:
+    record = logging.LogRecord(
+        "deferline.x", logging.INFO, __file__, 1, "trigger fired", None, None
+    )
+    record.__dict__.update(extra)
+    return record
+
+
+def test_log_lines_carry_the_structured_fields() -> None:
+    fields = {"trigger_id": "t-1", "task": "d/t/r/-1#1", "partition": 3, "member": "h-1"}
+    text = TextFormatter().format(_record(**fields))
+    assert "trigger fired" in text
+    for key, value in fields.items():
+        assert f"{key}={value}" in text
+    doc = json.loads(JsonFormatter().format(_record(**fields)))
+    assert doc["message"] == "trigger fired"
+    assert {key: doc[key] for key in fields} == fields
+
+
+def test_queue_names_are_normalised() -> None:
+    assert _normalise_queues(()) == (None,)
+    assert _normalise_queues(("default", "q1", "q1")) == (None, "q1")
+    with pytest.raises(ValueError, match="invalid"):
+        _normalise_queues(("bad queue",))
+    assert TriggererOptions().capacity == 10_000

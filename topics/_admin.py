@@ -1,0 +1,254 @@
+"""Create and check deferline's topics (idempotent; co-partitioning is verified)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.structs import TopicPartition
+
+from ._clients import make_admin, make_consumer
+from ._errors import BrokerError, TopicLayoutError
+from ._names import TopicNames
+from ._settings import Settings
+from ._specs import TopicSpec
+
+logger = logging.getLogger(__name__)
+
+_NO_ERROR = 0
+_TOPIC_EXISTS = TopicAlreadyExistsError.errno
+_VISIBLE_WITHIN_S = 30.0  # topic creation is asynchronous in Kafka
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """A topic as the cluster reports it. ``config`` is empty when the broker cannot say."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+async def ensure_topics(settings: Settings, specs: Sequence[TopicSpec]) -> None:
+    """Create the topics of ``specs`` that are missing, then check co-partitioning.
+
+    Safe to run any number of times, concurrently too. When one side of a defer/resume pair
+    already exists, the other is created with the existing side's partition count. Raises
+    TopicLayoutError when an existing pair differs, BrokerError when the cluster refuses.
+    """
+    names = TopicNames(settings.topic_prefix)
+    async with _started_admin(settings) as admin:
+        existing = await _partition_counts(admin)
+        missing = [
+            _matched_to_partner(spec, names, existing)
+            for spec in specs
+            if spec.name not in existing
+        ]
+        # Refuse before creating anything when the resulting layout would be broken.
+        planned = {**existing, **{s.name: s.partitions for s in missing}}
+        _check_pairs(names, [s.name for s in specs], planned)
+        if missing:
+            await _create(admin, missing)
+            existing = await _wait_visible(admin, [s.name for s in missing])
+            await _wait_writable(settings, {s.name: existing[s.name] for s in missing})
+        _check_pairs(names, [s.name for s in specs], existing)
+
+
+async def describe_topics(
+    settings: Settings,
+    topics: Iterable[str] | None = None,
+    *,
+    prefix: str | None = None,
+    configs: bool = True,
+) -> list[TopicDescription]:
+    """Describe ``topics``, or every topic under ``prefix`` (default: the topic prefix).
+
+    Sorted by name; topics that do not exist are left out.
+    """
+    if prefix is None:
+        prefix = settings.topic_prefix
+    async with _started_admin(settings) as admin:
+        try:
+            metadata = await admin.describe_topics()
+        except KafkaError as exc:
+            raise BrokerError(f"cannot describe topics: {exc}") from exc
+        wanted = set(topics) if topics is not None else None
+        found = {
+            t["topic"]: t
+            for t in metadata
+            if t["error_code"] == _NO_ERROR
+            and (t["topic"] in wanted if wanted is not None else t["topic"].startswith(prefix))
+        }
+        topic_configs = await _describe_configs(admin, sorted(found)) if configs else {}
+        return [
+            TopicDescription(
+                name=name,
+                partitions=len(found[name]["partitions"]),
+                replication_factor=max(
+                    (len(p["replicas"]) for p in found[name]["partitions"]), default=0
+                ),
+                config=topic_configs.get(name, {}),
+            )
+            for name in sorted(found)
+        ]
+
+
+@contextlib.asynccontextmanager
+async def _started_admin(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client, closed afterwards; connection failures become BrokerError."""
+    client = make_admin(settings)
+    try:
+        try:
+            await client.start()
+        except KafkaError as exc:
+            raise BrokerError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+        yield client
+    finally:
+        await client.close()
+
+
+async def _partition_counts(
+    admin: AIOKafkaAdminClient, *, with_leaders: bool = False
+) -> dict[str, int]:
+    """Partition count per topic; with ``with_leaders``, only topics whose partitions all
+    have a leader (a new topic is not writable before that)."""
+    # Metadata for *all* topics: asking for named topics may auto-create them.
+    try:
+        metadata = await admin.describe_topics()
+    except KafkaError as exc:
+        raise BrokerError(f"cannot read topic metadata: {exc}") from exc
+    return {
+        t["topic"]: len(t["partitions"])
+        for t in metadata
+        if t["error_code"] == _NO_ERROR
+        and t["partitions"]
+        and not (with_leaders and any(p["leader"] < 0 for p in t["partitions"]))
+    }
+
+
+def _matched_to_partner(spec: TopicSpec, names: TopicNames, existing: dict[str, int]) -> TopicSpec:
+    partner = names.partner(spec.name)
+    if partner is None or partner not in existing or existing[partner] == spec.partitions:
+        return spec
+    logger.warning(
+        "creating %s with %d partitions to match existing %s (spec says %d)",
+        spec.name,
+        existing[partner],
+        partner,
+        spec.partitions,
+        extra={"topic": spec.name, "partner": partner},
+    )
+    return TopicSpec(spec.name, existing[partner], spec.replication_factor, spec.config)
+
+
+async def _create(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+    new = [
+        NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.config) for s in specs
+    ]
+    try:
+        response = await admin.create_topics(new)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot create topics {[s.name for s in specs]}: {exc}") from exc
+    failures = []
+    for entry in response.to_object()["topic_errors"]:
+        code = entry["error_code"]
+        if code in (_NO_ERROR, _TOPIC_EXISTS):
+            if code == _NO_ERROR:
+                logger.info("created topic %s", entry["topic"], extra={"topic": entry["topic"]})
+            continue
+        message = entry.get("error_message") or for_code(code).__name__
+        failures.append(f"{entry['topic']}: {for_code(code).__name__}: {message}")
+    if failures:
+        raise BrokerError("cannot create topics: " + "; ".join(failures))
+
+
+async def _wait_visible(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[str, int]:
+    """Poll metadata until the new topics show all partitions with leaders (creation is async)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _VISIBLE_WITHIN_S
+    while True:
+        counts = await _partition_counts(admin, with_leaders=True)
+        pending = [t for t in topics if t not in counts]
+        if not pending:
+            return counts
+        if loop.time() >= deadline:
+            raise BrokerError(
+                f"topics not visible in metadata after {_VISIBLE_WITHIN_S:.0f}s: {pending}"
+            )
+        await asyncio.sleep(0.1)
+
+
+async def _wait_writable(settings: Settings, topics: dict[str, int]) -> None:
+    """Return once every partition's leader answers ListOffsets.
+
+    Metadata names a leader slightly before that broker has opened the partition; a produce
+    in between fails with NotLeaderForPartition and is retried, which costs latency.
+    """
+    consumer = make_consumer(settings, request_timeout_ms=int(_VISIBLE_WITHIN_S * 1000))
+    partitions = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
+    try:
+        await consumer.start()
+        await consumer.end_offsets(partitions)
+    except KafkaError as exc:
+        raise BrokerError(f"new topics did not become writable: {exc}") from exc
+    finally:
+        await consumer.stop()
+
+
+def _check_pairs(names: TopicNames, topics: list[str], counts: dict[str, int]) -> None:
+    problems = []
+    seen: set[frozenset[str]] = set()
+    for topic in topics:
+        partner = names.partner(topic)
+        if partner is None or frozenset((topic, partner)) in seen:
+            continue
+        seen.add(frozenset((topic, partner)))
+        if topic in counts and partner in counts and counts[topic] != counts[partner]:
+            problems.append(
+                f"{topic} has {counts[topic]} partitions but {partner} has {counts[partner]}"
+            )
+    if problems:
+        raise TopicLayoutError(
+            "defer/resume topics are not co-partitioned: "
+            + "; ".join(problems)
+            + ". A trigger id would map to different partitions in the two topics, so a "
+            "triggerer could not find a trigger's events. Recreate one of the two with the "
+            "partition count of the other (adding partitions would also move existing keys)."
+        )
+
+
+async def _describe_configs(
+    admin: AIOKafkaAdminClient, topics: list[str]
+) -> dict[str, dict[str, str]]:
+    if not topics:
+        return {}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in topics]
+    try:
+        responses = await admin.describe_configs(resources)
+    except KafkaError as exc:
+        logger.debug("describe_configs unsupported or failed: %s", exc)
+        return {}
+    result: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for resource in _resources(response):
+            if resource["error_code"] != _NO_ERROR:
+                continue
+            result[resource["resource_name"]] = {
+                entry["config_names"]: entry["config_value"]
+                for entry in resource["config_entries"]
+                if entry["config_value"] is not None
+            }
+    return result
+
+
+def _resources(response: Any) -> list[dict[str, Any]]:
+    resources: list[dict[str, Any]] = response.to_object()["resources"]
+    return resources
