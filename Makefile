@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PKG_DIRS := engine schemas topics runners replay client
 
-.PHONY: install test lint typecheck unit integration bench schemas clean kafka-jars
+.PHONY: install test lint typecheck unit integration bench schemas clean kafka-jars demo
 
 $(BIN)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ unit: install
 
 integration: install
 	$(BIN)/pytest -m integration
+
+# The whole loop on the embedded broker: ~2,000 tasks, a triggerer killed halfway (< 2 min).
+demo: install
+	$(BIN)/deferline demo
 
 # Apache Kafka's jars for the real-Kafka test broker (cached in ~/.cache/deferline; needs Maven once).
 kafka-jars: install

@@ -47,6 +47,8 @@ async def measure(case: str, n: int) -> dict[str, Any]:
     class Waiter(BaseTrigger):
         """A generic coroutine trigger: waits for an event that never comes here."""
 
+        started = 0
+
         def __init__(self, gate: asyncio.Event) -> None:
             super().__init__()
             self.gate = gate
@@ -55,8 +57,13 @@ async def measure(case: str, n: int) -> dict[str, Any]:
             return ("bench.Waiter", {})
 
         async def run(self) -> AsyncIterator[TriggerEvent]:
+            Waiter.started += 1
+            if Waiter.started == n:
+                all_started.set()
             await self.gate.wait()
             yield TriggerEvent(None)
+
+    all_started = asyncio.Event()
 
     # Adding N triggers in one synchronous burst blocks the loop on purpose; keep the
     # watchdog running (as in production) but quiet.
@@ -79,13 +86,15 @@ async def measure(case: str, n: int) -> dict[str, Any]:
             sup.add(tid, Waiter(gate))
     created = time.perf_counter() - t0
     # Let every coroutine trigger reach its first await, so each holds its full state.
-    while case == "coroutines" and len(asyncio.all_tasks()) < n:
-        await asyncio.sleep(0)
+    if case == "coroutines":
+        await all_started.wait()
     await asyncio.sleep(0.05)
     settled = time.perf_counter() - t0
     gc.collect()
     after = rss_bytes()
-    assert len(sup) == n and sup.running == n and not fired
+    assert len(sup) == n
+    assert sup.running == n
+    assert not fired
     result = {
         "case": case,
         "n": n,
@@ -117,11 +126,14 @@ def main() -> None:
         result = asyncio.run(measure(args.case, args.n))
         print(json.dumps(result) if args.json else result)
         return
-    print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"{platform.machine()}")
+    print(
+        f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}"
+    )
     print()
-    print("| triggers waiting | kind | RSS before → after | bytes / trigger "
-          "| vs Airflow (24 KB) | created / s |")
+    print(
+        "| triggers waiting | kind | RSS before → after | bytes / trigger "
+        "| vs Airflow (24 KB) | created / s |"
+    )
     print("|---|---|---|---|---|---|")
     for case, n in CASES:
         r = run_case_in_subprocess(case, n)
@@ -129,7 +141,7 @@ def main() -> None:
         print(
             f"| {n:,} | {kind} | {r['rss_before_mb']:.0f} → {r['rss_after_mb']:.0f} MB "
             f"| {r['bytes_per_trigger']:,.0f} B "
-            f"| {AIRFLOW_BYTES_PER_TRIGGER / r['bytes_per_trigger']:.0f}× smaller "
+            f"| {AIRFLOW_BYTES_PER_TRIGGER / r['bytes_per_trigger']:.0f}x smaller "
             f"| {r['created_per_s']:,.0f} |"
         )
 

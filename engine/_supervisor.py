@@ -24,7 +24,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from types import TracebackType
 from typing import Any, Final
 
@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 _UTC = dt.UTC
 _MAX_SLEEP: Final = 1.0  # re-read the wall clock at least this often while timers wait
 _FIRE_SLICE: Final = 0.01  # give the loop back after firing timers for this long
+_COMPACT_MIN: Final = 10_000  # rebuild the heap once this many entries went stale early
 _TASK_PREFIX: Final = "deferline-trigger:"
 _CLEANUP_PREFIX: Final = "deferline-cleanup:"
 
@@ -51,6 +52,9 @@ _RUNNING: Final = 0  # run() is being iterated
 _STOPPING: Final = 1  # cancelled or timed out: the stopper owns cleanup and release
 _FINISHING: Final = 2  # run() ended on its own: its task owns cleanup and release
 _DONE: Final = 3
+# Closing a finished run() (its finally blocks), bounded through the timer heap.
+_CLOSING: Final = 1
+_CLOSE_EXPIRED: Final = 2
 
 
 class _Timer:
@@ -102,6 +106,7 @@ class _Run:
 
     __slots__ = (
         "cleaned",
+        "closing",
         "context",
         "deadline",
         "events",
@@ -129,6 +134,7 @@ class _Run:
         self.events = 0
         self.state = _RUNNING
         self.cleaned = False
+        self.closing = 0
         self.task: asyncio.Task[None] | None = None
         self.stopper: asyncio.Task[None] | None = None
 
@@ -231,6 +237,7 @@ class TriggerSupervisor:
         # trigger ids (a bare id while alone). Entries are validated lazily when due.
         self._heap: list[int] = []
         self._buckets: dict[int, str | list[str]] = {}
+        self._stale = 0
         self._pending: deque[_Pending] = deque()
         self._pending_count = 0
         self._active = 0
@@ -294,6 +301,7 @@ class TriggerSupervisor:
                 del self._entries[tid]
             self._heap.clear()
             self._buckets.clear()
+            self._stale = 0
             self._pending.clear()
             self._pending_count = 0
             self._timers = 0
@@ -392,12 +400,15 @@ class TriggerSupervisor:
             self._active -= 1
             self._timers -= 1
             self.metrics.cancelled += 1
+            self._forget_deadline()
             self._fill()
             return True
         if kind is _Pending:
             del self._entries[trigger_id]
             self._pending_count -= 1
             self.metrics.cancelled += 1
+            if entry.deadline is not None:
+                self._forget_deadline()
             return True
         assert isinstance(entry, _Run)
         if entry.state == _RUNNING:
@@ -622,6 +633,35 @@ class TriggerSupervisor:
             self._fill()
             self._reschedule()
 
+    def _forget_deadline(self) -> None:
+        """Count a heap entry made stale early; rebuild the heap when most entries are."""
+        self._stale += 1
+        if self._stale > _COMPACT_MIN and self._stale > len(self._entries) and not self._firing:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the timer heap from live entries (cancelled ones would linger until due)."""
+        self._stale = 0
+        self._heap = []
+        self._buckets = {}
+        buckets = self._buckets
+        for tid, entry in self._entries.items():
+            deadline = entry.deadline
+            if deadline is None or (type(entry) is _Run and entry.state != _RUNNING):  # type: ignore[union-attr]
+                continue
+            key = math.ceil(deadline * 1000.0)
+            bucket = buckets.get(key)
+            if bucket is None:
+                buckets[key] = tid
+            elif type(bucket) is str:
+                buckets[key] = [bucket, tid]
+            else:
+                bucket.append(tid)  # type: ignore[union-attr]
+        self._heap = list(buckets)
+        heapify(self._heap)
+        if self._loop is not None and self._state == "running":
+            self._reschedule()
+
     def _requeue(self, key: int, rest: list[str]) -> None:
         """Put back the part of a bucket that the last slice did not reach, in order."""
         later = self._buckets.get(key)
@@ -657,7 +697,11 @@ class TriggerSupervisor:
             self._emit_timeout(tid, deadline, entry.context)
         else:
             assert isinstance(entry, _Run)
-            if entry.state == _RUNNING:
+            if entry.closing == _CLOSING:
+                entry.closing = _CLOSE_EXPIRED  # closing run() overran: cancel it
+                if entry.task is not None:
+                    entry.task.cancel()
+            elif entry.state == _RUNNING:
                 self._begin_stop(entry)
                 self._emit_timeout(tid, deadline, entry.context)
 
@@ -796,12 +840,36 @@ class TriggerSupervisor:
                 await self._close_generator(run, agen)
 
     async def _close_generator(self, run: _Run, agen: AsyncIterator[Any]) -> None:
+        """Close ``run()`` (its ``finally`` blocks run), bounded by ``cleanup_timeout``.
+
+        The bound is an entry in the shared timer heap that cancels this task when due,
+        cheaper than an ``asyncio.timeout`` handle per trigger.
+        """
         aclose = getattr(agen, "aclose", None)
         if aclose is None:
             return
         try:
-            async with asyncio.timeout(self._cleanup_timeout):
+            if self._entries.get(run.tid) is not run:  # a zombie: already released
+                async with asyncio.timeout(self._cleanup_timeout):
+                    await aclose()
+                return
+            run.closing = _CLOSING
+            run.deadline = time.time() + self._cleanup_timeout
+            self._push(run.deadline, run.tid)
+            try:
                 await aclose()
+            except asyncio.CancelledError:
+                if run.closing != _CLOSE_EXPIRED:
+                    raise
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                raise TimeoutError from None
+            finally:
+                if run.closing == _CLOSING:
+                    self._forget_deadline()
+                run.closing = 0
+                run.deadline = None
         except TimeoutError:
             logger.warning(
                 "closing run() of %s took over %.1f s; abandoned",
@@ -911,6 +979,8 @@ class TriggerSupervisor:
         if self._entries.get(run.tid) is run:
             del self._entries[run.tid]
             self._active -= 1
+            if run.deadline is not None and run.deadline > time.time():
+                self._forget_deadline()
             self._fill()
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("trigger finished", extra=_log_extra(run.tid, run.context))

@@ -196,7 +196,7 @@ class TaskTable:
         self._used: dict[str, int] = {}
         self._ready: dict[str, list[tuple[int, dt.datetime, str, int]]] = {}
         self._retry: set[str] = set()
-        self._cancel: dict[str, Emit] = {}
+        self._cancel: dict[str, tuple[Emit, TaskStateRecord]] = {}  # cancel, the removal
         self._repair: set[str] = set()
         self._clock = _EPOCH
 
@@ -316,8 +316,7 @@ class TaskTable:
             self._schedule_retry(key)
         self._retry.clear()
         for key in sorted(self._cancel):
-            self._outbox.append(self._cancel[key])
-            self.counters.cancels += 1
+            self._send_cancel(key, *self._cancel[key])
         self._cancel.clear()
         for key in sorted(self._repair):
             view = self._views[key]
@@ -348,6 +347,14 @@ class TaskTable:
             self._entered(key, view, None)
             self.counters.states_applied += 1
             return "applied"
+        sent = self._cancel.get(key)
+        if (
+            sent is not None
+            and record.state == "removed"
+            and record.source == "scheduler"
+            and sent[0].record.trigger_id == record.trigger_id
+        ):
+            del self._cancel[key]  # rebuilding: this trigger's cancel already went out
         if record in view.inflight:
             # One of our own writes read back; it may already be behind the current state.
             del view.inflight[: view.inflight.index(record) + 1]
@@ -422,7 +429,7 @@ class TaskTable:
                 reason=record.reason or "cleared",
                 requested_at=record.updated_at,
             )
-            self._cancel[key] = Emit(cancel, queue=previous.queue)
+            self._cancel[key] = (Emit(cancel, queue=previous.queue), record)
             view.resolved.add(previous.trigger_id)
         if key in self._pending:
             self._resolve_pending(key)
@@ -584,6 +591,29 @@ class TaskTable:
         self._advance(key, view, record)
         view.inflight.append(record)
         view.needs_repair = False
+
+    def _send_cancel(self, key: str, cancel: Emit, removal: TaskStateRecord) -> None:
+        """Publish the CancelRequest, then a "removed" record naming the cancelled trigger.
+
+        The record is the proof the cancel went out: a scheduler rebuilding its state from the
+        topics finds it and does not cancel the same trigger again.
+        """
+        view = self._views[key]
+        request = cancel.record
+        assert isinstance(request, CancelRequest)
+        marker = removal.model_copy(
+            update={
+                "source": "scheduler",
+                "trigger_id": request.trigger_id,
+                "defer_seq": request.defer_seq,
+                "queue": cancel.queue,
+                "reason": f"{request.reason} (trigger cancelled)",
+            }
+        )
+        self._outbox.append(cancel)
+        self._outbox.append(Emit(marker))
+        view.inflight.append(marker)
+        self.counters.cancels += 1
 
     def _schedule_retry(self, key: str) -> None:
         view = self._views[key]

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from deferline.topics import Settings, make_consumer
+from deferline.topics import BrokerError, Settings, describe_topics, make_consumer
 
 from ._errors import ReplayError, TopicsNotFound
 from ._records import RawRecord
@@ -32,9 +32,11 @@ logger = logging.getLogger(__name__)
 class ReadBounds:
     """Which part of each partition to read.
 
-    ``since``/``until`` bound by broker timestamp (``until`` is exclusive: a partition stops
-    at its first record at or after it). ``from_offset``/``to_offset`` bound every partition
-    by offset; a negative ``from_offset`` counts back from the end (``-1000``: the last 1000).
+    ``since``/``until`` keep records whose broker timestamp is in ``[since, until)``: reading
+    starts at the offset the broker gives for ``since`` and every record is checked (brokers
+    differ in how they answer a time lookup, and timestamps need not grow). ``from_offset``/
+    ``to_offset`` cut every partition by offset, the cheap way to bound a huge topic; a
+    negative ``from_offset`` counts back from the end (``-1000``: the last 1000).
     """
 
     since: dt.datetime | None = None
@@ -156,15 +158,17 @@ class TopicReader:
     async def topics(self) -> list[TopicInfo]:
         """deferline topics under the configured prefix that exist on the cluster."""
         if self._topics is None:
-            names = await self.consumer.topics()
             prefix = self.settings.topic_prefix
-            found = [classify_topic(name, prefix=prefix) for name in sorted(names)]
-            self._topics = [info for info in found if info is not None]
-            # Remember partitions now: after assign() the client's metadata may only cover
-            # the assigned topics.
-            for info in self._topics:
-                parts = self.consumer.partitions_for_topic(info.name) or set()
-                self._partitions[info.name] = sorted(parts)
+            try:
+                described = await describe_topics(self.settings, prefix=prefix, configs=False)
+            except BrokerError as exc:
+                raise ReplayError(str(exc)) from exc
+            self._topics = []
+            for topic in described:
+                info = classify_topic(topic.name, prefix=prefix)
+                if info is not None:
+                    self._topics.append(info)
+                    self._partitions[info.name] = list(range(topic.partitions))
             if not self._topics:
                 raise TopicsNotFound(
                     f"no deferline topic with prefix {prefix!r} on "
@@ -174,9 +178,8 @@ class TopicReader:
         return self._topics
 
     def partitions(self, topic: str) -> list[int]:
-        if topic not in self._partitions:
-            self._partitions[topic] = sorted(self.consumer.partitions_for_topic(topic) or ())
-        return self._partitions[topic]
+        """Partition numbers of a topic found by :meth:`topics`."""
+        return self._partitions.get(topic, [])
 
     async def ranges(self, topics: Iterable[TopicInfo]) -> dict[tuple[str, int], tuple[int, int]]:
         """``(start, stop)`` offsets per partition within the bounds; fixed at first call."""
@@ -238,6 +241,7 @@ class TopicReader:
         consumer.assign(list(active))
         for tp in active:
             consumer.seek(tp, ranges[(tp.topic, tp.partition)][0])
+        since_ms = _ms(self.bounds.since) if self.bounds.since is not None else None
         until_ms = _ms(self.bounds.until) if self.bounds.until is not None else None
         last_progress = time.monotonic()
         try:
@@ -260,14 +264,15 @@ class TopicReader:
                         continue
                     info = by_name[tp.topic]
                     for msg in messages:
-                        if msg.offset >= limit or (
-                            until_ms is not None and msg.timestamp >= until_ms
-                        ):
-                            self.progress.advance(max(0, limit - msg.offset))
+                        if msg.offset >= limit:
                             del active[tp]
                             consumer.pause(tp)
                             break
                         seen += 1
+                        if (since_ms is not None and msg.timestamp < since_ms) or (
+                            until_ms is not None and msg.timestamp >= until_ms
+                        ):
+                            continue
                         raw = RawRecord(
                             info,
                             tp.partition,

@@ -628,6 +628,9 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
     status = first.status
     at = _ago(case.ctx.now, first.emitted_at)
     if status == "cancelled":
+        cancels = history.cancels.ordered()
+        if cancels:
+            case.add("cancel requested", cancels[-1])
         return case.verdict(
             VerdictKind.CANCELLED,
             f"cancelled {at} ({first.error or 'cancelled'}) by {first.member or 'the triggerer'}"
@@ -864,6 +867,11 @@ def _timer_due(request: DeferRequest, cipher: KwargsCipher | None) -> dt.datetim
     except DecryptionError:
         return None
     moment = kwargs.get("moment")
+    if isinstance(moment, str):  # plain JSON from a non-Python producer
+        try:
+            moment = dt.datetime.fromisoformat(moment)
+        except ValueError:
+            return None
     if isinstance(moment, dt.datetime) and moment.tzinfo is not None:
         return moment
     delta = kwargs.get("delta")

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 from deferline.client import Client, TaskNotFound
-from deferline.schemas import DeferlineError, TaskStateRecord, to_tagged, utcnow
+from deferline.schemas import DeferlineError, TaskStateRecord, encode, utcnow
 from deferline.topics import Settings
 from rich.console import Console
 from rich.table import Table
@@ -151,25 +151,27 @@ def tasks(settings: Settings, states: tuple[str, ...], dag_id: str | None, as_js
 
 
 def _as_json(record: TaskStateRecord) -> dict[str, Any]:
-    data: dict[str, Any] = to_tagged(record.model_dump(mode="python", exclude={"kind", "version"}))
+    """The record's wire JSON (see docs/protocol.md) plus its ``ti_key``."""
+    data: dict[str, Any] = orjson.loads(encode(record))
     data["ti_key"] = record.task.ti_key
     return data
 
 
 def _table(records: list[TaskStateRecord]) -> None:
     table = Table(title=f"{len(records)} task(s)")
-    for column in ("task", "try", "state", "trigger", "seq", "updated", "source", "reason"):
-        table.add_column(column, overflow="fold")
+    table.add_column("task", overflow="fold")
+    for column in ("try", "state", "trigger", "seq", "updated (UTC)"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reason", overflow="fold")
     for record in records:
         style = _STYLE.get(record.state, "")
         table.add_row(
             record.task.ti_key,
             str(record.task.try_number),
             f"[{style}]{record.state}[/]" if style else record.state,
-            record.trigger_id or "",
+            (record.trigger_id or "")[:8],
             str(record.defer_seq) if record.trigger_id else "",
-            record.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
-            record.source,
+            record.updated_at.strftime("%m-%d %H:%M:%S"),
             record.reason or "",
         )
     Console().print(table)

@@ -136,7 +136,6 @@ class Scheduler:
         self._publish_lock = asyncio.Lock()
         self._main: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
-        self._stopping = False
         self.recovered_records = 0
         self.recovery_seconds: float | None = None
         self.bad_records = 0
@@ -185,7 +184,6 @@ class Scheduler:
         """Create missing topics, connect, and start folding (returns before catch-up)."""
         if self._main is not None:
             return
-        self._stopping = False
         try:
             await ensure_topics(
                 self.settings, topic_specs(self.settings, worker_queues=self._worker_queues)
@@ -207,7 +205,6 @@ class Scheduler:
 
     async def stop(self) -> None:
         """Stop reading, commit what is published, disconnect. Idempotent."""
-        self._stopping = True
         main, self._main = self._main, None
         if main is not None:
             main.cancel()
@@ -319,15 +316,18 @@ class Scheduler:
         while True:
             batches = await self._events.getmany(timeout_ms=500, max_records=self.max_records)
             dead: list[DeadLetter] = []
+            read: dict[TopicPartition, int] = {}
             for tp, messages in batches.items():
                 for message in messages:
                     bad = self._fold_event(message.value, ref=(tp, message.offset))
                     if bad is not None:
                         dead.append(self._dead(message, bad))
                 if messages:
-                    self._events_done[tp] = messages[-1].offset + 1
+                    read[tp] = messages[-1].offset + 1
             async with self._publish_lock:
                 await self._publish(self.table.drain(), dead)
+            # Only now is everything these events caused acknowledged: they may be committed.
+            self._events_done.update(read)
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
                 await self._commit(self._events)
@@ -453,18 +453,21 @@ class Scheduler:
         )
 
     async def _publish(self, out: Sequence[Emit], dead: Sequence[DeadLetter] = ()) -> None:
-        """Send ``out`` in two waves: task states first (acked), then runs and cancels."""
+        """Send ``out`` in waves, each acknowledged before the next: CancelRequests (the
+        "removed" record that follows one is the proof it was sent), task states, then
+        RunTasks (a worker's "running" must land after "queued")."""
         if not out and not dead:
             return
         producer = self._producer
         if producer is None:
             raise SchedulerError("the scheduler is not started")
-        first: list[tuple[str, bytes | None, bytes]] = []
-        second: list[tuple[str, bytes | None, bytes]] = []
+        cancels: list[tuple[str, bytes | None, bytes]] = []
+        states: list[tuple[str, bytes | None, bytes]] = []
+        runs: list[tuple[str, bytes | None, bytes]] = []
         for emit in out:
             record = emit.record
             if isinstance(record, TaskStateRecord):
-                first.append((self.names.tasks, record.task.ti_key.encode(), encode(record)))
+                states.append((self.names.tasks, record.task.ti_key.encode(), encode(record)))
             elif isinstance(record, RunTask):
                 await self._ensure_worker_queue(record.worker_queue)
                 topic = (
@@ -472,14 +475,15 @@ class Scheduler:
                     if record.mode == "resume"
                     else self.names.work(record.worker_queue)
                 )
-                second.append((topic, record.task.ti_key.encode(), encode(record)))
+                runs.append((topic, record.task.ti_key.encode(), encode(record)))
             elif isinstance(record, CancelRequest):
                 topic = self.names.defer(emit.queue)
-                second.append((topic, record.trigger_id.encode(), encode(record)))
+                cancels.append((topic, record.trigger_id.encode(), encode(record)))
         for letter in dead:
-            first.append((self.names.dead, None, encode(letter)))
+            states.append((self.names.dead, None, encode(letter)))
+        waves = (cancels, states, runs)
         try:
-            for wave in (first, second):
+            for wave in waves:
                 futures = [
                     await producer.send(topic, value=value, key=key) for topic, key, value in wave
                 ]
@@ -487,7 +491,7 @@ class Scheduler:
                     await asyncio.gather(*futures)
         except KafkaError as exc:
             raise SchedulerError(f"cannot publish scheduler decisions: {exc}") from exc
-        self.published += len(first) + len(second)
+        self.published += sum(len(wave) for wave in waves)
 
     async def _ensure_worker_queue(self, worker_queue: str) -> None:
         if worker_queue in self._ensured_worker_queues:

@@ -8,9 +8,12 @@ defers writes its "deferred" state, then its DeferRequest, and frees the slot on
 acknowledged. Offsets are committed only after a RunTask's outcome is durable.
 
 Dedup: every state change of a task lands on the compacted tasks topic; the worker folds it
-(:class:`AttemptProgress`) and ignores a RunTask the task has already moved past. Before a
-batch of RunTasks is run, the worker catches up with the tasks topic, so the rule holds
-across restarts and across workers.
+(:class:`AttemptProgress`) and ignores a RunTask the task has already moved past. The worker
+reads the tasks topic to its end before it takes work, and again after every partition
+assignment (a RunTask redelivered after a rebalance is checked against what its previous
+owner published), so the rule holds across restarts and across workers. Duplicates of one
+RunTask that arrive together (direct resume plus the scheduler's) land on the same partition
+and are serialised per task instance, so the second sees the first's outcome.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -71,6 +75,7 @@ from prometheus_client.registry import Collector
 
 from ._metrics import MetricsServer
 from ._options import connection_options
+from ._triggerer_log import configure_logging
 from ._worker_state import AttemptProgress, OffsetTracker, SlotPool, WorkerMetrics
 
 __all__ = ["RecordSink", "TaskRunner", "Worker", "WorkerError", "worker_command"]
@@ -103,7 +108,9 @@ class _ProducerSink:
             future = await self._producer.send(topic, value=value, key=key)
         except KafkaError as exc:
             raise WorkerError(f"cannot publish to {topic}: {exc}") from exc
-        return self._acked(topic, future)
+        # A task, not a bare coroutine: the ack completes even if nobody awaits it (a run
+        # abandoned at shutdown), without leaking an unawaited coroutine.
+        return asyncio.ensure_future(self._acked(topic, future))
 
     @staticmethod
     async def _acked(topic: str, future: Awaitable[Any]) -> Any:
@@ -111,6 +118,12 @@ class _ProducerSink:
             return await future
         except KafkaError as exc:
             raise WorkerError(f"publishing to {topic} was not acknowledged: {exc}") from exc
+
+
+@dataclasses.dataclass(slots=True)
+class _KeyLock:
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class TaskRunner:
@@ -152,15 +165,18 @@ class TaskRunner:
         self.member = member
         self._cipher = KwargsCipher(settings.kwargs_keys) if settings.kwargs_keys else None
         self._allowed = tuple(settings.allowed_operator_prefixes)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _KeyLock] = {}
         self._trigger_queues: set[str] = set()
 
     async def handle(self, run: RunTask) -> bool:
         """Run ``run`` unless the task has moved past it; returns False for a duplicate."""
         key = run.task.ti_key
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        entry = self._locks.get(key)
+        if entry is None:
+            entry = self._locks[key] = _KeyLock()
+        entry.users += 1
         try:
-            async with lock:  # one run per task instance at a time in this worker
+            async with entry.lock:  # one run per task instance at a time in this worker
                 if self._progress.is_duplicate(run):
                     self.metrics.duplicates += 1
                     logger.info(
@@ -182,8 +198,9 @@ class TaskRunner:
                     self.metrics.slot_seconds += loop.time() - started
                 return True
         finally:
-            if not lock.locked() and not getattr(lock, "_waiters", None):
-                self._locks.pop(key, None)
+            entry.users -= 1
+            if entry.users == 0:
+                del self._locks[key]
 
     async def _run(self, run: RunTask) -> None:
         resumed = run.mode == "resume"
@@ -269,10 +286,12 @@ class TaskRunner:
                     resume=target,
                     trigger_queue=trigger_queue,
                 )
-            except (OperatorError, SchemaError, ValueError) as exc:
+                # Encode now: kwargs that cannot go on the wire fail this task, not the worker.
+                wire = (encode(state), encode(seal(request, self._cipher)))
+            except (OperatorError, SchemaError, ValueError, TypeError) as exc:
                 result = Failed(f"cannot defer: {exc}", type(exc).__name__, None)
             else:
-                await self._publish_deferral(state, request)
+                await self._publish_deferral(state, request, wire)
                 self.metrics.deferred += 1
                 logger.info(
                     "task deferred",
@@ -314,7 +333,9 @@ class TaskRunner:
         self._progress.observe(record)
         await (await self._publish_state(record))
 
-    async def _publish_deferral(self, state: TaskStateRecord, request: DeferRequest) -> None:
+    async def _publish_deferral(
+        self, state: TaskStateRecord, request: DeferRequest, wire: tuple[bytes, bytes]
+    ) -> None:
         """Protocol order: the "deferred" state is durable before the DeferRequest is sent."""
         queue = request.queue
         if queue is not None and queue not in self._trigger_queues:
@@ -322,10 +343,10 @@ class TaskRunner:
                 await self._ensure_trigger_queue(queue)
             self._trigger_queues.add(queue)
         self._progress.observe(state)
-        await (await self._publish_state(state))
-        sealed = seal(request, self._cipher)
-        topic = self._names.defer(request.queue)
-        await (await self._sink.send(topic, request.trigger_id.encode(), encode(sealed)))
+        key = state.task.ti_key.encode()
+        await (await self._sink.send(self._names.tasks, key, wire[0]))
+        topic = self._names.defer(queue)
+        await (await self._sink.send(topic, request.trigger_id.encode(), wire[1]))
 
     async def _publish_state(self, record: TaskStateRecord) -> Awaitable[Any]:
         return await self._sink.send(self._names.tasks, record.task.ti_key.encode(), encode(record))
@@ -521,18 +542,18 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.progress = AttemptProgress()
         self._offsets = OffsetTracker()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=slots, thread_name_prefix="deferline-worker"
-        )
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._tail: _TasksTail | None = None
         self._runner: TaskRunner | None = None
         self._main: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
-        self._finished = asyncio.Event()
+        self._ready = asyncio.Event()
         self._handlers: set[asyncio.Task[None]] = set()
         self._paused: set[TopicPartition] = set()
+        self._assigned_since_sync = False
+        self._stash: list[tuple[TopicPartition, ConsumerRecord[bytes, bytes]]] = []
         self.member: str | None = None
         self.registry = CollectorRegistry()
         self.registry.register(_WorkerCollector(self))
@@ -553,6 +574,8 @@ class Worker:
         """Connect, catch up with the tasks topic, join the group and start taking work."""
         if self._main is not None:
             return
+        self._stopping.clear()
+        self._ready.clear()
         if self._ensure:
             await _ensure(self.settings, worker_queues=[self.queue])
         try:
@@ -585,6 +608,9 @@ class Worker:
             except BaseException:
                 await self._close_clients()
                 raise
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.slots.size, thread_name_prefix="deferline-worker"
+        )
         self._runner = TaskRunner(
             self.settings,
             sink=_ProducerSink(self._producer),
@@ -609,11 +635,28 @@ class Worker:
         try:
             await main
         finally:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._executor is not None:
+                # Threads still running an abandoned operator finish on their own.
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
             logger.info(
                 "worker stopped",
                 extra={"queue": self.queue, "member": self.member, **self.metrics.as_dict()},
             )
+
+    async def wait_ready(self) -> None:
+        """Wait until the worker has read the tasks topic and joined its group."""
+        main = self._main
+        if main is None:
+            raise WorkerError("the worker is not started")
+        ready = asyncio.ensure_future(self._ready.wait())
+        try:
+            await asyncio.wait({ready, main}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if not self._ready.is_set():
+            await main  # raises the error that stopped it
+            raise WorkerError("the worker stopped before it was ready")
 
     async def wait(self) -> None:
         """Wait until the worker stops (after ``stop()`` or a fatal error, which is raised)."""
@@ -671,8 +714,13 @@ class Worker:
                 await self._commit()
                 continue
             await self._prioritise()
-            batch = await self._fetch(self.slots.free)
-            if batch:
+            free = self.slots.free
+            batch = self._stash[:free]
+            del self._stash[:free]
+            if len(batch) < free:
+                batch += await self._fetch(free - len(batch))
+            if batch and self._assigned_since_sync:
+                self._assigned_since_sync = False
                 await tail.sync()
             for tp, record in batch:
                 self.slots.take()
@@ -683,23 +731,35 @@ class Worker:
             await self._commit()
 
     async def _wait_while_full(self) -> None:
-        """All slots busy: new work waits in Kafka while resumes keep being prefetched.
+        """All slots busy: new work waits, resumes are set aside to go first.
 
-        The start topic is paused (its records stay in Kafka, where a resume can overtake
-        them); the resume topic keeps being fetched into the consumer's buffer, so a resume
-        that arrives now is first in line when a slot frees. Polling the paused partitions
-        returns nothing but keeps this member alive in the group.
+        Nothing is paused (records already fetched stay in the consumer's buffer), but only
+        the resume partitions are polled: up to one slot-count of resumes is taken into a
+        local stash that the next free slot drains before anything else. Polling keeps this
+        member alive in the group however long the operators run. Stashed records are not
+        committed until handled, so a rebalance or shutdown simply redelivers them.
         """
-        consumer = self._consumer
-        assert consumer is not None
-        assignment = consumer.assignment()
-        work = {tp for tp in assignment if tp.topic != self._resumes_topic}
-        self._set_paused(work or set(assignment))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._poll_ms / 1000):
                 await self.slots.wait_free()
-        if self._paused:
-            await self._getmany(*self._paused, timeout_ms=0)
+        consumer = self._consumer
+        assert consumer is not None
+        assignment = consumer.assignment()
+        resume_tps = [tp for tp in assignment if tp.topic == self._resumes_topic]
+        room = self.slots.size - len(self._stash)
+        if resume_tps and room > 0:
+            self._set_paused(self._paused - set(resume_tps))
+            data = await self._getmany(*resume_tps, timeout_ms=0, max_records=room)
+            self._stash += sorted(
+                ((tp, r) for tp, records in data.items() for r in records),
+                key=lambda item: item[1].offset,
+            )
+        else:
+            # Nothing to stash into: poll paused partitions, which returns nothing.
+            poll = resume_tps or sorted(assignment)
+            if poll:
+                self._set_paused(self._paused | set(poll))
+                await self._getmany(*poll, timeout_ms=0)
 
     async def backlog(self) -> dict[str, int]:
         """Records waiting on this worker's assigned partitions, per topic (as last fetched)."""
@@ -832,6 +892,7 @@ class Worker:
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Let runs from revoked partitions finish (bounded) and commit them before handover."""
+        self._stash = [(tp, record) for tp, record in self._stash if tp not in revoked]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._graceful_timeout
         while any(self._offsets.in_flight(tp) for tp in revoked) and loop.time() < deadline:
@@ -858,7 +919,9 @@ class Worker:
         await _ensure(self.settings, queues=[queue])
 
     def _joined(self) -> None:
-        """Learn this member's group id (for log lines) once the group is joined."""
+        """After an assignment: re-read the tasks topic before the next batch; learn our id."""
+        self._assigned_since_sync = True
+        self._ready.set()
         coordinator = getattr(self._consumer, "_coordinator", None)
         member = getattr(coordinator, "member_id", None)
         self.member = str(member) if member else self.settings.client_id
@@ -892,6 +955,15 @@ class Worker:
 @click.option(
     "--heartbeat-interval-ms", type=click.IntRange(min=100), default=1_000, show_default=True
 )
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-format", default="text", show_default=True, type=click.Choice(["text", "json"])
+)
 @connection_options
 def worker_command(
     settings: Settings,
@@ -902,12 +974,15 @@ def worker_command(
     metrics_host: str,
     session_timeout_ms: int,
     heartbeat_interval_ms: int,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run a worker that executes operators and defers them.
 
     Operators must live under DEFERLINE_ALLOWED_OPERATOR_PREFIXES
     (default: deferline.engine.examples).
     """
+    configure_logging(log_level, "json" if log_format == "json" else "text")
     try:
         worker = Worker(
             settings,

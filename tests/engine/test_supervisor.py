@@ -492,3 +492,33 @@ async def test_reject_emits_a_failed_outcome(sup: TriggerSupervisor, sink: Sink)
 
 def _utcnow_plus(seconds: float) -> dt.datetime:
     return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+
+
+class HangsWhenClosed(_TestTrigger):
+    """Its finally block waits forever when the supervisor closes run() after the event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forever = asyncio.Event()
+        self.cleaned = False
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            yield TriggerEvent("x")
+        finally:
+            await self.forever.wait()
+
+    async def cleanup(self) -> None:
+        self.cleaned = True
+
+
+async def test_closing_a_run_that_hangs_in_finally_is_bounded(
+    sup: TriggerSupervisor, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    trigger = HangsWhenClosed()
+    sup.add("close", trigger)
+    await wait_until(lambda: "close" not in sup, within=3.0)
+    assert [(o.status, o.final) for o in sink.of("close")] == [("fired", True)]
+    assert trigger.cleaned
+    assert sup.running == 0
+    assert any("closing run() of" in r.getMessage() for r in caplog.records)

@@ -294,16 +294,33 @@ def test_clear_while_deferred_cancels_the_trigger() -> None:
         task=task, state="removed", source="client", reason="cleared", updated_at=at(3)
     )
     out = feed(table, cleared)
-    [cancel] = out
+    cancel, marker = out
     assert isinstance(cancel.record, CancelRequest)
     assert cancel.queue == "slow"
     assert cancel.record.trigger_id == make_trigger_id(task, 0)
     assert cancel.record.reason == "cleared"
+    assert isinstance(marker.record, TaskStateRecord), "then the proof that it was sent"
+    assert marker.record.state == "removed"
+    assert marker.record.source == "scheduler"
+    assert marker.record.trigger_id == cancel.record.trigger_id
+    assert table.apply(marker.record) == "echo"
+    assert table.get(task.ti_key) == cleared
     assert table.pool_usage()["default_pool"][0] == 0
     assert table.apply(event(task, status="cancelled", payload=None)) == "cancelled"
     assert table.apply(event(task)) == "duplicate", "a late fire never resumes a cleared task"
     assert table.drain() == []
     assert table.get(task.ti_key).state == "removed"  # type: ignore[union-attr]
+    return_records = [cleared, marker.record]
+    # Rebuilt from the topic, the cancel is not sent again; without its proof, it is.
+    history = [scheduled(task), worker(task, "running"), deferred(task, queue="slow")]
+    rebuilt = TaskTable()
+    for record in [*history, *return_records]:
+        rebuilt.apply(record)
+    assert [e for e in rebuilt.drain() if isinstance(e.record, CancelRequest)] == []
+    crashed = TaskTable()
+    for record in [*history, cleared]:
+        crashed.apply(record)
+    assert [type(e.record) for e in crashed.drain()] == [CancelRequest, TaskStateRecord]
 
 
 def test_cancelled_event_on_a_deferred_task_removes_it() -> None:

@@ -230,7 +230,7 @@ async def test_many_due_timers_fire_in_slices_keeping_the_loop_responsive(
     sup: TriggerSupervisor, sink: Sink
 ) -> None:
     past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
-    n = 5000
+    n = 20_000  # tens of milliseconds of firing even on a fast machine: several slices
     for i in range(n):
         sup.add(f"t{i}", DateTimeTrigger(past))
     seen: list[int] = []
@@ -266,3 +266,24 @@ async def test_timers_added_from_on_event_into_the_firing_bucket_are_not_lost() 
         await wait_until(lambda: len(sup) == 0, within=30)
     assert len(fired) == len(set(fired)) == 3006
     assert fired[:3000] == [f"t{i}" for i in range(3000)]  # one bucket fires in add order
+
+
+async def test_cancelled_timers_do_not_linger_in_the_heap(
+    sup: TriggerSupervisor, sink: Sink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deferline.engine._supervisor as supervisor_module
+
+    monkeypatch.setattr(supervisor_module, "_COMPACT_MIN", 10)
+    far = dt.datetime.now(dt.UTC) + dt.timedelta(days=30)
+    for i in range(40):
+        sup.add(f"t{i}", DateTimeTrigger(far + dt.timedelta(seconds=i)))
+    for i in range(30):
+        assert await sup.cancel(f"t{i}")
+    # Rebuilt once stale entries outnumbered live ones: only live timers remain queued.
+    assert len(sup._buckets) < 40
+    assert set(sup._buckets.values()) <= {f"t{i}" for i in range(40)}
+    assert {f"t{i}" for i in range(30, 40)} <= set(sup._buckets.values())
+    sup.add("now", DateTimeTrigger(dt.datetime.now(dt.UTC)))
+    await wait_until(lambda: "now" not in sup)
+    assert [o.trigger_id for o in sink.outcomes] == ["now"]
+    assert sup.waiting_timers == 10

@@ -25,31 +25,42 @@ class BlockingTrigger(_TestTrigger):
         yield TriggerEvent("finally")
 
 
+def _named(
+    caplog: pytest.LogCaptureFixture, text: str, trigger_id: str
+) -> logging.LogRecord | None:
+    """The watchdog record containing ``text`` that names ``trigger_id`` (other, unrelated
+    stalls of a busy test machine may be reported too)."""
+    for record in caplog.records:
+        if text in record.getMessage() and record.__dict__.get("trigger_id") == trigger_id:
+            return record
+    return None
+
+
 async def test_watchdog_names_the_blocking_trigger_and_duration(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="deferline.engine")
     sink = Sink()
-    async with TriggerSupervisor(capacity=5, on_event=sink, block_threshold=0.05) as sup:
-        sup.add("sleepy", BlockingTrigger(0.3))
+    async with TriggerSupervisor(capacity=5, on_event=sink, block_threshold=0.1) as sup:
+        sup.add("sleepy", BlockingTrigger(0.4))
         await wait_until(lambda: "sleepy" not in sup)
-        await wait_until(lambda: any("was blocked" in r.getMessage() for r in caplog.records))
+        await wait_until(lambda: _named(caplog, "was blocked", "sleepy") is not None)
         metrics = sup.metrics
     assert sink.one("sleepy").status == "fired"
-    assert metrics.blocked_loop == 1
-    assert metrics.last_blocked is not None
-    assert metrics.last_blocked[0] == "sleepy"
-    assert 0.25 <= metrics.blocked_seconds < 2.0
-    during = next(r for r in caplog.records if "so far" in r.getMessage())
+    assert metrics.blocked_loop >= 1
+    assert metrics.blocked_seconds >= 0.35
+    during = _named(caplog, "so far", "sleepy")
+    assert during is not None
     assert (
         "trigger sleepy (tests.engine.test_watchdog.BlockingTrigger) in run()"
         in during.getMessage()
     )
     assert "test_watchdog.py" in during.getMessage()  # where it was blocked
-    assert during.__dict__["trigger_id"] == "sleepy"
-    after = next(r for r in caplog.records if "was blocked" in r.getMessage())
+    assert "must not block" in during.getMessage()
+    after = _named(caplog, "was blocked", "sleepy")
+    assert after is not None
     assert "trigger sleepy" in after.getMessage()
-    assert after.__dict__["blocked_seconds"] >= 0.25
+    assert 0.35 <= after.__dict__["blocked_seconds"] < 3.0
 
 
 async def test_watchdog_names_a_task_that_is_not_a_trigger(
@@ -59,18 +70,19 @@ async def test_watchdog_names_a_task_that_is_not_a_trigger(
 
     async def offender() -> None:
         await asyncio.sleep(0)
-        time.sleep(0.2)  # noqa: ASYNC251
+        time.sleep(0.4)  # noqa: ASYNC251
 
-    async with TriggerSupervisor(capacity=1, on_event=Sink(), block_threshold=0.05) as sup:
+    def named() -> bool:
+        return any("task 'consumer-loop'" in r.getMessage() for r in caplog.records)
+
+    async with TriggerSupervisor(capacity=1, on_event=Sink(), block_threshold=0.1) as sup:
         await asyncio.create_task(offender(), name="consumer-loop")
-        await wait_until(lambda: sup.metrics.blocked_loop == 1)
-        await wait_until(lambda: any("was blocked" in r.getMessage() for r in caplog.records))
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("task 'consumer-loop'" in m for m in messages)
+        await wait_until(named)
+        assert sup.metrics.blocked_loop >= 1
 
 
 async def test_a_responsive_loop_reports_nothing() -> None:
-    async with TriggerSupervisor(capacity=1, on_event=Sink(), block_threshold=0.05) as sup:
+    async with TriggerSupervisor(capacity=1, on_event=Sink(), block_threshold=0.5) as sup:
         for _ in range(20):
             await asyncio.sleep(0.005)
         assert sup.metrics.blocked_loop == 0

@@ -18,8 +18,9 @@ class ExplodingTrigger(BaseTrigger):
         return (f"{MODULE}.ExplodingTrigger", {})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        for _ in ():  # an async generator that raises before its first event
+            yield TriggerEvent(None)
         raise RuntimeError("kaboom")
-        yield TriggerEvent(None)  # pragma: no cover - makes this an async generator
 
 
 class ExplodeOperator(BaseOperator):

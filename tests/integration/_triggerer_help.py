@@ -234,7 +234,7 @@ class TriggererProcess:
             return False
         last = lines.index(assigned[-1])
         done = [
-            line.get("partition")
+            int(line["partition"])
             for line in lines[last:]
             if line.get("message") == "partition bootstrapped"
         ]

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import pytest
-
 from deferline.client import Client
 from deferline.engine import Pools
 from deferline.runners.scheduler import Scheduler
@@ -81,7 +80,8 @@ async def deployment(
 
 
 async def test_task_lifecycles(settings: Settings) -> None:
-    """Defer once, several times, time out, fail in the trigger, end from it, be cleared."""
+    """Defer once, several times, time out, fail in the trigger, end from it, be cleared,
+    and fail once then succeed on its retry."""
     async with deployment(settings) as d:
         once = await d.submit("once", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 0.2})
         multi = await d.submit(
@@ -97,6 +97,9 @@ async def test_task_lifecycles(settings: Settings) -> None:
             op_kwargs={"seconds": 0.2, "end_from_trigger": True},
         )
         cleared = await d.submit("cleared", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 60})
+        flaky = await d.submit(
+            "flaky", f"{EXAMPLES}.FlakyOperator", op_kwargs={"fail_tries": 1}, retries=1
+        )
 
         flow = d.flow
         assert (await flow.wait_state(once, "success")).source == "worker"
@@ -130,6 +133,10 @@ async def test_task_lifecycles(settings: Settings) -> None:
         await wait_until(lambda: d.scheduler.table.counters.events_cancelled == 1)
         assert flow.latest(cleared).state == "removed"  # type: ignore[union-attr]
         assert flow.runs_of(cleared, "resume") == []
+        retried = await flow.wait_state(flaky, "success")
+        assert retried.task.try_number == 2
+        assert any(r.task == flaky and r.state == "up_for_retry" for r in flow.tasks_log)
+        assert d.scheduler.table.counters.retries == 1
         assert d.scheduler.table.counters.events_duplicate == 0
         assert d.scheduler.table.pool_usage()["default_pool"][0] == 0, "every slot came back"
 

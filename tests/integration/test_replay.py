@@ -398,7 +398,7 @@ async def test_timeline_records_in_order_with_positions(settings: Settings):
     async with ReplaySession(settings, now=NOW, live=False) as session:
         entries = await session.timeline(parse_subject(task.ti_key))
     kinds = [e.kind for e in entries]
-    assert kinds[:3] == ["task_state", "run_task", "task_state"]  # scheduled, start, queued
+    assert kinds[:3] == ["task_state", "task_state", "run_task"]  # scheduled, queued, start
     assert kinds.index("defer_request") < kinds.index("trigger_event") < kinds.index("tombstone")
     event = next(e for e in entries if e.kind == "trigger_event")
     assert event.owner == "trig-a"

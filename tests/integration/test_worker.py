@@ -372,3 +372,53 @@ async def test_unreadable_runtask_is_dead_lettered_and_work_goes_on(
     assert letters[0].topic == names.work()
     assert letters[0].key == b"junk"
     assert letters[0].value == b'{"kind": "run_task"}'
+
+
+async def _committed(settings: Settings, group_id: str, topic: str) -> int:
+    """Sum of committed offsets of ``group_id`` over the partitions of ``topic``."""
+    consumer = make_consumer(settings, group_id=group_id)
+    await consumer.start()
+    try:
+        total = 0
+        for p in range(settings.partitions):
+            total += await consumer.committed(TopicPartition(topic, p)) or 0
+        return total
+    finally:
+        await consumer.stop()
+
+
+async def test_stop_lets_a_running_operator_finish_and_commits_it(
+    worker_settings: Settings, log: TopicLog
+) -> None:
+    worker = fast_worker(worker_settings, slots=1, graceful_timeout=30)
+    await worker.start()
+    try:
+        await log.send(start("g", "Gate"))
+        await wait_until(Gate.entered.is_set, 20)
+        stopping = asyncio.create_task(worker.stop())
+        await asyncio.sleep(0)
+        assert not stopping.done()  # waits for the operator, which still holds its slot
+        Gate.opened.set()
+        await asyncio.wait_for(stopping, 20)
+    finally:
+        await worker.stop()
+    await wait_until(lambda: "success" in log.states(key("g")), 10)
+    names = TopicNames(worker_settings.topic_prefix)
+    assert await _committed(worker_settings, worker.group_id, names.work()) == 1
+
+
+async def test_graceful_timeout_abandons_the_run_uncommitted(
+    worker_settings: Settings, log: TopicLog
+) -> None:
+    worker = fast_worker(worker_settings, slots=1, graceful_timeout=0.2)
+    await worker.start()
+    try:
+        await log.send(start("g", "Gate"))
+        await wait_until(Gate.entered.is_set, 20)
+    finally:
+        await asyncio.wait_for(worker.stop(), 20)
+    Gate.opened.set()  # let the abandoned thread end while the loop still runs
+    await wait_until(lambda: any(c["label"] == "gate" for c in CALLS), 10)
+    names = TopicNames(worker_settings.topic_prefix)
+    assert await _committed(worker_settings, worker.group_id, names.work()) == 0
+    assert log.states(key("g")) == ["running"]  # redelivered later, and run again

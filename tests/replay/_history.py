@@ -28,7 +28,8 @@ from deferline.schemas import (
 )
 from deferline.topics import TopicNames, partition_for
 
-T0 = dt.datetime(2025, 3, 1, 12, 0, tzinfo=dt.UTC)
+# Recent, so that brokers keep the records (retention counts from record timestamps).
+T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=2)
 TIMER = "deferline.engine.triggers.DateTimeTrigger"
 
 
@@ -170,7 +171,7 @@ class History:
             trigger_id=request.trigger_id,
             task=request.task,
             defer_seq=request.defer_seq,
-            status=status,  # type: ignore[arg-type]
+            status=status,
             payload=payload,
             error=error,
             traceback=traceback,
@@ -253,7 +254,7 @@ class History:
             task=task,
             state=state,
             source="worker",
-            updated_at=at(when),  # type: ignore[arg-type]
+            updated_at=at(when),
         )
         self.put(self.names.tasks, task.ti_key, record)
 

@@ -69,6 +69,15 @@ class DeferTwiceOperator(BaseOperator):
         return {"n": n, "event": event}
 
 
+class UnencodableDefer(BaseOperator):
+    def execute(self, context: Context) -> Any:
+        self.defer(
+            trigger=TimeDeltaTrigger(dt.timedelta(seconds=1)),
+            method_name="execute",
+            kwargs={"handle": threading.Lock()},
+        )
+
+
 class AlwaysFails(BaseOperator):
     def execute(self, context: Context) -> Any:
         raise RuntimeError(f"boom on try {context['try_number']}")
@@ -245,6 +254,7 @@ async def test_concurrent_duplicates_run_once(executor: Any) -> None:
     results = await asyncio.gather(runner.handle(run), runner.handle(run))
     assert sorted(results) == [False, True]
     assert len(CALLS) == 1
+    assert not runner._locks  # per-task locks do not accumulate
 
 
 async def test_dedup_from_tasks_topic_records_of_other_writers(executor: Any) -> None:
@@ -317,6 +327,16 @@ async def test_bad_op_kwargs_fail_clearly(executor: Any) -> None:
     final = sink.records(NAMES.tasks)[-1]
     assert final.state == "failed"
     assert "rejected its kwargs" in (final.reason or "")
+
+
+async def test_a_deferral_that_cannot_be_encoded_fails_the_task_only(executor: Any) -> None:
+    runner, sink, _ = make_runner(executor)
+    await runner.handle(start("UnencodableDefer"))
+    assert sink.states() == ["running", "failed"]
+    assert "cannot defer" in (sink.records(NAMES.tasks)[-1].reason or "")
+    assert sink.records(NAMES.defer()) == []
+    other = TASK.model_copy(update={"task_id": "next"})
+    assert await runner.handle(start("DeferTwiceOperator", task=other)) is True
 
 
 async def test_kwargs_are_sealed_when_keys_are_configured(executor: Any) -> None:

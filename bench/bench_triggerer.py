@@ -1,0 +1,461 @@
+"""Triggerer figures: ingest and fire rates, bootstrap, end-to-end latency, failover.
+
+Each triggerer runs as a real ``deferline triggerer`` process; this script produces the
+requests, reads the events back and scrapes the members' metrics. Figures are printed,
+never asserted. Usage::
+
+    .venv/bin/python bench/bench_triggerer.py [--backend tansu|kafka] [--n 100000]
+        [--only throughput,latency,failover]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiokafka import AIOKafkaProducer
+from deferline.schemas import (
+    DeferRequest,
+    TaskKey,
+    TriggerEventRecord,
+    decode,
+    encode,
+    make_trigger_id,
+    utcnow,
+)
+from deferline.topics import (
+    KRaftBroker,
+    Settings,
+    TansuBroker,
+    TopicNames,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+    topic_specs,
+)
+from deferline.topics._brokers import free_port
+
+DEFERLINE = str(Path(sys.executable).with_name("deferline"))
+DATETIME = "deferline.engine.triggers.DateTimeTrigger"
+AIRFLOW = {  # ANCHORS.md: Airflow 2.10.5, one triggerer, PostgreSQL 15, this machine
+    "fires_per_s_10k": 742.0,
+    "due_to_all_fired_10k_s": 13.5,
+    "due_to_all_fired_1k_s": 1.9,
+    "cpu_ms_per_fire": 4.5,
+    "rss_kb_per_waiting_trigger": 24.0,
+    "failover_s": 10.5,
+    "overhead_s": (0.3, 1.4),
+}
+
+
+def request(i: int, moment: dt.datetime, run: str) -> DeferRequest:
+    task = TaskKey(dag_id="bench", task_id="wait", run_id=f"{run}-{i}")
+    return DeferRequest(
+        trigger_id=make_trigger_id(task, 0),
+        task=task,
+        classpath=DATETIME,
+        kwargs={"moment": moment},
+    )
+
+
+async def produce(producer: AIOKafkaProducer, topic: str, requests: Sequence[DeferRequest]) -> None:
+    for start in range(0, len(requests), 5000):
+        chunk = requests[start : start + 5000]
+        futures = [
+            await producer.send(topic, key=r.trigger_id.encode(), value=encode(r)) for r in chunk
+        ]
+        await asyncio.gather(*futures)
+
+
+class Member:
+    """A ``deferline triggerer`` subprocess with its metrics endpoint and resource use."""
+
+    def __init__(self, settings: Settings, name: str, workdir: Path, *flags: str) -> None:
+        self.name = name
+        self.log = workdir / f"{name}.log"
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                DEFERLINE,
+                "triggerer",
+                "--bootstrap-servers",
+                settings.bootstrap_servers,
+                "--topic-prefix",
+                settings.topic_prefix,
+                "--member",
+                name,
+                "--state-dir",
+                str(workdir / f"{name}-state"),
+                "--metrics-port",
+                str(self.port),
+                "--metrics-host",
+                "127.0.0.1",
+                "--log-format",
+                "json",
+                "--log-level",
+                "WARNING",
+                "--no-create-topics",
+                *flags,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("wb"),
+        )
+
+    async def metrics(self, session: aiohttp.ClientSession) -> dict[str, float]:
+        try:
+            url = f"http://127.0.0.1:{self.port}/metrics"
+            async with session.get(url) as response:
+                text = await response.text()
+        except aiohttp.ClientError:
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            match = re.match(r"^([^#\s{]+)(\{[^}]*\})?\s+(\S+)$", line)
+            if match:  # summed over labels
+                out[match.group(1)] = out.get(match.group(1), 0.0) + float(match.group(3))
+        return out
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def wait_for(
+    session: aiohttp.ClientSession,
+    member: Member,
+    name: str,
+    target: float,
+    within: float = 300.0,
+    interval: float = 0.02,
+) -> float:
+    """Poll ``member``'s metric ``name`` until it reaches ``target``; monotonic time then."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if (await member.metrics(session)).get(name, -1) >= target:
+            return time.monotonic()
+        await asyncio.sleep(interval)
+    raise TimeoutError(f"{member.name}: {name} did not reach {target}")
+
+
+@contextlib.asynccontextmanager
+async def cluster(backend: str) -> AsyncIterator[str]:
+    broker: TansuBroker | KRaftBroker = TansuBroker() if backend == "tansu" else KRaftBroker()
+    await broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        await broker.stop()
+
+
+def fresh_settings(bootstrap: str, partitions: int) -> Settings:
+    return Settings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=f"b{uuid.uuid4().hex[:8]}.",
+        partitions=partitions,
+    )
+
+
+async def read_events(settings: Settings, count: int, within: float) -> list[Any]:
+    """Read ``count`` events from the resume topic; (record timestamp ms, event) pairs."""
+    consumer = make_consumer(settings, TopicNames(settings.topic_prefix).resume(), group_id=None)
+    await consumer.start()
+    out: list[Any] = []
+    deadline = time.monotonic() + within
+    try:
+        while len(out) < count and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=200, max_records=50_000)
+            for records in batches.values():
+                out.extend((r.timestamp, r.value) for r in records)
+    finally:
+        await consumer.stop()
+    return out
+
+
+# -- throughput: bootstrap, live ingest, fire rate ---------------------------------------------
+
+
+async def bench_throughput(bootstrap: str, n: int, workdir: Path) -> dict[str, float]:
+    print(f"\n== throughput: one triggerer process, {n:,} DateTimeTriggers ==")
+    results: dict[str, float] = {}
+    settings = fresh_settings(bootstrap, 12)
+    await ensure_topics(settings, topic_specs(settings))
+    names = TopicNames(settings.topic_prefix)
+    producer = make_producer(settings, linger_ms=5, max_batch_size=512 * 1024)
+    await producer.start()
+    far = utcnow() + dt.timedelta(hours=1)
+    try:
+        # 1. Bootstrap: n active triggers already on the topic when the member starts.
+        await produce(producer, names.defer(), [request(i, far, "boot") for i in range(n)])
+        async with aiohttp.ClientSession() as session:
+            member = Member(settings, "boot", workdir, "--capacity", str(2 * n))
+            started = time.monotonic()
+            running_at = await wait_for(session, member, "deferline_triggers_running", n)
+            metrics = await member.metrics(session)
+            boot = metrics.get("deferline_triggerer_bootstrap_seconds_sum", 0.0)
+            results["bootstrap_s"] = boot
+            results["start_to_running_s"] = running_at - started
+            results["rss_mb_waiting"] = member.rss_mb()
+            print(
+                f"bootstrap of {n:,} active triggers: {boot:.2f} s (metric); process start to "
+                f"all running {running_at - started:.2f} s; RSS {member.rss_mb():.0f} MB "
+                f"({member.rss_mb() * 1024 / n:.2f} KB per waiting trigger incl. runtime)"
+            )
+            member.stop()
+
+            # 2. Live ingest then fire: a settled member, n triggers due at one moment.
+            settings2 = fresh_settings(bootstrap, 12)
+            await ensure_topics(settings2, topic_specs(settings2))
+            names2 = TopicNames(settings2.topic_prefix)
+            member = Member(settings2, "live", workdir, "--capacity", str(2 * n))
+            await wait_for(session, member, "deferline_triggerer_assigned_partitions", 12)
+            await asyncio.sleep(1.0)
+            lead = max(10.0, n / 8000)
+            due = utcnow() + dt.timedelta(seconds=lead)
+            requests = [request(i, due, "live") for i in range(n)]
+            payloads = [(r.trigger_id.encode(), encode(r)) for r in requests]
+            cpu0 = member.cpu_seconds()
+            sent = time.monotonic()
+            for start in range(0, n, 5000):
+                futures = [
+                    await producer.send(names2.defer(), key=k, value=v)
+                    for k, v in payloads[start : start + 5000]
+                ]
+                await asyncio.gather(*futures)
+            produced = time.monotonic()
+            running_at = await wait_for(
+                session, member, "deferline_triggers_running", n, interval=0.01
+            )
+            ingest_cpu = member.cpu_seconds() - cpu0
+            rate = n / (running_at - sent)
+            results["ingest_per_s"] = rate
+            print(
+                f"live ingest: {n:,} produced in {produced - sent:.2f} s, all running after "
+                f"{running_at - sent:.2f} s -> {rate:,.0f} deferrals/s "
+                f"(triggerer CPU {ingest_cpu:.2f} s, {ingest_cpu / n * 1e6:.0f} µs each)"
+            )
+            remaining = (due - utcnow()).total_seconds()
+            if remaining < 0:
+                print(f"  (ingest overran the due time by {-remaining:.1f} s)")
+            cpu1 = member.cpu_seconds()
+            events = await read_events(settings2, n, within=lead + 300)
+            fire_cpu = member.cpu_seconds() - cpu1
+            due_ms = due.timestamp() * 1000
+            stamps = sorted(ts for ts, _ in events)
+            span = (stamps[-1] - due_ms) / 1000
+            results["due_to_all_fired_s"] = span
+            results["fires_per_s"] = n / span
+            results["cpu_ms_per_fire"] = fire_cpu / n * 1000
+            results["peak_rss_mb"] = member.peak_rss_mb()
+            p50 = (stamps[len(stamps) // 2] - due_ms) / 1000
+            print(
+                f"fire: {len(events):,} events, due -> all on the events topic {span:.2f} s "
+                f"-> {n / span:,.0f} events/s (half by {p50:.2f} s); CPU while firing "
+                f"{fire_cpu:.2f} s ({fire_cpu / n * 1000:.3f} ms per fired trigger); "
+                f"peak RSS {member.peak_rss_mb():.0f} MB"
+            )
+            member.stop()
+    finally:
+        await producer.stop()
+    return results
+
+
+# -- latency: due-now request -> event on the events topic ------------------------------------
+
+
+async def bench_latency(bootstrap: str, count: int, rate: float, workdir: Path) -> dict[str, float]:
+    print(f"\n== latency: {count} due-now DeferRequests, one at a time at {rate:.0f}/s ==")
+    settings = fresh_settings(bootstrap, 12)
+    await ensure_topics(settings, topic_specs(settings))
+    names = TopicNames(settings.topic_prefix)
+    producer = make_producer(settings, linger_ms=0)
+    await producer.start()
+    consumer = make_consumer(settings, names.resume(), group_id=None, fetch_max_wait_ms=5)
+    await consumer.start()
+    sent_at: dict[str, float] = {}
+    latencies: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        member = Member(settings, "lat", workdir, "--fetch-max-wait-ms", "5")
+        try:
+            await wait_for(session, member, "deferline_triggerer_assigned_partitions", 12)
+            await asyncio.sleep(1.0)
+
+            async def read() -> None:
+                while len(latencies) < count:
+                    batches = await consumer.getmany(timeout_ms=100)
+                    now = time.perf_counter()
+                    for records in batches.values():
+                        for record in records:
+                            event = decode(record.value)
+                            assert isinstance(event, TriggerEventRecord)
+                            latencies.append(now - sent_at[event.trigger_id])
+
+            reader = asyncio.create_task(read())
+            for i in range(count):
+                r = request(i, utcnow(), "lat")
+                sent_at[r.trigger_id] = time.perf_counter()
+                await (
+                    await producer.send(names.defer(), key=r.trigger_id.encode(), value=encode(r))
+                )
+                await asyncio.sleep(1 / rate)
+            await asyncio.wait_for(reader, 60)
+        finally:
+            member.stop()
+            await consumer.stop()
+            await producer.stop()
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2] * 1000
+    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
+    print(
+        f"produce -> event read back: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max "
+        f"{latencies[-1] * 1000:.1f} ms, mean {statistics.mean(latencies) * 1000:.1f} ms "
+        "(includes the reader's own fetch wait of 5 ms)"
+    )
+    return {"latency_p50_ms": p50, "latency_p99_ms": p99}
+
+
+# -- failover: SIGKILL and graceful stop -> triggers running on the survivor ------------------
+
+
+async def bench_failover(
+    bootstrap: str, n: int, session_timeout_ms: int, workdir: Path
+) -> dict[str, float]:
+    print(
+        f"\n== failover: two members, {n:,} waiting triggers, session timeout "
+        f"{session_timeout_ms} ms, heartbeat 1000 ms =="
+    )
+    results: dict[str, float] = {}
+    flags = ("--session-timeout-ms", str(session_timeout_ms), "--heartbeat-interval-ms", "1000")
+    for how, sig in (("SIGKILL", signal.SIGKILL), ("SIGTERM", signal.SIGTERM)):
+        settings = fresh_settings(bootstrap, 12)
+        await ensure_topics(settings, topic_specs(settings))
+        producer = make_producer(settings, linger_ms=5)
+        await producer.start()
+        far = utcnow() + dt.timedelta(hours=1)
+        await produce(
+            producer,
+            TopicNames(settings.topic_prefix).defer(),
+            [request(i, far, how) for i in range(n)],
+        )
+        await producer.stop()
+        async with aiohttp.ClientSession() as session:
+            a = Member(settings, f"{how}-a", workdir, *flags)
+            b = Member(settings, f"{how}-b", workdir, *flags)
+            try:
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    ma, mb = await a.metrics(session), await b.metrics(session)
+                    parts = ma.get(
+                        'deferline_triggerer_assigned_partitions{queue="default"}', 0
+                    ) + mb.get('deferline_triggerer_assigned_partitions{queue="default"}', 0)
+                    running = ma.get("deferline_triggers_running", 0) + mb.get(
+                        "deferline_triggers_running", 0
+                    )
+                    if parts == 12 and running == n and ma.get("deferline_triggers_running"):
+                        break
+                    await asyncio.sleep(0.1)
+                killed = time.monotonic()
+                a.proc.send_signal(sig)
+                running_at = await wait_for(
+                    session, b, "deferline_triggers_running", n, within=120, interval=0.01
+                )
+                took = running_at - killed
+                results[f"{how.lower()}_takeover_s"] = took
+                print(
+                    f"{how} of one member -> all {n:,} triggers running on the other: {took:.2f} s"
+                )
+            finally:
+                a.stop(signal.SIGKILL)
+                b.stop()
+    return results
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--backend", choices=["tansu", "kafka"], default="tansu")
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--latency-count", type=int, default=1000)
+    parser.add_argument("--latency-rate", type=float, default=100.0)
+    parser.add_argument("--failover-n", type=int, default=10_000)
+    parser.add_argument("--session-timeout-ms", type=int, default=6000)
+    parser.add_argument("--only", default="throughput,latency,failover")
+    args = parser.parse_args()
+    wanted = set(args.only.split(","))
+    print(f"backend {args.backend}; python {sys.version.split()[0]}; {os.cpu_count()} cores")
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        async with cluster(args.backend) as bootstrap:
+            if "throughput" in wanted:
+                results |= await bench_throughput(bootstrap, args.n, workdir)
+            if "latency" in wanted:
+                results |= await bench_latency(
+                    bootstrap, args.latency_count, args.latency_rate, workdir
+                )
+            if "failover" in wanted:
+                results |= await bench_failover(
+                    bootstrap, args.failover_n, args.session_timeout_ms, workdir
+                )
+    print("\n== against Airflow 2.10.5 (ANCHORS.md) ==")
+    if "fires_per_s" in results:
+        print(
+            f"fires/s: {results['fires_per_s']:,.0f} vs {AIRFLOW['fires_per_s_10k']:.0f} "
+            f"-> {results['fires_per_s'] / AIRFLOW['fires_per_s_10k']:.0f}x"
+        )
+        print(
+            f"CPU per fired trigger: {results['cpu_ms_per_fire']:.3f} ms vs "
+            f"{AIRFLOW['cpu_ms_per_fire']} ms -> "
+            f"{AIRFLOW['cpu_ms_per_fire'] / max(results['cpu_ms_per_fire'], 1e-9):.0f}x less"
+        )
+    if "latency_p99_ms" in results:
+        low, high = AIRFLOW["overhead_s"]
+        p99 = results["latency_p99_ms"] / 1000
+        print(
+            f"due-now request -> event p99 {p99 * 1000:.1f} ms vs Airflow's {low}-{high} s "
+            f"defer/resume overhead -> {low / p99:.0f}-{high / p99:.0f}x"
+        )
+    if "sigkill_takeover_s" in results:
+        print(
+            f"failover after SIGKILL: {results['sigkill_takeover_s']:.1f} s vs "
+            f"{AIRFLOW['failover_s']} s -> "
+            f"{AIRFLOW['failover_s'] / results['sigkill_takeover_s']:.1f}x"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
