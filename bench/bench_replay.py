@@ -68,6 +68,7 @@ async def produce(bootstrap: str, prefix: str, n_records: int, stuck_every: int)
     target = ResumeTarget(operator="bench.ops.Wait")
     base = dt.datetime.now(dt.UTC) - dt.timedelta(hours=3)
     tasks, stuck = _records_for(n_records, stuck_every)
+    step = dt.timedelta(hours=2) / max(tasks, 1)  # every task starts 1-3 hours ago
     producer = make_producer(settings, acks=1, linger_ms=20, max_batch_size=512 * 1024)
     await producer.start()
     sent = 0
@@ -94,7 +95,7 @@ async def produce(bootstrap: str, prefix: str, n_records: int, stuck_every: int)
 
     kinds: Counter[str] = Counter()
     for i in range(tasks):
-        t0 = base + dt.timedelta(milliseconds=100 * i)
+        t0 = base + step * i
         task = TaskKey(dag_id="bench", task_id=f"t{i}", run_id="run1")
         key = task.ti_key
         tid = make_trigger_id(task, 0)

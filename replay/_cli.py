@@ -33,7 +33,7 @@ from ._render import (
 from ._run import enable_asyncio_debug, run_trigger
 from ._source import ReadBounds
 from ._timeline import build_timeline
-from ._verdict import Subject, parse_subject
+from ._verdict import Subject, explain, parse_subject
 
 __all__ = ["parse_duration", "parse_time", "replay"]
 
@@ -254,8 +254,6 @@ def timeline(run: _Run, subject: str, as_json: bool, html: str | None) -> None:
             entries = await session.timeline(wanted)
             verdict = None
             if html:
-                from ._verdict import explain
-
                 assert session.index is not None
                 verdict = explain(session.index, wanted, await session.context())
             return entries, verdict
@@ -306,7 +304,11 @@ def why(run: _Run, subject: str, as_json: bool, show_timeline: bool, html: str |
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--html", "html", metavar="FILE", help="Also write a self-contained HTML report.")
-@click.option("--limit", type=click.IntRange(min=1), help="Show at most this many (oldest first).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    help="Explain only the N oldest (all are counted); bounds memory when very many are stuck.",
+)
 @_read_options
 @_command
 def stuck(
@@ -314,19 +316,18 @@ def stuck(
 ) -> None:
     """Tasks deferred (or resumed and not started) longer than --older-than, with verdicts."""
 
-    async def go() -> tuple[list[StuckReport], list[ReportItem]]:
+    async def go() -> tuple[list[StuckReport], list[ReportItem], int]:
         async with run.session() as session:
-            reports = await session.stuck(older_than=older_than)
+            reports = await session.stuck(older_than=older_than, limit=limit)
             items = []
             if html and session.index is not None:
-                for report in reports[:limit]:
+                for report in reports:
                     subject = Subject(report.waiting.ti_key, ti_key=report.waiting.ti_key)
                     entries = build_timeline(session.index, subject)
                     items.append(ReportItem(report.verdict, entries, report.waiting.since))
-            return reports, items
+            return reports, items, session.waiting_total
 
-    reports, items = _arun(go())
-    shown = reports[:limit] if limit else reports
+    reports, items, total = _arun(go())
     label = _duration_text(older_than)
     if as_json:
         counts: dict[str, int] = {}
@@ -337,16 +338,17 @@ def stuck(
                 {
                     "now": run.now.isoformat(),
                     "older_than_s": older_than.total_seconds(),
-                    "count": len(reports),
+                    "count": total,
+                    "shown": len(reports),
                     "by_verdict": counts,
-                    "tasks": [r.to_json() for r in shown],
+                    "tasks": [r.to_json() for r in reports],
                 }
             )
         )
     else:
-        render_stuck(run.out, shown, older_than=label)
-        if limit and len(reports) > limit:
-            run.out.print(f"(showing the {limit} oldest of {len(reports)})")
+        render_stuck(run.out, reports, older_than=label)
+        if total > len(reports):
+            run.out.print(f"(showing the {len(reports)} oldest of {total})")
     if html:
         run.write_html(html, f"deferline: tasks waiting more than {label}", items)
 

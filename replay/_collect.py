@@ -204,6 +204,7 @@ class ReplaySession:
         self.now = now or dt.datetime.now(dt.UTC)
         self._live: LiveView | None = None
         self.index: ReplayIndex | None = None
+        self.waiting_total = 0
 
     async def __aenter__(self) -> ReplaySession:
         await self.reader.start()
@@ -265,6 +266,8 @@ class ReplaySession:
         more_tids, more_keys = subject_ids(index, subject)
         more_tids -= tids
         more_keys -= keys
+        if subject.trigger_id is not None:
+            more_tids = set()  # a trigger's timeline shows its task's states, not other triggers
         # One more pass for what the first one linked to: a trigger's tombstones carry only
         # its id (defer topics); a task's states and runs need not name the trigger.
         follow_roles: set[TopicRole] = set()
@@ -288,14 +291,22 @@ class ReplaySession:
         index = await self.collect(subject)
         return build_timeline(index, subject, try_number=subject.try_number)
 
-    async def stuck(self, *, older_than: dt.timedelta) -> list[StuckReport]:
-        """Every task waiting on a trigger for at least ``older_than``, with its verdict."""
+    async def stuck(
+        self, *, older_than: dt.timedelta, limit: int | None = None
+    ) -> list[StuckReport]:
+        """Tasks waiting on a trigger for at least ``older_than``, oldest first, with verdicts.
+
+        ``limit`` keeps the oldest N (and the memory of pass 2 with them); how many wait in
+        all is left in :attr:`waiting_total`.
+        """
         topics = await self.reader.topics()
         scan = StuckScan()
         task_topics = [t for t in topics if t.role is TopicRole.TASKS]
         async for batch in self.reader.scan(task_topics, label="tasks", wants=_feed(scan)):
             del batch  # the scan keeps what it needs
         waiting = scan.waiting(now=self.now, older_than=older_than)
+        self.waiting_total = len(waiting)
+        waiting = waiting[:limit] if limit is not None else waiting
         index = ReplayIndex(prefix=self.settings.topic_prefix)
         self.index = index
         if not waiting:

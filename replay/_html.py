@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
+from deferline.schemas import TaskStateRecord, TriggerEventRecord
+
 from ._timeline import TimelineEntry
 from ._topics import TopicRole
 from ._verdict import Verdict
@@ -76,11 +78,12 @@ def _t(value: dt.datetime | None) -> str:
 
 
 def _color(entry: TimelineEntry) -> str:
-    kind = entry.kind
-    if kind in ("trigger_event", "task_state"):
-        word = entry.description.split()[1] if len(entry.description.split()) > 1 else ""
-        return _COLORS.get(word, "#374151")
-    return _COLORS.get(kind, "#374151")
+    record = entry.record.record if entry.record is not None else None
+    if isinstance(record, TriggerEventRecord):
+        return _COLORS.get(record.status, "#374151")
+    if isinstance(record, TaskStateRecord):
+        return _COLORS.get(record.state, "#374151")
+    return _COLORS.get(entry.kind, "#374151")
 
 
 def _svg(item: ReportItem, now: dt.datetime) -> str:

@@ -216,7 +216,7 @@ def render_stuck(console: Console, reports: Sequence[StuckReport], *, older_than
             str(task.try_number) if task else "?",
             report.waiting.state,
             _age(report.age.total_seconds() if report.age is not None else None),
-            (v.trigger_id or report.waiting.trigger_id)[:13],
+            v.trigger_id or report.waiting.trigger_id,
             _verdict_line(v),
             escape(v.summary),
         )

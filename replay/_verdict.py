@@ -33,7 +33,7 @@ from ._errors import BadSubject
 from ._fold import ReplayIndex, TaskHistory, TriggerHistory
 from ._live import GroupView, LiveView
 from ._records import Position, ReplayRecord, describe
-from ._topics import TopicInfo, TopicRole
+from ._topics import TopicInfo, TopicRole, classify_topic
 
 __all__ = [
     "Evidence",
@@ -358,9 +358,13 @@ def explain_task(
         ending = explain_trigger(index, latest_tid, ctx, subject=name)
         if state is None or (ending.kind in ENDINGS and state.state not in ("running",)):
             return ending
-    assert task is not None
-    assert task.latest is not None
-    assert state is not None
+    if task is None or task.latest is None or state is None:
+        return Verdict(
+            VerdictKind.NOT_FOUND,
+            name,
+            f"no task state of {ti_key} on the tasks topic"
+            + (" in the range read" if ctx.bounded else ""),
+        )
     facts: dict[str, Any] = {"state": state.state, "try_number": state.task.try_number}
     evidence = [Evidence.of("current task state", task.latest)]
     if ending is not None:
@@ -577,13 +581,19 @@ def _dead_lettered(case: _Case, history: TriggerHistory, events: list[ReplayReco
         VerdictKind.UNDECRYPTABLE_KWARGS: "no configured key opens its sealed kwargs",
     }.get(kind, "the request is bad")
     tail = _application_note(case, events)
-    return case.verdict(
-        kind,
-        f"never started: {what} ({letter.error_type}: {letter.error}); dead-lettered "
-        f"{_ago(case.ctx.now, letter.failed_at)}{tail}",
-        cause=letter.error_type,
-        since=letter.failed_at,
-    )
+    case.facts["dead_letter_of"] = f"{letter.topic}[{letter.partition}]@{letter.offset}"
+    origin = classify_topic(letter.topic, prefix=case.index.prefix)
+    if origin is not None and origin.role is not TopicRole.DEFER:
+        summary = (
+            f"a record of it on {letter.topic} could not be applied and was dead-lettered "
+            f"{_ago(case.ctx.now, letter.failed_at)} ({letter.error_type}: {letter.error}){tail}"
+        )
+    else:
+        summary = (
+            f"never started: {what} ({letter.error_type}: {letter.error}); dead-lettered "
+            f"{_ago(case.ctx.now, letter.failed_at)}{tail}"
+        )
+    return case.verdict(kind, summary, cause=letter.error_type, since=letter.failed_at)
 
 
 def _application_note(case: _Case, events: list[ReplayRecord]) -> str:
@@ -728,9 +738,14 @@ def _resume_check(
     if not waiting:
         latest = case.task.latest if case.task else None
         case.add("current task state", latest)
+        how = (
+            f"ended the task itself ({event.task_outcome})"
+            if event.task_outcome
+            else "the task was resumed"
+        )
         return case.verdict(
             VerdictKind.RESUMED,
-            f"fired {at} and the task was resumed; {_state_text(state)} now",
+            f"fired {at} and {how}; {_state_text(state)} now",
             since=event.emitted_at,
         )
     assert state is not None
@@ -942,7 +957,7 @@ def _requested(case: _Case, history: TriggerHistory, request_rec: ReplayRecord) 
                 VerdictKind.NO_TRIGGERER_FOR_QUEUE,
                 f"requested {_ago(ctx.now, since)} on trigger queue {queue or 'default'!r} "
                 f"({topic.name}), but no live triggerer serves that queue (live triggerers: "
-                f"{others}); start one with --queue {queue or 'default'}",
+                f"{others}); start one with --queues {queue or 'default'}",
                 since=since,
             )
         return case.verdict(

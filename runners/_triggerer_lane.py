@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,16 +28,19 @@ from deferline.schemas import (
     DeferRequest,
     KwargsCipher,
     RunTask,
+    TaskKey,
     TriggerEventRecord,
     decode_as,
     encode,
     make_event_id,
+    utcnow,
 )
 from deferline.topics import Settings, TopicNames, make_consumer
 
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
 from ._partition_table import ActiveTriggerTable
 from ._triggerer_emitter import Emission, Emitter, Send
+from ._triggerer_events import encode_event, request_fields
 from ._triggerer_input import BadRecord, CancelTrigger, StartTrigger, interpret, peek_identity
 from ._triggerer_metrics import TriggererMetrics
 
@@ -142,6 +146,33 @@ def _leave_from_generation_zero(consumer: AIOKafkaConsumer) -> None:
         await original()
 
     coordinator._maybe_leave_group = leave
+
+
+_UNPRODUCIBLE = {"error": "event not producible"}
+
+
+def _unproducible_id(trigger_id: str) -> str:
+    return make_event_id(trigger_id, "failed", _UNPRODUCIBLE)
+
+
+@dataclass(frozen=True, slots=True)
+class _EventInfo:
+    """What the ack and failure callbacks of one queued event need to know."""
+
+    trigger_id: str
+    status: str
+    event_id: str
+    direct: bool
+    value: bytes | None = None
+    """The stored DeferRequest (hot path: decoded only if a log line or a failure needs it)."""
+    task_key: TaskKey | None = None
+    seq: int = 0
+
+    def task(self) -> TaskKey | None:
+        return self.task_key if self.task_key is not None else peek_identity(self.value)[1]
+
+    def defer_seq(self) -> int:
+        return peek_identity(self.value)[2] if self.value is not None else self.seq
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -542,6 +573,8 @@ class TriggerLane:
                 ),
             )
         self._bootstrap = None
+        # The rebuilt tables live as long as the assignment: keep the GC from rescanning them.
+        gc.freeze()
         self.bootstrapped.set()
 
     async def _resume_start(
@@ -707,7 +740,7 @@ class TriggerLane:
                     reason=cancel.reason,
                 ),
             )
-            self._submit_event(part, key, record, extra=())
+            self._submit_record(part, key, record)
         else:
             self._dead_letter(part, key, value, offset, decision)
 
@@ -774,7 +807,7 @@ class TriggerLane:
                 queue=self.queue,
             )
             # A keyless record has no table entry to delete: event and letter only.
-            self._submit_event(
+            self._submit_record(
                 part, key or bad.trigger_id.encode(), record, extra=sends, tombstone=key is not None
             )
         else:
@@ -798,12 +831,17 @@ class TriggerLane:
         if not outcome.final:
             # The first event resumes the task; a multi-event trigger is stopped here.
             self._cancel(outcome.trigger_id)
-        request = decode_as(ref.value, DeferRequest)
-        record = TriggerEventRecord(
+        fields = request_fields(ref.value)
+        direct = (
+            self.options.direct_resume
+            and fields.get("resume") is not None
+            and outcome.status == "fired"
+            and outcome.task_outcome is None
+        )
+        encoded = encode_event(
+            fields,
             event_id=outcome.event_id,
             trigger_id=outcome.trigger_id,
-            task=request.task,
-            defer_seq=request.defer_seq,
             status=outcome.status,
             payload=outcome.payload,
             task_outcome=outcome.task_outcome,
@@ -811,13 +849,15 @@ class TriggerLane:
             error=outcome.error,
             traceback=outcome.traceback,
             due_at=outcome.due_at,
+            emitted_at=utcnow(),
             member=self.member,
             partition=ref.partition,
             queue=self.queue,
-            resumed_directly=self._direct(request, outcome),
+            resumed_directly=direct,
         )
         extra: list[Send] = []
-        if record.resumed_directly:
+        if direct:
+            request = decode_as(ref.value, DeferRequest)
             assert request.resume is not None
             target = request.resume
             run = RunTask(
@@ -844,21 +884,44 @@ class TriggerLane:
                     encode(run),
                 )
             )
-        self._submit_event(part, key, record, extra=extra, partition=ref.partition)
+        self._submit_event(
+            part,
+            key,
+            encoded,
+            _EventInfo(outcome.trigger_id, outcome.status, outcome.event_id, direct, ref.value),
+            extra=extra,
+            partition=ref.partition,
+        )
 
-    def _direct(self, request: DeferRequest, outcome: TriggerOutcome) -> bool:
-        return (
-            self.options.direct_resume
-            and request.resume is not None
-            and outcome.status == "fired"
-            and outcome.task_outcome is None
+    def _submit_record(
+        self,
+        part: OwnedPartition | None,
+        key: bytes,
+        record: TriggerEventRecord,
+        *,
+        extra: Sequence[Send] = (),
+        partition: int | None = None,
+        tombstone: bool = True,
+    ) -> None:
+        """Queue an event built as a record (cancels, bad input: the rare paths)."""
+        info = _EventInfo(
+            record.trigger_id,
+            record.status,
+            record.event_id,
+            False,
+            task_key=record.task,
+            seq=record.defer_seq,
+        )
+        self._submit_event(
+            part, key, encode(record), info, extra=extra, partition=partition, tombstone=tombstone
         )
 
     def _submit_event(
         self,
         part: OwnedPartition | None,
         key: bytes,
-        record: TriggerEventRecord,
+        encoded: bytes,
+        info: _EventInfo,
         *,
         extra: Sequence[Send],
         partition: int | None = None,
@@ -866,47 +929,54 @@ class TriggerLane:
     ) -> None:
         number = part.number if part is not None else partition
         assert number is not None
-        fields = self._log(
-            number,
-            trigger_id=record.trigger_id,
-            task=str(record.task),
-            status=record.status,
-            event_id=record.event_id,
-        )
 
         def acked(metadata: Sequence[Any]) -> None:
             current = self._parts.get(number)
             if current is not None and current is part:
                 current.table.note_event_offset(key, int(metadata[0].offset))
-            self._metrics.events.labels(queue=self.label, status=record.status).inc()
-            if record.resumed_directly:
+            self._metrics.events.labels(queue=self.label, status=info.status).inc()
+            if info.direct:
                 self._metrics.direct_resumes.labels(queue=self.label).inc()
-            logger.info("trigger event produced", extra=fields)
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "trigger event produced",
+                    extra=self._log(
+                        number,
+                        trigger_id=info.trigger_id,
+                        task=str(info.task()),
+                        status=info.status,
+                        event_id=info.event_id,
+                    ),
+                )
 
         def failed(error: BaseException) -> None:
             # The event itself cannot be produced (too large, say): tell the task why instead.
-            if record.status == "failed" and record.payload == {"error": "event not producible"}:
+            if info.status == "failed" and info.event_id == _unproducible_id(info.trigger_id):
                 return
-            payload = {"error": "event not producible"}
+            task = info.task()
+            if task is None:
+                logger.error(
+                    "event not producible and its task unknown",
+                    extra=self._log(number, trigger_id=info.trigger_id, error=repr(error)),
+                )
+                return
             replacement = TriggerEventRecord(
-                event_id=make_event_id(record.trigger_id, "failed", payload),
-                trigger_id=record.trigger_id,
-                task=record.task,
-                defer_seq=record.defer_seq,
+                event_id=_unproducible_id(info.trigger_id),
+                trigger_id=info.trigger_id,
+                task=task,
+                defer_seq=info.defer_seq(),
                 status="failed",
-                payload=payload,
+                payload=_UNPRODUCIBLE,
                 error=f"the trigger's event could not be produced: {error!r}",
                 member=self.member,
                 partition=number,
                 queue=self.queue,
             )
-            self._submit_event(
-                part, key, replacement, extra=(), partition=number, tombstone=tombstone
-            )
+            self._submit_record(part, key, replacement, partition=number, tombstone=tombstone)
 
         self._emitter.submit(
             Emission(
-                sends=(Send(self.resume_topic, key, encode(record), number), *extra),
+                sends=(Send(self.resume_topic, key, encoded, number), *extra),
                 tombstone=Send(self.defer_topic, key, None, number) if tombstone else None,
                 on_acked=acked,
                 on_failed=failed,

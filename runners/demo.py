@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,7 +55,6 @@ from deferline.topics import (
     make_producer,
     topic_specs,
 )
-from deferline.topics._brokers import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group
 from rich.live import Live
@@ -207,6 +207,14 @@ def make_plan(
 _PR_SET_PDEATHSIG = 1
 
 
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -280,8 +288,10 @@ class Children:
         for child in self.children.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.proc.wait(timeout=5)
+        for _ in range(100):  # reap them (SIGKILL is not ignorable: this is quick)
+            if not any(c.alive for c in self.children.values()):
+                break
+            await asyncio.sleep(0.05)
         for out in self._logs:
             out.close()
 

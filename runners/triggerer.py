@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -206,7 +207,7 @@ class Triggerer:
             await ensure_topics(self.settings, topic_specs(self.settings, queues=named))
         cipher = KwargsCipher(self.settings.kwargs_keys) if self.settings.kwargs_keys else None
         self._producer = make_producer(
-            self.settings, client_id=self.member, linger_ms=5, max_batch_size=256 * 1024
+            self.settings, client_id=self.member, linger_ms=1, max_batch_size=256 * 1024
         )
         await self._producer.start()
         self._supervisor = TriggerSupervisor(
@@ -514,6 +515,9 @@ def triggerer_command(
         )
     except (ValueError, DeferlineError) as exc:
         raise click.UsageError(str(exc)) from exc
+    # Hundreds of thousands of long-lived objects (tables, waiting triggers) make the default
+    # cyclic-GC cadence rescan them constantly; collect the youngest generation less often.
+    gc.set_threshold(50_000, 20, 100)
     try:
         asyncio.run(Triggerer(settings, options).run())
     except DeferlineError as exc:

@@ -159,7 +159,7 @@ async def test_no_triggerer_for_the_queue(settings: Settings):
 
 async def test_running_on_a_live_member(settings: Settings, broker_backend: str):
     h = history(settings)
-    task, request = deferred(h)
+    task, _ = deferred(h)
     await publish(settings, h)
     names = TopicNames(settings.topic_prefix)
     group = f"{settings.topic_prefix}triggerer"
@@ -288,7 +288,7 @@ async def test_dead_lettered(settings: Settings, error_type: str, kind: VerdictK
 
 async def test_cancelled(settings: Settings):
     h = history(settings)
-    task, request = deferred(h)
+    _, request = deferred(h)
     h.cancel(request, 20)
     h.schedule(h.emit(request, 20.5, status="cancelled", payload={"reason": "cleared"}))
     await publish(settings, h)

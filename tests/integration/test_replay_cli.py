@@ -78,6 +78,10 @@ def test_stuck_table_json_and_html(settings: Settings, tmp_path: Path):
     assert data["count"] == 2
     assert data["by_verdict"] == {"never_requested": 1, "trigger_failed": 1}
     assert {t["ti_key"] for t in data["tasks"]} == {never.ti_key, boom.ti_key}
+    code, out, _ = invoke(settings, "stuck", "--json", "--offline", "--limit", "1")
+    data = json.loads(out)
+    assert (data["count"], data["shown"]) == (2, 1)
+    assert [t["ti_key"] for t in data["tasks"]] == [never.ti_key]  # the oldest
 
     report = tmp_path / "stuck.html"
     code, _, err = invoke(settings, "stuck", "--offline", "--html", str(report))

@@ -117,7 +117,7 @@ def test_no_triggerer_for_the_requests_queue():
     verdict = why(h, task.ti_key, live(h, triggerer))
     assert verdict.kind is VerdictKind.NO_TRIGGERER_FOR_QUEUE
     assert verdict.facts["queue"] == "gpu"
-    assert "--queue gpu" in verdict.summary
+    assert "--queues gpu" in verdict.summary
     assert any("deferline.triggerer" in n for n in notes(verdict))
 
 
@@ -434,3 +434,13 @@ def test_verdict_json_is_plain_json():
 
 def test_evidence_without_a_record_has_no_position():
     assert Evidence("live group").to_json()["topic"] is None
+
+
+def test_a_task_with_runs_but_no_state_is_not_found():
+    h = History()
+    task = task_key()
+    h.start(task, 1)
+    h.writes = [w for w in h.writes if w.topic != "deferline.tasks"]
+    verdict = why(h, task.ti_key)
+    assert verdict.kind is VerdictKind.NOT_FOUND
+    assert "no task state" in verdict.summary

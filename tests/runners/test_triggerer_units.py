@@ -342,3 +342,38 @@ def test_queue_names_are_normalised() -> None:
     with pytest.raises(ValueError, match="invalid"):
         _normalise_queues(("bad queue",))
     assert TriggererOptions().capacity == 10_000
+
+
+# -- the hot-path event encoder ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [None, {"moment": MOMENT, "n": 1, "d": dt.timedelta(seconds=3)}, [1, "x", {"set": {1, 2}}]],
+)
+def test_fast_event_encoding_matches_the_record(payload: Any) -> None:
+    from deferline.runners._triggerer_events import encode_event, request_fields
+    from deferline.schemas import TriggerEventRecord, decode, make_event_id
+
+    stored = encode(request(defer_seq=3))
+    emitted = dt.datetime(2030, 1, 1, 0, 0, 1, 250, tzinfo=dt.UTC)
+    due = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    fields: dict[str, Any] = {
+        "event_id": make_event_id(TID, "fired", payload),
+        "trigger_id": TID,
+        "status": "fired",
+        "payload": payload,
+        "task_outcome": "success",
+        "xcoms": {"out": MOMENT},
+        "error": None,
+        "traceback": None,
+        "due_at": due,
+        "emitted_at": emitted,
+        "member": "m-1",
+        "partition": 5,
+        "queue": "q1",
+        "resumed_directly": True,
+    }
+    fast = decode(encode_event(request_fields(stored), **fields))
+    slow = TriggerEventRecord(task=TASK, defer_seq=3, **fields)
+    assert fast == decode(encode(slow))
