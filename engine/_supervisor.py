@@ -621,12 +621,12 @@ class TriggerSupervisor:
                 bucket = buckets.pop(key)
                 tids = (bucket,) if type(bucket) is str else bucket
                 for index, tid in enumerate(tids):
-                    self._due(key, tid)  # type: ignore[arg-type]
+                    self._due(key, tid)
                     handled += 1
                     if not handled & 63 and time.perf_counter() > stop_at:
                         rest = list(tids[index + 1 :])
                         if rest:
-                            self._requeue(key, rest)  # type: ignore[arg-type]
+                            self._requeue(key, rest)
                         return
         finally:
             self._firing = False
@@ -647,7 +647,7 @@ class TriggerSupervisor:
         buckets = self._buckets
         for tid, entry in self._entries.items():
             deadline = entry.deadline
-            if deadline is None or (type(entry) is _Run and entry.state != _RUNNING):  # type: ignore[union-attr]
+            if deadline is None or (type(entry) is _Run and entry.state != _RUNNING):
                 continue
             key = math.ceil(deadline * 1000.0)
             bucket = buckets.get(key)
@@ -669,7 +669,7 @@ class TriggerSupervisor:
             self._buckets[key] = rest
             heappush(self._heap, key)
         else:  # triggers added to this millisecond while the bucket was being fired
-            rest.extend((later,) if type(later) is str else later)  # type: ignore[arg-type]
+            rest.extend((later,) if type(later) is str else later)
             self._buckets[key] = rest
 
     def _due(self, key: int, tid: str) -> None:

@@ -86,7 +86,7 @@ class BaseTaskEndEvent(TriggerEvent):
         assert isinstance(other, BaseTaskEndEvent)
         return bool(self.xcoms == other.xcoms)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}<xcoms={self.xcoms!r}>"

@@ -8,8 +8,11 @@ never picked up, and whether the scheduler applied or dropped its event.
 from ._collect import ReplaySession, StuckReport, StuckScan, WaitingTask, subject_filter
 from ._errors import BadSubject, RedriveRefused, ReplayError, TopicsNotFound
 from ._fold import OwnerGuess, OwnershipLog, ReplayIndex, TaskHistory, TriggerHistory
+from ._html import ReportItem, render_html
 from ._live import GroupHints, GroupView, LiveView, MemberView, read_live_view
 from ._records import REDRIVE_HEADER, Position, RawRecord, ReplayRecord, decode_raw, describe
+from ._redrive import RedrivePlan, plan_redrive, publish_redrives
+from ._run import LocalRun, run_trigger
 from ._source import NullProgress, ProgressSink, ReadBounds, TopicReader
 from ._timeline import TimelineEntry, build_timeline
 from ._topics import TopicInfo, TopicRole, classify_topic
@@ -28,31 +31,28 @@ from ._verdict import (
 
 __all__ = [
     "REDRIVE_HEADER",
-    # Errors
     "BadSubject",
-    # Verdicts
     "Evidence",
-    # Live groups
     "GroupHints",
     "GroupView",
     "LiveView",
+    "LocalRun",
     "MemberView",
-    # Reading
     "NullProgress",
-    # Fold
     "OwnerGuess",
     "OwnershipLog",
     "Position",
     "ProgressSink",
     "RawRecord",
     "ReadBounds",
+    "RedrivePlan",
     "RedriveRefused",
     "ReplayContext",
     "ReplayError",
     "ReplayIndex",
     "ReplayRecord",
-    # Sessions
     "ReplaySession",
+    "ReportItem",
     "StuckReport",
     "StuckScan",
     "Subject",
@@ -74,7 +74,11 @@ __all__ = [
     "explain_task",
     "explain_trigger",
     "parse_subject",
+    "plan_redrive",
+    "publish_redrives",
     "read_live_view",
+    "render_html",
+    "run_trigger",
     "scheduler_decisions",
     "subject_filter",
 ]

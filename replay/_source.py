@@ -90,6 +90,14 @@ class TopicReader:
     """Streams raw records of deferline topics within bounds, in batches.
 
     The consumer has no group id and never commits, so production groups are untouched.
+
+    Args:
+        bounds: which part of each partition to read (default: all of it).
+        batch_records: records handed out per batch at most (default 10,000).
+        progress: where to report records read (default: nowhere).
+        stall_timeout: seconds without a record before giving up on the partitions left.
+        fetch_bytes: bytes one fetch response may carry (default 16 MiB; an eighth of it per
+            partition). The fetch buffers are most of a replay's memory.
     """
 
     def __init__(
@@ -100,6 +108,7 @@ class TopicReader:
         batch_records: int = 10_000,
         progress: ProgressSink | None = None,
         stall_timeout: float = 60.0,
+        fetch_bytes: int = 16 * 1024 * 1024,
         consumer_factory: ConsumerFactory | None = None,
     ) -> None:
         self.settings = settings
@@ -107,6 +116,7 @@ class TopicReader:
         self.batch_records = batch_records
         self.progress: ProgressSink = progress or NullProgress()
         self.stall_timeout = stall_timeout
+        self.fetch_bytes = fetch_bytes
         self._factory = consumer_factory
         self._consumer: AIOKafkaConsumer | None = None
         self._ranges: dict[tuple[str, int], tuple[int, int]] = {}
@@ -132,7 +142,9 @@ class TopicReader:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=50,
-            max_partition_fetch_bytes=4 * 1024 * 1024,
+            # The fetch buffers are most of a replay's memory: bound them.
+            fetch_max_bytes=self.fetch_bytes,
+            max_partition_fetch_bytes=max(self.fetch_bytes // 8, 256 * 1024),
             client_id=f"{self.settings.client_id}-replay",
         )
         try:

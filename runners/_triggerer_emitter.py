@@ -29,7 +29,7 @@ from aiokafka.errors import (
     RecordTooLargeError,
 )
 
-__all__ = ["Emission", "Emitter", "Send"]
+__all__ = ["Ack", "Emission", "Emitter", "Send"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,19 @@ class Producer(Protocol):
         key: bytes | None = None,
         partition: int | None = None,
     ) -> asyncio.Future[Any]: ...
+
+    def create_batch(self) -> Any: ...
+
+    async def send_batch(
+        self, batch: Any, topic: str, *, partition: int
+    ) -> asyncio.Future[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Where one record landed."""
+
+    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,20 +216,65 @@ class Emitter:
         if self._outstanding == 0:
             self._idle.set()
 
+    async def _send_one(self, send: Send) -> asyncio.Future[Any] | BaseException:
+        try:
+            return await self._producer.send(
+                send.topic, value=send.value, key=send.key, partition=send.partition
+            )
+        except Exception as exc:  # rejected before sending (e.g. record too large)
+            return exc
+
     async def _send_all(self, sends: list[Send]) -> list[Any]:
-        pending: list[asyncio.Future[Any] | BaseException] = []
-        for send in sends:
-            try:
-                pending.append(
-                    await self._producer.send(
-                        send.topic, value=send.value, key=send.key, partition=send.partition
-                    )
-                )
-            except Exception as exc:  # rejected before sending (e.g. record too large)
-                pending.append(exc)
-        futures = [item for item in pending if not isinstance(item, BaseException)]
-        acked = iter(await asyncio.gather(*futures, return_exceptions=True))
-        return [item if isinstance(item, BaseException) else next(acked) for item in pending]
+        """Send every record; one ack (or exception) per record, in order.
+
+        Records with a partition are packed into one producer batch per topic-partition
+        (one future per batch instead of one per record); the others go one by one.
+        """
+        results: list[Any] = [None] * len(sends)
+        singles: list[tuple[int, asyncio.Future[Any] | BaseException]] = []
+        batches: list[tuple[list[int], asyncio.Future[Any] | BaseException]] = []
+        groups: dict[tuple[str, int], list[int]] = {}
+        for index, send in enumerate(sends):
+            if send.partition is None:
+                singles.append((index, await self._send_one(send)))
+            else:
+                groups.setdefault((send.topic, send.partition), []).append(index)
+        for (topic, partition), indexes in groups.items():
+            members: list[int] = []
+            batch = self._producer.create_batch()
+            for index in indexes:
+                send = sends[index]
+                if batch.append(timestamp=None, key=send.key, value=send.value) is None:
+                    if members:
+                        batches.append((members, await self._submit(batch, topic, partition)))
+                        batch, members = self._producer.create_batch(), []
+                    if batch.append(timestamp=None, key=send.key, value=send.value) is None:
+                        singles.append((index, await self._send_one(send)))  # too large
+                        continue
+                members.append(index)
+            if members:
+                batches.append((members, await self._submit(batch, topic, partition)))
+        waits = [f for _, f in singles if not isinstance(f, BaseException)]
+        waits += [f for _, f in batches if not isinstance(f, BaseException)]
+        await asyncio.gather(*waits, return_exceptions=True)
+        for index, item in singles:
+            results[index] = item if isinstance(item, BaseException) else _outcome(item)
+        for members, item in batches:
+            outcome = item if isinstance(item, BaseException) else _outcome(item)
+            for position, index in enumerate(members):
+                if isinstance(outcome, BaseException):
+                    results[index] = outcome
+                else:
+                    results[index] = Ack(int(outcome.offset) + position)
+        return results
+
+    async def _submit(
+        self, batch: Any, topic: str, partition: int
+    ) -> asyncio.Future[Any] | BaseException:
+        try:
+            return await self._producer.send_batch(batch, topic, partition=partition)
+        except Exception as exc:
+            return exc
 
     async def _stage_one(self) -> None:
         while True:
@@ -300,3 +358,9 @@ class Emitter:
             extra={"error": repr(error), "attempts": emission.attempts},
         )
         return True
+
+
+def _outcome(future: asyncio.Future[Any]) -> Any:
+    """A finished future's result, or its exception."""
+    error = future.exception()
+    return error if error is not None else future.result()

@@ -175,6 +175,24 @@ class _EventInfo:
         return peek_identity(self.value)[2] if self.value is not None else self.seq
 
 
+@dataclass(slots=True, eq=False)
+class _QueuedEvent:
+    """One event in the emitter; its ack and failure callbacks (one small object each)."""
+
+    lane: TriggerLane
+    part: OwnedPartition | None
+    key: bytes
+    number: int
+    tombstone: bool
+    info: _EventInfo
+
+    def acked(self, metadata: Sequence[Any]) -> None:
+        self.lane._event_acked(self, int(metadata[0].offset))
+
+    def failed(self, error: BaseException) -> None:
+        self.lane._event_failed(self, error)
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     """Rebalance callbacks of one lane, as aiokafka's listener object."""
 
@@ -234,7 +252,7 @@ class TriggerLane:
         self._reader: AIOKafkaConsumer | None = None
         self._bootstrap: asyncio.Task[None] | None = None
         self._paused = False
-        self._last_checkpoint = time.monotonic()
+        self._event_counters: dict[str, Any] = {}
         self.bootstrapped = asyncio.Event()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -270,28 +288,45 @@ class TriggerLane:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and apply the live tail until ``stop`` is set."""
+        """Fetch and apply the live tail until ``stop`` is set (checkpoints run beside it)."""
         consumer = self._consumer
         assert consumer is not None, "start() first"
+        ticker = asyncio.create_task(self._checkpoint_loop(stop), name="checkpoints")
+        try:
+            while not stop.is_set():
+                self._apply_backpressure()
+                try:
+                    batches = await consumer.getmany(
+                        timeout_ms=200, max_records=self.options.max_poll_records
+                    )
+                except KafkaError as exc:
+                    if not getattr(exc, "retriable", False):
+                        raise TriggererError(
+                            f"consumer failed on {self.defer_topic}: {exc}"
+                        ) from exc
+                    logger.warning("fetch failed; retrying", extra=self._log(error=repr(exc)))
+                    await asyncio.sleep(0.5)
+                    continue
+                for tp, records in batches.items():
+                    part = self._parts.get(tp.partition)
+                    if part is not None and part.live:
+                        self._apply_live(part, records)
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+
+    async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
+        """Checkpoint and commit every ``checkpoint_interval`` s, off the fetch path."""
         while not stop.is_set():
-            self._apply_backpressure()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.options.checkpoint_interval)
+            if stop.is_set():
+                return
             try:
-                batches = await consumer.getmany(
-                    timeout_ms=200, max_records=self.options.max_poll_records
-                )
-            except KafkaError as exc:
-                if not getattr(exc, "retriable", False):
-                    raise TriggererError(f"consumer failed on {self.defer_topic}: {exc}") from exc
-                logger.warning("fetch failed; retrying", extra=self._log(error=repr(exc)))
-                await asyncio.sleep(0.5)
-                continue
-            for tp, records in batches.items():
-                part = self._parts.get(tp.partition)
-                if part is not None and part.live:
-                    self._apply_live(part, records)
-            if time.monotonic() - self._last_checkpoint >= self.options.checkpoint_interval:
-                self._last_checkpoint = time.monotonic()
                 await self.checkpoint_all(commit=True)
+            except Exception:
+                logger.exception("periodic checkpoint failed", extra=self._log())
 
     async def release_all(self) -> None:
         """Give up every owned partition cleanly (shutdown): cancel, flush, checkpoint, commit."""
@@ -929,58 +964,70 @@ class TriggerLane:
     ) -> None:
         number = part.number if part is not None else partition
         assert number is not None
-
-        def acked(metadata: Sequence[Any]) -> None:
-            current = self._parts.get(number)
-            if current is not None and current is part:
-                current.table.note_event_offset(key, int(metadata[0].offset))
-            self._metrics.events.labels(queue=self.label, status=info.status).inc()
-            if info.direct:
-                self._metrics.direct_resumes.labels(queue=self.label).inc()
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    "trigger event produced",
-                    extra=self._log(
-                        number,
-                        trigger_id=info.trigger_id,
-                        task=str(info.task()),
-                        status=info.status,
-                        event_id=info.event_id,
-                    ),
-                )
-
-        def failed(error: BaseException) -> None:
-            # The event itself cannot be produced (too large, say): tell the task why instead.
-            if info.status == "failed" and info.event_id == _unproducible_id(info.trigger_id):
-                return
-            task = info.task()
-            if task is None:
-                logger.error(
-                    "event not producible and its task unknown",
-                    extra=self._log(number, trigger_id=info.trigger_id, error=repr(error)),
-                )
-                return
-            replacement = TriggerEventRecord(
-                event_id=_unproducible_id(info.trigger_id),
-                trigger_id=info.trigger_id,
-                task=task,
-                defer_seq=info.defer_seq(),
-                status="failed",
-                payload=_UNPRODUCIBLE,
-                error=f"the trigger's event could not be produced: {error!r}",
-                member=self.member,
-                partition=number,
-                queue=self.queue,
-            )
-            self._submit_record(part, key, replacement, partition=number, tombstone=tombstone)
-
+        queued = _QueuedEvent(self, part, key, number, tombstone, info)
         self._emitter.submit(
             Emission(
                 sends=(Send(self.resume_topic, key, encoded, number), *extra),
                 tombstone=Send(self.defer_topic, key, None, number) if tombstone else None,
-                on_acked=acked,
-                on_failed=failed,
+                on_acked=queued.acked,
+                on_failed=queued.failed,
             )
+        )
+
+    def _event_acked(self, queued: _QueuedEvent, offset: int) -> None:
+        info = queued.info
+        current = self._parts.get(queued.number)
+        if current is not None and current is queued.part:
+            current.table.note_event_offset(queued.key, offset)
+        counter = self._event_counters.get(info.status)
+        if counter is None:
+            counter = self._metrics.events.labels(queue=self.label, status=info.status)
+            self._event_counters[info.status] = counter
+        counter.inc()
+        if info.direct:
+            self._metrics.direct_resumes.labels(queue=self.label).inc()
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "trigger event produced",
+                extra=self._log(
+                    queued.number,
+                    trigger_id=info.trigger_id,
+                    task=str(info.task()),
+                    status=info.status,
+                    event_id=info.event_id,
+                ),
+            )
+
+    def _event_failed(self, queued: _QueuedEvent, error: BaseException) -> None:
+        """The event itself cannot be produced (too large, say): tell the task why instead."""
+        info = queued.info
+        if info.status == "failed" and info.event_id == _unproducible_id(info.trigger_id):
+            return
+        task = info.task()
+        if task is None:
+            logger.error(
+                "event not producible and its task unknown",
+                extra=self._log(queued.number, trigger_id=info.trigger_id, error=repr(error)),
+            )
+            return
+        replacement = TriggerEventRecord(
+            event_id=_unproducible_id(info.trigger_id),
+            trigger_id=info.trigger_id,
+            task=task,
+            defer_seq=info.defer_seq(),
+            status="failed",
+            payload=_UNPRODUCIBLE,
+            error=f"the trigger's event could not be produced: {error!r}",
+            member=self.member,
+            partition=queued.number,
+            queue=self.queue,
+        )
+        self._submit_record(
+            queued.part,
+            queued.key,
+            replacement,
+            partition=queued.number,
+            tombstone=queued.tombstone,
         )
 
     # -- checkpoints, commits, backpressure ------------------------------------------------

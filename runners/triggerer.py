@@ -90,7 +90,8 @@ class TriggererOptions:
         direct_resume: also produce ``RunTask(mode="resume")`` for fired triggers whose
             DeferRequest carries ``resume`` (the event is marked ``resumed_directly``).
         max_pending: pause fetching while pending triggers plus unsent events exceed this;
-            resume below half of it. Default: the capacity.
+            resume below half of it. Default: ten times the capacity (a memory guard
+            against floods: while paused, cancels and new deferrals wait in Kafka too).
         session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
             member's partitions move after the session timeout.
         fetch_max_wait_ms: broker-side fetch wait (Tansu holds a fetch this long).
@@ -250,7 +251,7 @@ class Triggerer:
                 cancel=self._cancels.put_nowait,
                 on_fatal=self._on_fatal,
             )
-            lane.set_max_pending(options.max_pending or options.capacity)
+            lane.set_max_pending(options.max_pending or 10 * options.capacity)
             self._lanes.append(lane)
             await lane.start()
         supervisor, emitter = self._supervisor, self._emitter
@@ -436,7 +437,7 @@ def _split(value: str | None) -> tuple[str, ...]:
     "--max-pending",
     type=click.IntRange(min=1),
     default=None,
-    help="Pause fetching above this many waiting triggers + unsent events [capacity].",
+    help="Pause fetching above this many waiting triggers + unsent events [10 x capacity].",
 )
 @click.option(
     "--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True

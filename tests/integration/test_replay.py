@@ -98,11 +98,11 @@ async def group_member(
         await consumer.stop()
 
 
-def deferred(h: History, name: str = "t1", **kwargs: Any):
+def deferred(h: History, name: str = "t1", *, when: float = 2, **kwargs: Any):
     task = task_key(name)
     h.submit(task, 0)
     h.start(task, 1)
-    return task, h.defer(task, 2, **kwargs)
+    return task, h.defer(task, when, **kwargs)
 
 
 def evidence(verdict: Verdict, kind: str):

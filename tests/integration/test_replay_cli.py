@@ -62,7 +62,7 @@ async def read_defer(
 def test_stuck_table_json_and_html(settings: Settings, tmp_path: Path):
     h = history(settings)
     never, _ = deferred(h, "never", publish=False)
-    boom, request = deferred(h, "boom")
+    boom, request = deferred(h, "boom", when=3)
     h.emit(request, 40, status="failed", error="RuntimeError: boom", traceback="tb", payload={})
     asyncio.run(publish(settings, h))
 
@@ -172,7 +172,7 @@ def test_redrive_dry_run_then_publish(settings: Settings):
 
 
 def test_run_fires_a_due_timer_locally(settings: Settings, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("PYTHONASYNCIODEBUG", raising=False)
+    monkeypatch.setenv("PYTHONASYNCIODEBUG", "")  # restored after the test (run sets it)
     asyncio_log = logging.getLogger("asyncio")
     monkeypatch.setattr(asyncio_log, "level", asyncio_log.level)
     h = history(settings)

@@ -157,8 +157,20 @@ def test_a_record_of_another_kind_is_bad_input() -> None:
 # -- emitter ----------------------------------------------------------------------------------
 
 
+class FakeBatch:
+    def __init__(self, room: int = 50) -> None:
+        self.records: list[tuple[bytes | None, bytes | None]] = []
+        self.room = room
+
+    def append(self, *, timestamp: float | None, key: bytes | None, value: bytes | None) -> Any:
+        if len(self.records) >= self.room or (value is not None and len(value) > 10_000):
+            return None
+        self.records.append((key, value))
+        return object()
+
+
 class FakeProducer:
-    """Records sends; acks them when told, or fails the first ``fail`` of a topic."""
+    """Records sends (single or batched); fails the first ``fail`` sends of a topic."""
 
     def __init__(self, fail: dict[str, list[BaseException]] | None = None) -> None:
         self.sent: list[Send] = []
@@ -177,9 +189,29 @@ class FakeProducer:
         if errors:
             future.set_exception(errors.pop(0))
             return future
+        if value is not None and len(value) > 10_000:
+            raise MessageSizeTooLargeError()
         self.sent.append(Send(topic, key, value, partition))
         offset = self.offsets.get(topic, 0)
         self.offsets[topic] = offset + 1
+        future.set_result(type("Meta", (), {"offset": offset})())
+        return future
+
+    def create_batch(self) -> FakeBatch:
+        return FakeBatch()
+
+    async def send_batch(
+        self, batch: FakeBatch, topic: str, *, partition: int
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        errors = self.fail.get(topic)
+        if errors:
+            future.set_exception(errors.pop(0))
+            return future
+        offset = self.offsets.get(topic, 0)
+        for key, value in batch.records:
+            self.sent.append(Send(topic, key, value, partition))
+        self.offsets[topic] = offset + len(batch.records)
         future.set_result(type("Meta", (), {"offset": offset})())
         return future
 
@@ -236,13 +268,29 @@ async def test_a_retriable_failure_is_retried_and_no_tombstone_goes_first() -> N
     assert [s.topic for s in producer.sent] == ["resume", "defer"]
 
 
+async def test_batched_records_get_their_own_offsets() -> None:
+    producer = FakeProducer()
+    offsets: list[int] = []
+    async with Emitter(producer) as emitter:
+        for i in range(120):  # three producer batches on one partition
+            emitter.submit(
+                Emission(
+                    sends=[Send("resume", str(i).encode(), b"e", 0)],
+                    on_acked=lambda meta: offsets.append(meta[0].offset),
+                )
+            )
+        assert await emitter.flush(5)
+    assert sorted(offsets) == list(range(120))
+    assert [s.key for s in producer.sent] == [str(i).encode() for i in range(120)]
+
+
 async def test_a_permanent_failure_is_handed_back_without_a_tombstone() -> None:
-    producer = FakeProducer(fail={"resume": [MessageSizeTooLargeError()] * 3})
+    producer = FakeProducer()
     failed: list[BaseException] = []
     async with Emitter(producer, retry_backoff=0.01, give_up_after=3) as emitter:
         emitter.submit(
             Emission(
-                sends=[Send("resume", b"k", b"huge")],
+                sends=[Send("resume", b"k", b"x" * 20_000, 1)],
                 tombstone=Send("defer", b"k", None),
                 on_failed=failed.append,
             )
