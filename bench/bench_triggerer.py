@@ -83,6 +83,9 @@ async def produce(producer: AIOKafkaProducer, topic: str, requests: Sequence[Def
         await asyncio.gather(*futures)
 
 
+_STARTED: list[Member] = []
+
+
 class Member:
     """A ``deferline triggerer`` subprocess with its metrics endpoint and resource use."""
 
@@ -116,6 +119,7 @@ class Member:
             stdout=subprocess.DEVNULL,
             stderr=self.log.open("wb"),
         )
+        _STARTED.append(self)
 
     async def metrics(self, session: aiohttp.ClientSession) -> dict[str, float]:
         try:
@@ -420,6 +424,16 @@ async def bench_failover(
     return results
 
 
+@contextlib.asynccontextmanager
+async def _members_stopped() -> AsyncIterator[None]:
+    """Whatever happens, no triggerer process outlives the benchmark."""
+    try:
+        yield
+    finally:
+        for member in _STARTED:
+            member.stop(signal.SIGKILL)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backend", choices=["tansu", "kafka"], default="tansu")
@@ -435,7 +449,7 @@ async def main() -> None:
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        async with cluster(args.backend) as bootstrap:
+        async with cluster(args.backend) as bootstrap, _members_stopped():
             if "throughput" in wanted:
                 results |= await bench_throughput(bootstrap, args.n, workdir)
             if "latency" in wanted:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -337,10 +336,20 @@ class TriggerLane:
         """Leave the group (peers take the partitions over at once) and close the reader."""
         consumer, self._consumer = self._consumer, None
         reader, self._reader = self._reader, None
-        if consumer is not None:
-            await consumer.stop()
-        if reader is not None:
-            await reader.stop()
+        for client in (consumer, reader):
+            if client is None:
+                continue
+            try:
+                await asyncio.wait_for(client.stop(), self.options.flush_timeout)
+            except TimeoutError:
+                logger.warning("consumer did not stop in time", extra=self._log())
+            except asyncio.CancelledError:
+                # aiokafka's fetcher lets the cancellation of its own retry task escape
+                # stop() when the broker is unreachable; only our own cancellation matters.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                logger.warning("consumer stopped without reaching the broker", extra=self._log())
 
     # -- rebalance ----------------------------------------------------------------------------
 
@@ -608,8 +617,6 @@ class TriggerLane:
                 ),
             )
         self._bootstrap = None
-        # The rebuilt tables live as long as the assignment: keep the GC from rescanning them.
-        gc.freeze()
         self.bootstrapped.set()
 
     async def _resume_start(
@@ -1065,8 +1072,9 @@ class TriggerLane:
         if consumer is None or not offsets:
             return
         try:
-            await consumer.commit(offsets)
-        except (KafkaError, AssertionError) as exc:
+            # aiokafka waits for a coordinator indefinitely; a commit is only informational.
+            await asyncio.wait_for(consumer.commit(offsets), self.options.flush_timeout)
+        except (KafkaError, AssertionError, TimeoutError) as exc:
             logger.warning("offset commit failed", extra=self._log(error=repr(exc)))
 
     def _apply_backpressure(self) -> None:

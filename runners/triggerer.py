@@ -312,7 +312,10 @@ class Triggerer:
         if self._emitter is not None:
             await self._emitter.stop(self.options.flush_timeout)
         if self._producer is not None:
-            await self._producer.stop()
+            try:  # stop() flushes; bounded, since the broker may be gone
+                await asyncio.wait_for(self._producer.stop(), self.options.flush_timeout)
+            except TimeoutError:
+                logger.warning("producer did not stop in time", extra={"member": self.member})
         if self._store is not None:
             self._store.close()
         if self._server is not None:
