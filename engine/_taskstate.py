@@ -524,7 +524,10 @@ class TaskTable:
             return
         if event.status == "fired" and event.task_outcome is not None:
             state = TaskStateRecord(
-                state=event.task_outcome, reason=f"ended by trigger: {event.task_outcome}", **base
+                state=event.task_outcome,
+                reason=f"ended by trigger: {event.task_outcome}",
+                xcoms=event.xcoms,
+                **base,
             )
             self.counters.ended_by_trigger += 1
             self._own(key, view, state)

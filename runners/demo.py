@@ -821,7 +821,10 @@ async def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
                     console.print(
                         f"{elapsed:5.1f}s  finished {finished}/{total}  "
                         + "  ".join(f"{s}={counts[s]}" for s in _STATE_ORDER if counts.get(s))
-                        + (f"  [{note}]" if note else "")
+                        + (f"  [{note}]" if note else ""),
+                        soft_wrap=True,
+                        highlight=False,
+                        markup=False,
                     )
                 if finished >= total:
                     break

@@ -299,9 +299,12 @@ class TaskRunner:
                 )
                 return
         if isinstance(result, Succeeded):
-            record = TaskStateRecord(task=run.task, state="success", source="worker", resume=target)
+            record = _success_record(run, target, result.value)
             self.metrics.succeeded += 1
-            logger.info("task succeeded", extra=extra)
+            if record.reason is not None:
+                logger.warning("task succeeded; %s", record.reason, extra=extra)
+            else:
+                logger.info("task succeeded", extra=extra)
         elif isinstance(result, Skipped):
             record = TaskStateRecord(
                 task=run.task, state="skipped", reason=result.reason, source="worker", resume=target
@@ -350,6 +353,34 @@ class TaskRunner:
 
     async def _publish_state(self, record: TaskStateRecord) -> Awaitable[Any]:
         return await self._sink.send(self._names.tasks, record.task.ti_key.encode(), encode(record))
+
+
+def _success_record(run: RunTask, target: ResumeTarget, value: Any) -> TaskStateRecord:
+    """The success state, carrying the return value as the ``return_value`` xcom when it encodes.
+
+    A value the tagged codec cannot encode does not fail the task: the record carries no
+    xcoms and its ``reason`` says why the value was not stored.
+    """
+    if value is None:
+        return TaskStateRecord(task=run.task, state="success", source="worker", resume=target)
+    record = TaskStateRecord(
+        task=run.task,
+        state="success",
+        source="worker",
+        resume=target,
+        xcoms={"return_value": value},
+    )
+    try:
+        encode(record)
+    except (SchemaError, ValueError, TypeError) as exc:
+        return TaskStateRecord(
+            task=run.task,
+            state="success",
+            source="worker",
+            resume=target,
+            reason=f"return value not stored: {exc}",
+        )
+    return record
 
 
 async def _ensure(

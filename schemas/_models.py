@@ -308,6 +308,12 @@ class TaskStateRecord(_Record):
     resume: ResumeTarget | None = None
     timeout_at: AwareDatetime | None = None
     queue: QueueName | None = None
+    xcoms: TaggedDict | None = Field(
+        default=None,
+        description=(
+            'Values the task produced (Airflow XComs): {"return_value": ...} plus any pushed keys.'
+        ),
+    )
 
 
 class RunTask(_Record):

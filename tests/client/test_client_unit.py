@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from deferline.client import Client, ClientError, parse_ti_key
+from deferline.runners._task_cmds import _as_json
+from deferline.schemas import TaskKey, TaskStateRecord
 from deferline.topics import Settings
 
 
@@ -38,3 +42,14 @@ async def test_writing_before_start_is_a_clear_error() -> None:
             start_from_trigger=False,
         )
     await client.stop()  # idempotent without a start
+
+
+def test_tasks_json_shows_xcoms() -> None:
+    task = TaskKey(dag_id="d", task_id="t", run_id="r")
+    moment = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    record = TaskStateRecord(task=task, state="success", xcoms={"return_value": {"at": moment}})
+    data = _as_json(record)
+    assert data["xcoms"] == {
+        "return_value": {"at": {"__type": "datetime", "__var": moment.isoformat()}}
+    }
+    assert data["ti_key"] == task.ti_key

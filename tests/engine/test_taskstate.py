@@ -21,6 +21,7 @@ from deferline.schemas import (
     TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
+    decode,
     encode,
     make_event_id,
     make_trigger_id,
@@ -284,6 +285,19 @@ def test_task_outcome_ends_the_task_without_a_worker() -> None:
         assert state.event == {"done": 1}
         assert table.counters.ended_by_trigger == 1
         assert table.pool_usage()["default_pool"] == (0, 128), "the slot is released"
+
+
+def test_task_outcome_carries_the_event_xcoms_onto_the_terminal_state() -> None:
+    for outcome in ("success", "failed", "skipped"):
+        table = TaskTable()
+        task = key()
+        deferred_task(table, task)
+        xcoms = {"return_value": {"rows": 3, "at": at(2)}, "extra": [1, 2]}
+        table.apply(event(task, task_outcome=outcome, xcoms=xcoms))
+        [state] = states(table.drain())
+        assert state.state == outcome
+        assert state.xcoms == xcoms
+        assert decode(encode(state)) == state, "the xcoms survive the wire"
 
 
 def test_clear_while_deferred_cancels_the_trigger() -> None:

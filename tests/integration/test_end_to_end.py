@@ -83,7 +83,9 @@ async def test_task_lifecycles(settings: Settings) -> None:
     """Defer once, several times, time out, fail in the trigger, end from it, be cleared,
     and fail once then succeed on its retry."""
     async with deployment(settings) as d:
-        once = await d.submit("once", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 0.2})
+        once = await d.submit(
+            "once", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 0.2, "result": {"n": 7}}
+        )
         multi = await d.submit(
             "multi", f"{EXAMPLES}.MultiWaitOperator", op_kwargs={"waits": [0.1, 0.1, 0.1]}
         )
@@ -102,7 +104,9 @@ async def test_task_lifecycles(settings: Settings) -> None:
         )
 
         flow = d.flow
-        assert (await flow.wait_state(once, "success")).source == "worker"
+        succeeded = await flow.wait_state(once, "success")
+        assert succeeded.source == "worker"
+        assert succeeded.xcoms == {"return_value": {"n": 7}}, "the return value reached tasks"
         assert len(flow.runs_of(once, "resume")) == 1
 
         await flow.wait_state(multi, "success")

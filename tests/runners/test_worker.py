@@ -78,6 +78,17 @@ class UnencodableDefer(BaseOperator):
         )
 
 
+class Returns(BaseOperator):
+    """Returns ``value`` from execute, or an unencodable lock when ``value`` is "lock"."""
+
+    def __init__(self, *, value: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.value = value
+
+    def execute(self, context: Context) -> Any:
+        return threading.Lock() if self.value == "lock" else self.value
+
+
 class AlwaysFails(BaseOperator):
     def execute(self, context: Context) -> Any:
         raise RuntimeError(f"boom on try {context['try_number']}")
@@ -230,6 +241,8 @@ async def test_resume_calls_next_method_with_event_and_redefers_with_next_seq(
     assert CALLS[-1]["event"] == "second"
     assert runner.metrics.resumed == 2
     assert runner.metrics.succeeded == 1
+    final = sink.records(NAMES.tasks)[-1]
+    assert final.xcoms == {"return_value": {"n": 2, "event": "second"}}, "resume return stored"
 
 
 async def test_duplicate_runtasks_are_ignored(executor: Any) -> None:
@@ -337,6 +350,35 @@ async def test_a_deferral_that_cannot_be_encoded_fails_the_task_only(executor: A
     assert sink.records(NAMES.defer()) == []
     other = TASK.model_copy(update={"task_id": "next"})
     assert await runner.handle(start("DeferTwiceOperator", task=other)) is True
+
+
+async def test_execute_return_value_is_stored_as_the_return_value_xcom(executor: Any) -> None:
+    runner, sink, _ = make_runner(executor)
+    value = {"rows": 3, "when": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "ids": (1, 2)}
+    await runner.handle(start("Returns", value=value))
+    final = sink.records(NAMES.tasks)[-1]
+    assert final.state == "success"
+    assert final.xcoms == {"return_value": value}
+    assert final.reason is None
+
+
+async def test_none_return_value_stores_no_xcoms(executor: Any) -> None:
+    runner, sink, _ = make_runner(executor)
+    await runner.handle(start("Returns"))
+    final = sink.records(NAMES.tasks)[-1]
+    assert final.state == "success"
+    assert final.xcoms is None
+
+
+async def test_unencodable_return_value_still_succeeds_and_says_why(executor: Any) -> None:
+    runner, sink, _ = make_runner(executor)
+    await runner.handle(start("Returns", value="lock"))
+    assert sink.states() == ["running", "success"]
+    final = sink.records(NAMES.tasks)[-1]
+    assert final.xcoms is None
+    assert (final.reason or "").startswith("return value not stored: ")
+    assert "lock" in (final.reason or "")
+    assert runner.metrics.succeeded == 1
 
 
 async def test_kwargs_are_sealed_when_keys_are_configured(executor: Any) -> None:
