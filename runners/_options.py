@@ -111,3 +111,23 @@ def layout_options(func: F) -> F:
     for option in reversed(_LAYOUT):
         func = option(func)
     return func
+
+
+def logging_options(func: F) -> F:
+    """Add ``--log-level`` and ``--log-format`` and configure logging before the command runs."""
+    from ._logging import configure_logging
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, log_level: str, log_format: str, **kwargs: Any) -> Any:
+        configure_logging(log_level, "json" if log_format == "json" else "text")
+        return func(*args, **kwargs)
+
+    command = click.option(
+        "--log-format", default="text", show_default=True, type=click.Choice(["text", "json"])
+    )(cast(F, wrapper))
+    return click.option(
+        "--log-level",
+        default="INFO",
+        show_default=True,
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    )(command)

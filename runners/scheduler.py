@@ -59,8 +59,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ._metrics import MetricsServer
-from ._options import connection_options, layout_options
-from ._triggerer_log import configure_logging
+from ._options import connection_options, layout_options, logging_options
 
 __all__ = ["Scheduler", "SchedulerError", "scheduler_command"]
 
@@ -661,15 +660,7 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     show_default=True,
     help="Seconds between checks for events whose deferral never appears.",
 )
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
-@click.option(
-    "--log-format", default="text", show_default=True, type=click.Choice(["text", "json"])
-)
+@logging_options
 def scheduler_command(
     settings: Settings,
     pools: tuple[str, ...],
@@ -679,11 +670,8 @@ def scheduler_command(
     metrics_port: int | None,
     metrics_host: str,
     orphan_check_interval: float,
-    log_level: str,
-    log_format: str,
 ) -> None:
     """Run the scheduler: fold trigger events into task state and resume tasks."""
-    configure_logging(log_level, "json" if log_format == "json" else "text")
     if default_pool_slots == "unlimited":
         default: int | None = None
     elif default_pool_slots.isdigit():

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
 from ._metrics import MetricsServer
+from ._options import connection_options, logging_options
 from ._triggerer_emitter import Emitter
 from ._triggerer_lane import (
     BootstrapError,
@@ -44,7 +45,6 @@ from ._triggerer_lane import (
     TriggerLane,
     TriggerRef,
 )
-from ._triggerer_log import configure_logging
 from ._triggerer_metrics import TriggererMetrics
 
 __all__ = [
@@ -458,20 +458,10 @@ def _split(value: str | None) -> tuple[str, ...]:
 )
 @click.option("--cleanup-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
 @click.option("--create-topics/--no-create-topics", default=True, show_default=True)
-@click.option(
-    "--bootstrap-servers", default=None, help="Kafka brokers [DEFERLINE_BOOTSTRAP_SERVERS]."
-)
-@click.option("--topic-prefix", default=None, help="Topic prefix [DEFERLINE_TOPIC_PREFIX].")
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
-@click.option(
-    "--log-format", default="text", show_default=True, type=click.Choice(["text", "json"])
-)
+@connection_options
+@logging_options
 def triggerer_command(
+    settings: Settings,
     capacity: int,
     queues: str | None,
     metrics_port: int | None,
@@ -487,20 +477,9 @@ def triggerer_command(
     checkpoint_interval: float,
     cleanup_timeout: float,
     create_topics: bool,
-    bootstrap_servers: str | None,
-    topic_prefix: str | None,
-    log_level: str,
-    log_format: str,
 ) -> None:
     """Run a triggerer: a consumer-group member that runs the triggers of its partitions."""
-    configure_logging(log_level, "json" if log_format == "json" else "text")
-    overrides: dict[str, Any] = {}
-    if bootstrap_servers:
-        overrides["bootstrap_servers"] = bootstrap_servers
-    if topic_prefix is not None:
-        overrides["topic_prefix"] = topic_prefix
     try:
-        settings = Settings(**overrides)
         options = TriggererOptions(
             capacity=capacity,
             queues=_normalise_queues(_split(queues)),

@@ -74,8 +74,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ._metrics import MetricsServer
-from ._options import connection_options
-from ._triggerer_log import configure_logging
+from ._options import connection_options, logging_options
 from ._worker_state import AttemptProgress, OffsetTracker, SlotPool, WorkerMetrics
 
 __all__ = ["RecordSink", "TaskRunner", "Worker", "WorkerError", "worker_command"]
@@ -986,15 +985,7 @@ class Worker:
 @click.option(
     "--heartbeat-interval-ms", type=click.IntRange(min=100), default=1_000, show_default=True
 )
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
-@click.option(
-    "--log-format", default="text", show_default=True, type=click.Choice(["text", "json"])
-)
+@logging_options
 @connection_options
 def worker_command(
     settings: Settings,
@@ -1005,15 +996,12 @@ def worker_command(
     metrics_host: str,
     session_timeout_ms: int,
     heartbeat_interval_ms: int,
-    log_level: str,
-    log_format: str,
 ) -> None:
     """Run a worker that executes operators and defers them.
 
     Operators must live under DEFERLINE_ALLOWED_OPERATOR_PREFIXES
     (default: deferline.engine.examples).
     """
-    configure_logging(log_level, "json" if log_format == "json" else "text")
     try:
         worker = Worker(
             settings,

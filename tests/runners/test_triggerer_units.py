@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from deferline.engine.triggers import DateTimeTrigger
+from deferline.runners._logging import JsonFormatter, TextFormatter
 from deferline.runners._metrics import MetricsServer
 from deferline.runners._triggerer_emitter import Emission, Emitter, Send
 from deferline.runners._triggerer_input import (
@@ -21,7 +22,6 @@ from deferline.runners._triggerer_input import (
     StartTrigger,
     interpret,
 )
-from deferline.runners._triggerer_log import JsonFormatter, TextFormatter
 from deferline.runners._triggerer_metrics import TriggererMetrics
 from deferline.runners.triggerer import TriggererOptions, _normalise_queues
 from deferline.schemas import (
