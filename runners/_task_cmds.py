@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import click
 import orjson
 from deferline.client import Client, TaskNotFound
-from deferline.schemas import DeferlineError, TaskStateRecord, encode, utcnow
+from deferline.schemas import DeferlineError, TaskState, TaskStateRecord, encode, utcnow
 from deferline.topics import Settings
 from rich.console import Console
 from rich.table import Table
@@ -21,17 +21,7 @@ __all__ = ["clear", "submit", "tasks"]
 
 T = TypeVar("T")
 
-_STATES = (
-    "scheduled",
-    "queued",
-    "running",
-    "deferred",
-    "success",
-    "failed",
-    "skipped",
-    "up_for_retry",
-    "removed",
-)
+_STATES: tuple[str, ...] = get_args(TaskState)
 _STYLE = {
     "success": "green",
     "failed": "red",
