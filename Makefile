@@ -9,7 +9,7 @@ PKG_DIRS := engine schemas topics runners replay client
 $(BIN)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	$(BIN)/pip install -q -e '.[dev,airflow]' --config-settings editable_mode=strict
 	touch $@
 
 # Re-link the editable install so new modules are importable and visible to mypy.

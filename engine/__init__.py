@@ -5,6 +5,7 @@ Pure asyncio logic; Kafka reaches it only through the runners. Built-in triggers
 """
 
 from ._errors import (
+    AirflowDatabaseUnavailable,
     SupervisorError,
     TriggerImportError,
     TriggerKwargsError,
@@ -28,6 +29,7 @@ from ._trigger import (
 from ._watchdog import BlockedLoop
 
 __all__ = [
+    "AirflowDatabaseUnavailable",
     "BaseTaskEndEvent",
     "BaseTrigger",
     "BlockedLoop",
@@ -69,6 +71,7 @@ from ._operator import (
     OperatorNotAllowed,
     OperatorResult,
     SensorTimeout,
+    SerializableTrigger,
     SerializedTrigger,
     Skipped,
     StartTriggerArgs,
@@ -124,6 +127,7 @@ __all__ += [
     "OperatorNotAllowed",
     "OperatorResult",
     "SensorTimeout",
+    "SerializableTrigger",
     "SerializedTrigger",
     "Skipped",
     "StartTriggerArgs",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from deferline.schemas import DeferlineError
 
 __all__ = [
+    "AirflowDatabaseUnavailable",
     "SupervisorError",
     "TriggerImportError",
     "TriggerKwargsError",
@@ -35,3 +36,7 @@ class TriggerKwargsError(TriggerLoadError):
 
 class SupervisorError(DeferlineError):
     """The trigger supervisor was used outside its lifecycle (not started, or stopped)."""
+
+
+class AirflowDatabaseUnavailable(DeferlineError):
+    """An Airflow trigger needed Airflow's metadata database, which deferline runs without."""

@@ -3,6 +3,10 @@
 Whoever can write to the defer topic must not get arbitrary imports: a classpath is
 imported only when it lies under an allowed module prefix, and only ``BaseTrigger``
 subclasses are instantiated. Kwargs arrive already decrypted (see ``KwargsCipher``).
+
+Subclasses of Apache Airflow's ``BaseTrigger`` (under ``airflow.…`` or any other allowed
+prefix) are accepted too when Airflow is installed: they run through the adapter of
+``_airflow.py``. Airflow itself is imported only by the allowed module that needs it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._airflow import (
+    airflow_trigger_class,
+    is_airflow_trigger_class,
+    prepare_airflow_import,
+)
 from ._errors import TriggerImportError, TriggerKwargsError, TriggerLoadError, TriggerNotAllowed
 from ._trigger import BaseTrigger
 
@@ -53,11 +62,16 @@ def resolve_trigger_class(classpath: str, *, allowed_prefixes: Sequence[str]) ->
             classpath=classpath,
         )
     module_name, _, class_name = classpath.rpartition(".")
+    prepare_airflow_import()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        hint = ""
+        if getattr(exc, "name", None) == "airflow":
+            hint = " (Airflow triggers need apache-airflow: pip install 'deferline[airflow]')"
         raise TriggerImportError(
-            f"cannot import module {module_name} of trigger {classpath}: {exc}", classpath=classpath
+            f"cannot import module {module_name} of trigger {classpath}: {exc}{hint}",
+            classpath=classpath,
         ) from exc
     except Exception as exc:  # the module itself raised while importing
         raise TriggerImportError(
@@ -71,9 +85,14 @@ def resolve_trigger_class(classpath: str, *, allowed_prefixes: Sequence[str]) ->
         raise TriggerImportError(
             f"module {module_name} has no attribute {class_name}", classpath=classpath
         ) from exc
-    if not isinstance(cls, type) or not issubclass(cls, BaseTrigger):
+    from_airflow = (
+        isinstance(cls, type) and not issubclass(cls, BaseTrigger) and is_airflow_trigger_class(cls)
+    )
+    if not from_airflow and (not isinstance(cls, type) or not issubclass(cls, BaseTrigger)):
         raise TriggerNotAllowed(
-            f"{classpath} is not a subclass of deferline.engine.BaseTrigger", classpath=classpath
+            f"{classpath} is not a subclass of deferline.engine.BaseTrigger "
+            "(nor of Airflow's airflow.triggers.base.BaseTrigger)",
+            classpath=classpath,
         )
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
@@ -81,7 +100,7 @@ def resolve_trigger_class(classpath: str, *, allowed_prefixes: Sequence[str]) ->
             f"trigger class {classpath} is abstract (does not implement {missing})",
             classpath=classpath,
         )
-    return cls
+    return airflow_trigger_class(cls) if from_airflow else cls
 
 
 def load_trigger(

@@ -16,7 +16,7 @@ import logging
 import time
 import traceback
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal, NoReturn, TypedDict
+from typing import Any, Literal, NoReturn, Protocol, TypedDict
 
 from deferline.schemas import (
     DeferlineError,
@@ -28,6 +28,7 @@ from deferline.schemas import (
     utcnow,
 )
 
+from ._airflow import prepare_airflow_import
 from ._loader import is_allowed
 from ._taskstate import FAIL_METHOD
 from ._trigger import BaseTrigger, TriggerEvent
@@ -112,6 +113,18 @@ class TaskSkipped(OperatorError):
 # --------------------------------------------------------------------------- deferral
 
 
+class SerializableTrigger(Protocol):
+    """What a worker needs of a trigger: Airflow's ``serialize()`` contract.
+
+    Satisfied by deferline's ``BaseTrigger`` and by Airflow's own trigger classes, so an
+    operator may defer on ``airflow.triggers.temporal.DateTimeTrigger(...)`` unchanged.
+    """
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return ``(classpath, kwargs)`` from which the trigger can be rebuilt."""
+        ...
+
+
 class TaskDeferred(BaseException):
     """Raised to suspend a task until ``trigger`` fires; ``self.defer`` raises it.
 
@@ -122,7 +135,7 @@ class TaskDeferred(BaseException):
     def __init__(
         self,
         *,
-        trigger: BaseTrigger,
+        trigger: BaseTrigger | SerializableTrigger,
         method_name: str | None,
         kwargs: Mapping[str, Any] | None = None,
         timeout: dt.timedelta | float | None = None,
@@ -139,7 +152,7 @@ class TaskDeferred(BaseException):
         if method_name is None and not end_from_trigger:
             raise ValueError("method_name is required unless the trigger ends the task")
         super().__init__(trigger, method_name, kwargs, timeout)
-        self.trigger = trigger
+        self.trigger: BaseTrigger | SerializableTrigger = trigger
         self.method_name = method_name
         self.kwargs: dict[str, Any] = dict(kwargs or {})
         self.timeout: dt.timedelta | None = timeout
@@ -290,12 +303,16 @@ class BaseOperator:
     def defer(
         self,
         *,
-        trigger: BaseTrigger,
+        trigger: BaseTrigger | SerializableTrigger,
         method_name: str | None,
         kwargs: Mapping[str, Any] | None = None,
         timeout: dt.timedelta | float | None = None,
     ) -> NoReturn:
         """Suspend the task until ``trigger`` fires, then resume in ``method_name``.
+
+        ``trigger`` is a deferline trigger or any object with Airflow's ``serialize()``
+        contract, such as ``airflow.triggers.temporal.DateTimeTrigger(...)`` itself: only its
+        ``(classpath, kwargs)`` travel in the DeferRequest, and the triggerer rebuilds it.
 
         ``kwargs`` are passed to that method along with ``context`` and ``event``;
         ``timeout`` fails the task if the trigger has not fired by then.
@@ -597,6 +614,7 @@ def import_operator(classpath: str, *, allowed_prefixes: Sequence[str]) -> type[
             f"operator {classpath!r} is outside the allowed prefixes {list(allowed_prefixes)}",
             classpath=classpath,
         )
+    prepare_airflow_import()  # an operator module may defer on Airflow's triggers
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:

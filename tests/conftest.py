@@ -19,6 +19,7 @@ tests run only on the Apache Kafka backends.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import signal
 import socket
@@ -185,7 +186,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
+def airflow_missing() -> str | None:
+    """Why the ``airflow`` extra's tests cannot run here, or None when it is installed."""
+    for distribution in ("apache-airflow", "apache-airflow-providers-http"):
+        try:  # read the installed metadata: importing Airflow here would initialise it
+            importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return f"{distribution} is not installed (pip install -e '.[airflow]')"
+    return None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("airflow") and (reason := airflow_missing()):
+        message = f"airflow extra missing: {reason}"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
     uses_broker = "broker_backend" in getattr(item, "fixturenames", ())
     if uses_broker and not item.get_closest_marker("integration"):
         pytest.fail(f"{item.nodeid} uses a broker: mark it @pytest.mark.integration", pytrace=False)
