@@ -25,6 +25,7 @@ from deferline.engine import (
     SerializedTrigger,
     TaskDeferred,
     deferral_records,
+    prepare_airflow_import,
     start_deferral,
 )
 from deferline.schemas import (
@@ -447,6 +448,7 @@ class Client:
 def _import_quietly(classpath: str) -> type[BaseOperator] | None:
     """The operator class if it is importable here, else None (the worker may still have it)."""
     module_name, _, name = classpath.rpartition(".")
+    prepare_airflow_import()  # the module may defer on Airflow's triggers
     try:
         module = importlib.import_module(module_name)
     except Exception:

@@ -1,0 +1,175 @@
+"""Airflow's own trigger classes, unmodified, end to end on a real broker.
+
+A worker (in this process) runs deferline operators that ``self.defer(trigger=...)`` on
+Airflow's ``DateTimeTrigger``, ``TimeDeltaTrigger``, ``FileTrigger``, the HTTP provider's
+``HttpSensorTrigger`` and ``HttpTrigger`` (against a local aiohttp server, connection from an
+``AIRFLOW_CONN_*`` variable) and ``WorkflowTrigger`` (needs Airflow's database); a
+``deferline triggerer`` process runs the triggers; the scheduler folds the events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from deferline.client import Client
+from deferline.runners.scheduler import Scheduler
+from deferline.runners.worker import Worker
+from deferline.schemas import TaskKey, TaskStateRecord, TriggerEventRecord, make_trigger_id
+from deferline.topics import Settings
+
+from ._taskflow import TaskFlow
+from ._triggerer_help import TriggererProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.timeout(180)]
+
+# Imported by the worker only: importing it here would import Airflow during collection.
+OPS = "tests.integration._airflow_ops"
+HTTP_CONN_ID = "deferline_test_api"  # _airflow_ops.HTTP_CONN_ID
+AIRFLOW_TRIGGERS = "airflow.triggers,airflow.providers.http.triggers"
+
+
+@contextlib.asynccontextmanager
+async def http_api() -> AsyncIterator[tuple[str, dict[str, bool]]]:
+    """``/ready`` answers 404 until ``state["ready"]``; ``/data`` answers JSON."""
+    state = {"ready": False}
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ok") if state["ready"] else web.Response(status=404)
+
+    async def data(request: web.Request) -> web.Response:
+        return web.json_response({"rows": 3})
+
+    app = web.Application()
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/data", data)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", state
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.contextmanager
+def triggerer_process(settings: Settings, workdir: Path, api: str) -> Iterator[TriggererProcess]:
+    """A ``deferline triggerer`` allowed Airflow's triggers, with the API's connection."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DEFERLINE_ALLOWED_TRIGGER_PREFIXES", AIRFLOW_TRIGGERS)
+        env.setenv(f"AIRFLOW_CONN_{HTTP_CONN_ID.upper()}", api)
+        env.setenv("HOME", str(workdir / "home"))  # so a write under HOME would show
+        env.delenv("AIRFLOW_HOME", raising=False)
+        (workdir / "home").mkdir()
+        process = TriggererProcess(settings, "airflow-t1", workdir)
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+def payloads(flow: TaskFlow, task: TaskKey) -> list[tuple[str, Any]]:
+    trigger_id = make_trigger_id(task, 0)
+    return [(e.status, e.payload) for e in flow.events if e.trigger_id == trigger_id]
+
+
+def xcom(record: TaskStateRecord) -> Any:
+    assert record.xcoms is not None, record
+    return record.xcoms["return_value"]
+
+
+async def test_airflow_triggers_run_unchanged_end_to_end(
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings = settings.model_copy(
+        update={
+            "allowed_trigger_prefixes": AIRFLOW_TRIGGERS.split(","),
+            "allowed_operator_prefixes": [OPS],
+        }
+    )
+    watched = tmp_path / "drop" / "ready.csv"
+    watched.parent.mkdir()
+    async with (
+        http_api() as (api, api_state),
+        TaskFlow(settings) as flow,
+        Scheduler(settings, orphan_check_interval=0.5, commit_interval=0.2) as scheduler,
+        Worker(settings, slots=8, poll_interval=0.02, graceful_timeout=5.0),
+        Client(settings) as client,
+    ):
+        await scheduler.wait_ready()
+        with triggerer_process(settings, tmp_path, api) as triggerer:
+
+            async def submit(name: str, operator: str, **op_kwargs: Any) -> TaskKey:
+                return await client.submit(
+                    f"{OPS}.{operator}",
+                    dag_id="airflow",
+                    task_id=name,
+                    run_id="run1",
+                    op_kwargs=op_kwargs,
+                )
+
+            until = await submit("until", "WaitUntil", seconds=0.5)
+            delta = await submit("delta", "WaitFor", seconds=0.5)
+            ended = await submit("ended", "EndsFromTrigger")
+            file = await submit("file", "WaitForFile", path=str(watched))
+            sensor = await submit("sensor", "WaitForEndpoint")
+            call = await submit("call", "CallEndpoint")
+            other_dag = await submit("other_dag", "WaitForOtherDag")
+
+            # DateTimeTrigger: the event is the moment (Airflow: ``TriggerEvent(self.moment)``).
+            done = await flow.wait_state(until, "success", within=60)
+            assert xcom(done)["event"] == xcom(done)["moment"]
+            assert payloads(flow, until) == [("fired", xcom(done)["moment"])]
+
+            # TimeDeltaTrigger is a DateTimeTrigger due at now + delta.
+            done = await flow.wait_state(delta, "success", within=60)
+            event = xcom(done)["event"]
+            assert isinstance(event, dt.datetime)
+            assert payloads(flow, delta) == [("fired", event)]
+
+            # end_from_trigger: Airflow's TaskSuccessEvent ends the task without a worker.
+            done = await flow.wait_state(ended, "success", within=60)
+            assert done.source == "scheduler"
+            assert flow.runs_of(ended, "resume") == []
+
+            # FileTrigger and HttpSensorTrigger wait, then fire with ``True``.
+            await flow.wait_state(file, "deferred")
+            await flow.wait_state(sensor, "deferred")
+            assert flow.latest(file).state == "deferred"  # type: ignore[union-attr]
+            watched.write_text("a,b\n")
+            api_state["ready"] = True
+            for task in (file, sensor):
+                done = await flow.wait_state(task, "success", within=60)
+                assert xcom(done) == {"event": True}
+                assert payloads(flow, task) == [("fired", True)]
+
+            # HttpTrigger: the connection came from AIRFLOW_CONN_*; the payload is Airflow's.
+            done = await flow.wait_state(call, "success", within=60)
+            assert xcom(done) == {"status": "success", "code": 200, "json": {"rows": 3}}
+            [(status, payload)] = payloads(flow, call)
+            assert status == "fired"
+            assert sorted(payload) == ["response", "status"]
+
+            # WorkflowTrigger needs Airflow's database: a clear failure, the task fails.
+            failed = await flow.wait_state(other_dag, "failed", within=60)
+            assert failed.reason is not None
+            assert "metadata database" in failed.reason, failed.reason
+            [failure] = [e for e in flow.events if e.trigger_id == make_trigger_id(other_dag, 0)]
+            assert isinstance(failure, TriggerEventRecord)
+            assert failure.status == "failed"
+            assert failure.error is not None
+            assert failure.error.startswith("AirflowDatabaseUnavailable: "), failure.error
+            assert "WorkflowTrigger" in failure.error
+
+            assert scheduler.table.counters.events_duplicate == 0
+            assert triggerer.proc.poll() is None, "the triggerer process kept running"
+            # The Airflow trigger's own ``self.log`` lands in the triggerer's (JSON) log.
+            started = triggerer.find("trigger starting")
+            assert started, "DateTimeTrigger's log line reached the triggerer's log"
+            assert started[0].get("logger") == "airflow.triggers.temporal.DateTimeTrigger", started
+            assert list((tmp_path / "home").rglob("*")) == [], "nothing written under HOME"
