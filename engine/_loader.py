@@ -67,8 +67,12 @@ def resolve_trigger_class(classpath: str, *, allowed_prefixes: Sequence[str]) ->
         module = importlib.import_module(module_name)
     except ImportError as exc:
         hint = ""
-        if getattr(exc, "name", None) == "airflow":
-            hint = " (Airflow triggers need apache-airflow: pip install 'deferline[airflow]')"
+        missing = getattr(exc, "name", None) or ""
+        if missing == "airflow" or missing.startswith("airflow."):
+            hint = (
+                " (Airflow's triggers need apache-airflow and the provider package that holds"
+                " them; pip install 'deferline[airflow]' installs Airflow)"
+            )
         raise TriggerImportError(
             f"cannot import module {module_name} of trigger {classpath}: {exc}{hint}",
             classpath=classpath,

@@ -134,3 +134,16 @@ def test_kwargs_must_be_a_mapping() -> None:
 def test_allowed_prefixes_must_not_be_a_string() -> None:
     with pytest.raises(TypeError):
         load_trigger("deferline.engine.triggers.DateTimeTrigger", {}, allowed_prefixes="deferline")
+
+
+def test_airflow_classpath_without_airflow_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without apache-airflow installed, an allowed Airflow classpath says what to install."""
+    for name in [m for m in sys.modules if m == "airflow" or m.startswith("airflow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "airflow", None)  # imports of airflow.* now fail
+    with pytest.raises(TriggerImportError, match=r"pip install 'deferline\[airflow\]'"):
+        load_trigger(
+            "airflow.triggers.temporal.DateTimeTrigger",
+            {"moment": "2030-01-01T00:00:00+00:00"},
+            allowed_prefixes=["airflow.triggers"],
+        )
