@@ -142,4 +142,5 @@ def interpret(
             defer_seq=record.defer_seq,
         )
     trigger.trigger_id = record.trigger_id
+    trigger.task_instance = record.task  # dag_id, task_id, run_id, map_index, try_number
     return StartTrigger(record, trigger)

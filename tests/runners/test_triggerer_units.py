@@ -64,6 +64,7 @@ def test_a_valid_request_becomes_a_trigger() -> None:
     assert isinstance(decision, StartTrigger)
     assert isinstance(decision.trigger, DateTimeTrigger)
     assert decision.trigger.trigger_id == TID
+    assert decision.trigger.task_instance == TASK, "the task's key, as Airflow's triggerer sets"
     assert decision.request.task == TASK
 
 
