@@ -1,11 +1,11 @@
 """Airflow's own DateTimeTrigger under deferline's supervisor, beside deferline's DateTimeTrigger.
 
 N triggers loaded through ``load_trigger`` (the triggerer's path: allowlist, import, adapter)
-all fall due at one moment, 3 s (plus setup time) after they are added, so Airflow's trigger goes through its
-own sleep loop. Measured: RSS per waiting trigger, due → all fired, fire lag p50/p99 and CPU
-per trigger from adding to the last fire. Loggers at WARNING (Airflow's DateTimeTrigger logs
-at INFO once a second per trigger in its last 20 s). Each case runs in a fresh subprocess;
-the airflow case imports Airflow before the "before" RSS (its import is reported apart).
+all fall due at one moment, 3 s (plus setup time) after they are added, so Airflow's trigger
+goes through its own sleep loop. Measured: RSS per waiting trigger, due → all fired, fire lag
+p50/p99 and CPU per trigger from adding to the last fire. Loggers at WARNING (Airflow's
+DateTimeTrigger logs at INFO once a second per trigger in its last 20 s). Each case runs in
+a fresh subprocess; the first load (Airflow's import) is reported apart.
 
 Run: .venv/bin/python -m bench.bench_airflow_triggers   (needs the airflow extra)
      add --case airflow --n 1000 to run one case in this process.

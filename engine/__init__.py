@@ -4,7 +4,7 @@ Pure asyncio logic; Kafka reaches it only through the runners. Built-in triggers
 :mod:`deferline.engine.triggers`.
 """
 
-from ._airflow import prepare_airflow_import
+from ._airflow import preload_airflow, prepare_airflow_import
 from ._errors import (
     AirflowDatabaseUnavailable,
     SupervisorError,
@@ -52,6 +52,7 @@ __all__ = [
     "TriggerSupervisor",
     "is_allowed",
     "load_trigger",
+    "preload_airflow",
     "prepare_airflow_import",
     "resolve_trigger_class",
 ]

@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from ._errors import AirflowDatabaseUnavailable
@@ -42,6 +42,7 @@ __all__ = [
     "AirflowTrigger",
     "airflow_trigger_class",
     "is_airflow_trigger_class",
+    "preload_airflow",
     "prepare_airflow_import",
     "to_deferline_event",
 ]
@@ -114,6 +115,25 @@ def _guard_database() -> None:
         models: Any = importlib.import_module("airflow.models")
         models.import_all_models()
         _guarded = True
+
+
+def preload_airflow(allowed_prefixes: Sequence[str]) -> bool:
+    """Load Airflow now if an allowed trigger prefix is under ``airflow``; True if it did.
+
+    Importing Airflow and its models takes seconds of CPU. A triggerer calls this in a thread
+    before it joins its consumer group, so the first Airflow trigger it loads does not block
+    the event loop (and the group's heartbeats) for that long. A no-op without Airflow.
+    """
+    wanted = [p.strip().rstrip(".") for p in allowed_prefixes]
+    if not any(p == "airflow" or p.startswith("airflow.") for p in wanted):
+        return False
+    if not _airflow_installed():
+        return False
+    prepare_airflow_import()
+    importlib.import_module("airflow.triggers.base")
+    _guard_database()
+    logger.info("Airflow loaded for its trigger classes (as a library, without its database)")
+    return True
 
 
 def to_deferline_event(event: Any) -> TriggerEvent:

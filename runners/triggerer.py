@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 import click
-from deferline.engine import TriggerOutcome, TriggerSupervisor
+from deferline.engine import TriggerOutcome, TriggerSupervisor, preload_airflow
 from deferline.schemas import DeferlineError, KwargsCipher
 from deferline.topics import (
     Settings,
@@ -198,6 +198,8 @@ class Triggerer:
             return
         self._started = True
         options = self.options
+        # Airflow's import takes seconds: do it off the loop, before joining the group.
+        await asyncio.to_thread(preload_airflow, self.settings.allowed_trigger_prefixes)
         if options.metrics_port is not None:
             self._server = MetricsServer(
                 self.metrics.registry, host=options.metrics_host, port=options.metrics_port

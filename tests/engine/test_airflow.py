@@ -81,8 +81,9 @@ def test_deferline_imports_no_airflow(tmp_path: Path) -> None:
         import deferline.engine.triggers, deferline.replay, deferline.runners.cli
         import deferline.runners.scheduler, deferline.runners.triggerer, deferline.runners.worker
         import deferline.schemas, deferline.topics
-        from deferline.engine import TriggerNotAllowed, load_trigger
+        from deferline.engine import TriggerNotAllowed, load_trigger, preload_airflow
         from deferline.schemas import utcnow
+        assert not preload_airflow(["deferline.engine.triggers", "airflowish.triggers"])
         load_trigger("deferline.engine.triggers.DateTimeTrigger", {"moment": utcnow()},
                      allowed_prefixes=["deferline.engine.triggers"])
         try:
@@ -109,8 +110,10 @@ def test_loading_an_airflow_trigger_leaves_logging_home_and_database_alone(
         import json, logging, os, sys
         handler = logging.StreamHandler(sys.stderr)
         logging.getLogger().addHandler(handler)
-        from deferline.engine import load_trigger
+        from deferline.engine import load_trigger, preload_airflow
         from deferline.schemas import utcnow
+        assert preload_airflow(["deferline.engine.triggers", "airflow.triggers."])
+        assert "airflow.models.dag" in sys.modules
         trigger = load_trigger("airflow.triggers.temporal.DateTimeTrigger", {"moment": utcnow()},
                                allowed_prefixes=["airflow.triggers"])
         import airflow.settings

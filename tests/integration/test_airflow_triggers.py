@@ -168,6 +168,7 @@ async def test_airflow_triggers_run_unchanged_end_to_end(
 
             assert scheduler.table.counters.events_duplicate == 0
             assert triggerer.proc.poll() is None, "the triggerer process kept running"
+            assert triggerer.find("Airflow loaded"), "loaded before joining the group"
             # The Airflow trigger's own ``self.log`` lands in the triggerer's (JSON) log.
             started = triggerer.find("trigger starting")
             assert started, "DateTimeTrigger's log line reached the triggerer's log"
