@@ -96,8 +96,9 @@ class _NoDatabaseSession:
             "cannot run here"
         )
 
-    def remove(self) -> None:
-        """``scoped_session.remove()``: nothing to release."""
+    @staticmethod
+    def remove() -> None:
+        """``Session.remove()`` of a ``scoped_session``: nothing to release."""
 
 
 def _guard_database() -> None:
