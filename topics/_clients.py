@@ -39,6 +39,13 @@ def connection_kwargs(settings: Settings) -> dict[str, Any]:
     return kwargs
 
 
+def principal_of(settings: Settings) -> str | None:
+    """The principal the brokers will see for SASL settings (``User:<name>``), else None."""
+    if settings.security_protocol.startswith("SASL_") and settings.sasl_username:
+        return f"User:{settings.sasl_username}"
+    return None
+
+
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     """A producer (not started) using Kafka's murmur2 partitioner; ``acks="all"``, small linger.
 
