@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
@@ -9,6 +10,7 @@ from typing import Any, TypeVar, cast
 
 import click
 from deferline.topics import Settings, access_error, principal_of
+from deferline.topics._clients import is_bootstrap_failure, probe_access
 from pydantic import ValidationError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -99,6 +101,9 @@ def access_errors_named(settings: Settings) -> Iterator[None]:
         raise
     except Exception as exc:
         mapped = access_error(exc, principal=principal_of(settings))
+        if mapped is None and is_bootstrap_failure(exc):
+            # aiokafka says only "Unable to bootstrap": ask the broker once more for why.
+            mapped = asyncio.run(probe_access(settings))
         if mapped is None:
             raise
         raise click.ClickException(f"{type(mapped).__name__}: {mapped}") from exc

@@ -72,7 +72,7 @@ def ensure(
     except (InvalidQueueName, ValueError) as exc:
         raise click.BadParameter(str(exc)) from exc
     try:
-        asyncio.run(ensure_topics(settings, specs))
+        asyncio.run(ensure_topics(settings, specs, strict=True))
         found = asyncio.run(describe_topics(settings, [s.name for s in specs]))
         bindings = (
             asyncio.run(

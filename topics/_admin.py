@@ -21,7 +21,13 @@ from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.structs import TopicPartition
 
 from ._acls import AclBinding, Role, acl_bindings, create_acls
-from ._clients import make_admin, make_consumer, principal_of
+from ._clients import (
+    is_bootstrap_failure,
+    make_admin,
+    make_consumer,
+    principal_of,
+    probe_access,
+)
 from ._errors import AuthorizationError, BrokerError, TopicLayoutError, access_error
 from ._names import TopicNames
 from ._settings import Settings
@@ -45,32 +51,47 @@ class TopicDescription:
     config: dict[str, str] = field(default_factory=dict)
 
 
-async def ensure_topics(settings: Settings, specs: Sequence[TopicSpec]) -> None:
+async def ensure_topics(
+    settings: Settings, specs: Sequence[TopicSpec], *, strict: bool = False
+) -> None:
     """Create the topics of ``specs`` that are missing, then check co-partitioning.
 
     Safe to run any number of times, concurrently too. When one side of a defer/resume pair
     already exists, the other is created with the existing side's partition count. Raises
     TopicLayoutError when an existing pair differs, BrokerError when the cluster refuses.
+
+    A least-privilege principal may not describe every topic (Kafka hides those, existing or
+    not): such topics are left to the administrator with a warning, unless ``strict``, or
+    unless the principal may describe none of them; both raise AuthorizationError.
     """
     names = TopicNames(settings.topic_prefix)
     async with _started_admin(settings) as admin:
         existing = await _partition_counts(admin)
+        unseen = [spec.name for spec in specs if spec.name not in existing]
+        denied = await _denied_topics(admin, settings, unseen)
+        if denied and (strict or len(denied) == len(specs)):
+            raise _topic_denied(settings, denied, "describe")
+        if denied:
+            logger.info(
+                "%s may not describe %s: left as they are (the administrator's to create)",
+                principal_of(settings),
+                ", ".join(denied),
+                extra={"topics": denied, "principal": principal_of(settings)},
+            )
+        wanted = [spec for spec in specs if spec.name not in denied]
         missing = [
             _matched_to_partner(spec, names, existing)
-            for spec in specs
+            for spec in wanted
             if spec.name not in existing
         ]
         # Refuse before creating anything when the resulting layout would be broken.
         planned = {**existing, **{s.name: s.partitions for s in missing}}
-        _check_pairs(names, [s.name for s in specs], planned)
+        _check_pairs(names, [s.name for s in wanted], planned)
         if missing:
-            # A topic this principal may not describe is missing from the all-topics
-            # listing whether it exists or not: ask by name, so a denial is named as one.
-            await _named_metadata(admin, settings, [s.name for s in missing])
             await _create(admin, missing, settings)
             existing = await _wait_visible(admin, [s.name for s in missing])
             await _wait_writable(settings, {s.name: existing[s.name] for s in missing})
-        _check_pairs(names, [s.name for s in specs], existing)
+        _check_pairs(names, [s.name for s in wanted], existing)
 
 
 async def describe_topics(
@@ -129,6 +150,8 @@ async def _started_admin(settings: Settings) -> AsyncIterator[AIOKafkaAdminClien
             await client.start()
         except (KafkaError, OSError) as exc:
             mapped = access_error(exc, principal=principal_of(settings))
+            if mapped is None and is_bootstrap_failure(exc):
+                mapped = await probe_access(settings)
             if mapped is not None:
                 raise mapped from exc
             raise BrokerError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
@@ -191,13 +214,30 @@ async def _named_metadata(
     metadata: list[Any] = response.to_object()["topics"]
     denied = sorted(t["topic"] for t in metadata if t["error_code"] == _TOPIC_DENIED)
     if denied:
-        raise AuthorizationError(
-            "not authorized: the broker answered TopicAuthorizationFailedError for topic "
-            f"{', '.join(denied)}: {principal_of(settings) or 'this principal'} has no ACL "
-            "allowing it to describe them. Grant the role's ACLs (docs/operations.md, "
-            "`deferline topics ensure --acls ROLE=PRINCIPAL`)."
-        )
+        raise _topic_denied(settings, denied, "describe")
     return metadata
+
+
+async def _denied_topics(
+    admin: AIOKafkaAdminClient, settings: Settings, topics: list[str]
+) -> list[str]:
+    """Which of ``topics`` this principal may not describe."""
+    try:
+        await _named_metadata(admin, settings, topics)
+    except AuthorizationError as exc:
+        return exc.resources
+    return []
+
+
+def _topic_denied(settings: Settings, topics: list[str], what: str) -> AuthorizationError:
+    error = AuthorizationError(
+        "not authorized: the broker answered TopicAuthorizationFailedError for topic "
+        f"{', '.join(topics)}: {principal_of(settings) or 'this principal'} has no ACL "
+        f"allowing it to {what} them. Grant the role's ACLs (docs/operations.md, "
+        "`deferline topics ensure --acls ROLE=PRINCIPAL`).",
+        resources=topics,
+    )
+    return error
 
 
 def _mapped(exc: BaseException, settings: Settings, what: str) -> BrokerError:
@@ -243,12 +283,7 @@ async def _create(admin: AIOKafkaAdminClient, specs: list[TopicSpec], settings: 
         e["topic"] for e in response.to_object()["topic_errors"] if e["error_code"] == _TOPIC_DENIED
     ]
     if denied:
-        raise AuthorizationError(
-            "not authorized: the broker answered TopicAuthorizationFailedError for creating "
-            f"topic {', '.join(denied)}: {principal_of(settings) or 'this principal'} may not "
-            "create topics (Create on the topic or cluster). Run `deferline topics ensure` as "
-            "an administrator."
-        )
+        raise _topic_denied(settings, denied, "create")
     for entry in response.to_object()["topic_errors"]:
         code = entry["error_code"]
         if code in (_NO_ERROR, _TOPIC_EXISTS):

@@ -287,7 +287,7 @@ class KRaftBroker(_BrokerProcess):
         self.version = version
         self.heap = heap
         self.security = security
-        self.tls: TestTLS | None = None
+        self.tls: ThrowawayTLS | None = None
         """The throw-away CA and broker certificate, once started with ``security``."""
 
     def client_settings(self, username: str | None = None, **overrides: Any) -> dict[str, Any]:
@@ -332,7 +332,7 @@ class KRaftBroker(_BrokerProcess):
             )
             scram: list[str] = []
         else:
-            self.tls = await asyncio.to_thread(TestTLS.create, workdir / "tls", self.host)
+            self.tls = await asyncio.to_thread(ThrowawayTLS.create, workdir / "tls", self.host)
             text = _secured_properties(
                 host=self.host,
                 port=self._port,
@@ -368,7 +368,7 @@ class BrokerSecurity:
 
 
 @dataclass(frozen=True, slots=True)
-class TestTLS:
+class ThrowawayTLS:
     """A throw-away certificate authority and a broker certificate signed by it (PEM files)."""
 
     ca_file: Path
@@ -377,7 +377,7 @@ class TestTLS:
     """The broker's key (PKCS#8) then its certificate, for ``ssl.keystore.type=PEM``."""
 
     @classmethod
-    def create(cls, folder: Path, host: str, *, common_name: str = "broker") -> TestTLS:
+    def create(cls, folder: Path, host: str, *, common_name: str = "broker") -> ThrowawayTLS:
         """Make a CA and a broker certificate for ``host`` (and localhost) in ``folder``."""
         ca_key, ca_cert = _self_signed_ca(f"deferline test CA {uuid.uuid4().hex[:8]}")
         key, cert = _signed_certificate(ca_key, ca_cert, common_name, host)
@@ -660,7 +660,7 @@ def _secured_properties(
     internal_port: int,
     controller_port: int,
     data: Path,
-    tls: TestTLS,
+    tls: ThrowawayTLS,
     security: BrokerSecurity,
 ) -> str:
     return _SECURED_PROPERTIES.format(
@@ -678,7 +678,7 @@ def _secured_properties(
 def _client_settings(
     bootstrap: str,
     security: BrokerSecurity | None,
-    tls: TestTLS | None,
+    tls: ThrowawayTLS | None,
     username: str | None,
     overrides: dict[str, Any],
 ) -> dict[str, Any]:

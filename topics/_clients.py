@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
 
-from ._errors import BrokerError
+from ._errors import AccessError, BrokerError, access_error
 from ._partitioner import Murmur2Partitioner
 from ._settings import Settings
 
@@ -44,6 +47,43 @@ def principal_of(settings: Settings) -> str | None:
     if settings.security_protocol.startswith("SASL_") and settings.sasl_username:
         return f"User:{settings.sasl_username}"
     return None
+
+
+async def probe_access(settings: Settings, *, timeout_s: float = 10.0) -> AccessError | None:
+    """Connect to each bootstrap broker once, as a client would, and return the
+    AuthenticationError a refused handshake or login amounts to (None if none was refused).
+
+    aiokafka reports a failed bootstrap only as "Unable to bootstrap"; this recovers the
+    broker's reason (SASL authentication failed, certificate verify failed...).
+    """
+    kwargs = connection_kwargs(settings)
+    kwargs.pop("bootstrap_servers")
+    for address in settings.bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition(":")
+        if not host or not port.isdigit():
+            continue
+        try:
+            async with asyncio.timeout(timeout_s):
+                conn = await create_conn(host.strip("[]"), int(port), **kwargs)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            mapped = access_error(exc, principal=principal_of(settings))
+            if mapped is not None:
+                return mapped
+            continue
+        conn.close()
+    return None
+
+
+def is_bootstrap_failure(exc: BaseException) -> bool:
+    """True when ``exc`` or one of its causes is aiokafka's bare bootstrap failure."""
+    current: BaseException | None = exc
+    for _ in range(10):
+        if current is None:
+            return False
+        if isinstance(current, KafkaConnectionError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:

@@ -33,6 +33,11 @@ class AuthorizationError(AccessError):
     """The principal authenticated but has no ACL for a topic, group, transactional id or
     the cluster."""
 
+    def __init__(self, message: str, *, resources: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.resources = list(resources)
+        """The topics (or group...) refused, when known."""
+
 
 class InvalidQueueName(DeferlineError, ValueError):
     """A trigger or worker queue name is not usable in a topic name."""
