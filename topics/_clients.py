@@ -89,12 +89,13 @@ def is_bootstrap_failure(exc: BaseException) -> bool:
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     """A producer (not started) using Kafka's murmur2 partitioner; ``acks="all"``, small linger.
 
-    Idempotence stays off by default because the embedded Tansu broker lacks it; pass
-    ``enable_idempotence=True`` on Apache Kafka.
+    Idempotent when ``settings.enable_idempotence`` (off by default because the embedded Tansu
+    broker lacks it; turn it on against Apache Kafka).
     """
     kwargs = {
         **connection_kwargs(settings),
         **PRODUCER_DEFAULTS,
+        **({"enable_idempotence": True} if settings.enable_idempotence else {}),
         "partitioner": Murmur2Partitioner(),
         **overrides,
     }
