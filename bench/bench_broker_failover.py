@@ -40,13 +40,20 @@ async def main(n: int, window: float) -> None:
     began = time.perf_counter()
     async with _cluster() as cluster:
         print(f"three-node cluster up in {time.perf_counter() - began:.1f}s: {cluster.bootstrap}")
-        with tempfile.TemporaryDirectory() as state:
-            result = await run_failover(cluster, n=n, window=window, state_dir=Path(state))
-    for key, value in result.summary().items():
-        print(f"{key:>30}: {value}")
-    lags = result.event_lag
-    if lags:
-        print(f"{'event_lag_mean_s':>30}: {statistics.fmean(lags):.3f}")
+        results = {}
+        # Back to back on the same cluster: the control run (nothing killed), then the failover.
+        for label, kill in (("no failure", False), ("node SIGKILLed", True)):
+            with tempfile.TemporaryDirectory() as state:
+                result = await run_failover(
+                    cluster, n=n, window=window, state_dir=Path(state), kill=kill
+                )
+            results[label] = result.summary()
+            if result.event_lag:
+                results[label]["event_lag_mean_s"] = round(statistics.fmean(result.event_lag), 3)
+    keys = list(results["node SIGKILLed"])
+    print(f"{'':>30}  " + "  ".join(f"{label:>16}" for label in results))
+    for key in keys:
+        print(f"{key:>30}  " + "  ".join(f"{str(r.get(key)):>16}" for r in results.values()))
 
 
 if __name__ == "__main__":

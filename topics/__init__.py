@@ -8,6 +8,7 @@ from ._brokers import (
     KRaftBroker,
     KRaftCluster,
     TansuBroker,
+    ThrowawayTLS,
     fetch_kafka_jars,
 )
 from ._clients import make_admin, make_consumer, make_producer, principal_of
@@ -49,6 +50,7 @@ __all__ = [
     # Configuration
     "Settings",
     "TansuBroker",
+    "ThrowawayTLS",
     # Layout
     "TopicDescription",
     "TopicLayoutError",

@@ -117,9 +117,11 @@ def access_error(
 
 
 def _named_in(exc: BaseException) -> str:
-    """Topic names aiokafka put in the error's arguments, if any."""
+    """Topic or group names aiokafka put in the error's arguments, if any."""
     names: list[str] = []
     for arg in exc.args:
         if isinstance(arg, set | frozenset | list | tuple):
             names += [str(item) for item in arg]
+        elif isinstance(arg, str) and arg and " " not in arg:
+            names.append(arg)
     return ", ".join(sorted(names))
