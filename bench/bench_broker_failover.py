@@ -53,7 +53,7 @@ async def main(n: int, window: float) -> None:
     keys = list(results["node SIGKILLed"])
     print(f"{'':>30}  " + "  ".join(f"{label:>16}" for label in results))
     for key in keys:
-        print(f"{key:>30}  " + "  ".join(f"{str(r.get(key)):>16}" for r in results.values()))
+        print(f"{key:>30}  " + "  ".join(f"{r.get(key)!s:>16}" for r in results.values()))
 
 
 if __name__ == "__main__":

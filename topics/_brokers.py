@@ -287,6 +287,8 @@ class KRaftBroker(_BrokerProcess):
         self.version = version
         self.heap = heap
         self.security = security
+        self._internal_port: int | None = None
+        self._jvm: list[str] = []
         self.tls: ThrowawayTLS | None = None
         """The throw-away CA and broker certificate, once started with ``security``."""
 
@@ -297,6 +299,52 @@ class KRaftBroker(_BrokerProcess):
         ``username`` (default: the admin) trusting the throw-away CA.
         """
         return _client_settings(self.bootstrap, self.security, self.tls, username, overrides)
+
+    def _internal(self) -> int:
+        self._internal_port = free_port(self.host)
+        return self._internal_port
+
+    async def set_password(self, user: str, password: str) -> None:
+        """Change (or create) ``user``'s SCRAM-SHA-512 credential on the running broker.
+
+        Runs Kafka's own ConfigCommand over the mutual-TLS internal listener as the brokers'
+        super-user principal; connections already authenticated stay so until they
+        re-authenticate (``BrokerSecurity.reauth_ms``) or reconnect.
+        """
+        if self.security is None or self.tls is None or self._workdir is None:
+            raise BrokerStartError("set_password needs a running broker started with security")
+        config = self._workdir / "internal-client.properties"
+        config.write_text(
+            "security.protocol=SSL\n"
+            "ssl.keystore.type=PEM\n"
+            f"ssl.keystore.location={self.tls.keystore_file}\n"
+            "ssl.truststore.type=PEM\n"
+            f"ssl.truststore.location={self.tls.ca_file}\n"
+        )
+        command = await asyncio.create_subprocess_exec(
+            *self._jvm,
+            "kafka.admin.ConfigCommand",
+            "--bootstrap-server",
+            f"{self.host}:{self._internal_port}",
+            "--command-config",
+            str(config),
+            "--alter",
+            "--entity-type",
+            "users",
+            "--entity-name",
+            user,
+            "--add-config",
+            f"SCRAM-SHA-512=[password={password}]",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        out, _ = await command.communicate()
+        if command.returncode != 0:
+            raise BrokerStartError(
+                f"ConfigCommand failed (exit {command.returncode}): "
+                + out.decode(errors="replace")[-2000:]
+            )
 
     async def _wait_ready(self) -> None:
         if self.security is None:
@@ -336,7 +384,7 @@ class KRaftBroker(_BrokerProcess):
             text = _secured_properties(
                 host=self.host,
                 port=self._port,
-                internal_port=free_port(self.host),
+                internal_port=self._internal(),
                 controller_port=controller_port,
                 data=workdir / "data",
                 tls=self.tls,
@@ -344,7 +392,7 @@ class KRaftBroker(_BrokerProcess):
             )
             scram = _scram_arguments(self.security)
         properties.write_text(text)
-        jvm = _jvm(java, lib, workdir, self.heap)
+        jvm = self._jvm = _jvm(java, lib, workdir, self.heap)
         await _format_storage(jvm, properties, _new_cluster_id(), scram)
         return [*jvm, "kafka.Kafka", str(properties)]
 
@@ -361,6 +409,9 @@ class BrokerSecurity:
 
     users: dict[str, str]
     admin: str = "admin"
+    reauth_ms: int | None = None
+    """``connections.max.reauth.ms``: the broker closes a SASL connection that has not
+    re-authenticated within this time (aiokafka reconnects and logs in again). None: never."""
 
     def __post_init__(self) -> None:
         if self.admin not in self.users:
@@ -672,6 +723,10 @@ def _secured_properties(
         ca=tls.ca_file,
         keystore=tls.keystore_file,
         admin=security.admin,
+    ) + (
+        f"connections.max.reauth.ms={security.reauth_ms}\n"
+        if security.reauth_ms is not None
+        else ""
     )
 
 
