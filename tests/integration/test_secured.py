@@ -7,6 +7,8 @@ own topic prefix, so its ACLs cover only its own topics.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -165,3 +167,21 @@ def test_an_untrusted_ca_fails_tls_with_a_clear_error(
     assert "AuthenticationError" in result.output
     assert "CERTIFICATE_VERIFY_FAILED" in result.output or "certificate verify" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("process", ["triggerer", "scheduler", "worker"])
+def test_a_process_without_acls_stops_at_start_naming_why(
+    secured_kafka: SecuredKafka, prefix: str, process: str
+) -> None:
+    deferline = str(Path(sys.executable).with_name("deferline"))
+    result = subprocess.run(
+        [deferline, process, *secured_kafka.flags("noacl", prefix=prefix)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0, result.stderr
+    assert "TopicAuthorizationFailedError" in result.stderr
+    assert "User:noacl" in result.stderr
+    assert "Traceback" not in result.stderr
