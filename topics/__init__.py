@@ -11,7 +11,13 @@ from ._brokers import (
     ThrowawayTLS,
     fetch_kafka_jars,
 )
-from ._clients import make_admin, make_consumer, make_producer, principal_of
+from ._clients import (
+    make_admin,
+    make_consumer,
+    make_producer,
+    principal_of,
+    supports_idempotence,
+)
 from ._errors import (
     AccessError,
     AuthenticationError,
@@ -70,6 +76,7 @@ __all__ = [
     "parse_role_principals",
     "partition_for",
     "principal_of",
+    "supports_idempotence",
     "topic_specs",
     "validate_queue_name",
 ]

@@ -6,11 +6,12 @@ import asyncio
 import ssl
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.transaction import InitProducerIdRequest
 
 from ._errors import AccessError, BrokerError, access_error
 from ._partitioner import Murmur2Partitioner
@@ -72,6 +73,40 @@ async def probe_access(settings: Settings, *, timeout_s: float = 10.0) -> Access
             continue
         conn.close()
     return None
+
+
+async def supports_idempotence(settings: Settings) -> bool:
+    """Whether the brokers hand out producer ids, as idempotent producers need.
+
+    Asks for one (InitProducerId, no transactional id), as an idempotent producer does at
+    start. Apache Kafka grants it (to a principal with Write on some topic); the embedded
+    Tansu broker advertises the request but refuses it, so this is False there. Use it to
+    decide ``Settings.enable_idempotence`` when the backend is not known in advance.
+    """
+    kwargs = connection_kwargs(settings)
+    client = AIOKafkaClient(**kwargs)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30.0
+    try:
+        await client.bootstrap()
+        while True:
+            request = InitProducerIdRequest(None, 60_000)
+            response = await client.send(client.get_random_node(), request)
+            code: int = response.to_object()["error_code"]
+            # A fresh cluster is still loading its transaction coordinator: ask again.
+            if code not in _COORDINATOR_NOT_READY or loop.time() >= deadline:
+                return code == 0
+            await asyncio.sleep(0.2)
+    except KafkaError as exc:
+        mapped = access_error(exc, principal=principal_of(settings))
+        if mapped is not None:
+            raise mapped from exc
+        return False
+    finally:
+        await client.close()
+
+
+_COORDINATOR_NOT_READY = frozenset({14, 15, 16})  # load in progress, not available, not coordinator
 
 
 def is_bootstrap_failure(exc: BaseException) -> bool:

@@ -24,6 +24,7 @@ def test_a_broker_dies_while_timers_fall_due(kafka_cluster: KRaftCluster, tmp_pa
     result = asyncio.run(run_failover(kafka_cluster, n=N, window=20.0, state_dir=tmp_path))
     summary = result.summary()
     assert result.leaders_before.get(result.killed_node, 0) > 0, summary
+    assert result.idempotent, "Apache Kafka grants idempotent producers"
     assert result.fired == N, summary  # every trigger fired
     assert result.resumed_tasks == N, summary  # every task resumed...
     assert result.duplicate_resumes == 0, summary  # ...exactly once
