@@ -198,6 +198,7 @@ async def create_acls(admin: AIOKafkaAdminClient, bindings: Iterable[AclBinding]
             _ALLOW,
         )
         try:
+            # aiokafka 0.14's admin client has no create_acls: send the request it defines.
             response = await admin._client.send(admin._client.get_random_node(), request)
         except KafkaError as exc:
             raise BrokerError(f"cannot create ACLs: {type(exc).__name__}: {exc}") from exc

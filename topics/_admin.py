@@ -205,6 +205,7 @@ async def _named_metadata(
     if not topics:
         return []
     try:
+        # The admin client's describe_topics() cannot turn auto-creation off.
         response = await admin._client.send(
             admin._client.get_random_node(),
             MetadataRequest(topics, allow_auto_topic_creation=False),
