@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 import click
-from deferline.topics import Settings
+from deferline.topics import Settings, access_error, principal_of
+from deferline.topics._clients import is_bootstrap_failure, probe_access
 from pydantic import ValidationError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -87,6 +90,25 @@ def settings_from_flags(**flags: Any) -> Settings:
         raise click.UsageError(f"invalid settings: {problems}") from exc
 
 
+@contextlib.contextmanager
+def access_errors_named(settings: Settings) -> Iterator[None]:
+    """Turn an authentication or authorization failure, wherever it surfaces in a command or
+    a process start-up, into one clear CLI error (exit 1) that names the broker's error, the
+    resource and the principal, instead of a traceback or a misleading message."""
+    try:
+        yield
+    except (click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        mapped = access_error(exc, principal=principal_of(settings))
+        if mapped is None and is_bootstrap_failure(exc):
+            # aiokafka says only "Unable to bootstrap": ask the broker once more for why.
+            mapped = asyncio.run(probe_access(settings))
+        if mapped is None:
+            raise
+        raise click.ClickException(f"{type(mapped).__name__}: {mapped}") from exc
+
+
 def connection_options(func: F) -> F:
     """Add the connection flags; the command receives ``settings: Settings`` instead.
 
@@ -97,8 +119,9 @@ def connection_options(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         flags = {name: kwargs.pop(name) for name in list(kwargs) if name in _SETTINGS_FIELDS}
-        kwargs["settings"] = settings_from_flags(**flags)
-        return func(*args, **kwargs)
+        settings = kwargs["settings"] = settings_from_flags(**flags)
+        with access_errors_named(settings):
+            return func(*args, **kwargs)
 
     command = cast(F, wrapper)
     for option in reversed(_CONNECTION):

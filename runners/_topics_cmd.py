@@ -6,12 +6,15 @@ import asyncio
 
 import click
 from deferline.topics import (
+    ROLES,
     BrokerError,
     InvalidQueueName,
     Settings,
     TopicDescription,
     describe_topics,
+    ensure_acls,
     ensure_topics,
+    parse_role_principals,
     topic_specs,
 )
 
@@ -45,20 +48,47 @@ def topics() -> None:
     multiple=True,
     help="Worker queue: also create queue.<name> and queue.<name>.resumes. Repeatable.",
 )
+@click.option(
+    "--acls",
+    "acls",
+    multiple=True,
+    metavar="ROLE=PRINCIPAL",
+    help=f"Also create the least-privilege ACLs of ROLE ({', '.join(ROLES)}) for PRINCIPAL "
+    "(e.g. worker=User:deferline-worker), for these queues. Repeatable. Needs a principal "
+    "that may alter ACLs.",
+)
 @layout_options
 @connection_options
-def ensure(settings: Settings, queues: tuple[str, ...], worker_queues: tuple[str, ...]) -> None:
+def ensure(
+    settings: Settings,
+    queues: tuple[str, ...],
+    worker_queues: tuple[str, ...],
+    acls: tuple[str, ...],
+) -> None:
     """Create the missing topics (idempotent) and check defer/resume co-partitioning."""
     try:
         specs = topic_specs(settings, queues, worker_queues)
-    except InvalidQueueName as exc:
+        principals = parse_role_principals(acls)
+    except (InvalidQueueName, ValueError) as exc:
         raise click.BadParameter(str(exc)) from exc
     try:
-        asyncio.run(ensure_topics(settings, specs))
+        asyncio.run(ensure_topics(settings, specs, strict=True))
         found = asyncio.run(describe_topics(settings, [s.name for s in specs]))
+        bindings = (
+            asyncio.run(
+                ensure_acls(settings, principals, queues=queues, worker_queues=worker_queues)
+            )
+            if principals
+            else []
+        )
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from exc
     _print(found)
+    for binding in bindings:
+        click.echo(
+            f"ACL {binding.principal} {binding.operation} "
+            f"{binding.resource_type} {binding.resource_name}"
+        )
 
 
 @topics.command("list")

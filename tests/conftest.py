@@ -8,6 +8,12 @@ Backends (``DEFERLINE_TEST_BACKENDS``, comma-separated, default ``tansu,kafka``)
   skipped elsewhere, with the reason.
 - ``testcontainers``: Kafka in Docker via testcontainers; skipped unless a Docker engine answers.
 
+Two more Apache Kafka set-ups, each started once per session and only by the tests that ask:
+``secured_kafka`` (one node, SASL_SSL with SCRAM-SHA-512 users, a throw-away CA, the
+standard authorizer) and ``kafka_cluster`` (three KRaft nodes, each broker and controller).
+Both follow the ``kafka`` backend's policy (skipped unless selected; fail in CI if they cannot
+start).
+
 ``DEFERLINE_TEST_BOOTSTRAP=host:port`` runs the integration tests once, against that cluster
 (treated as Apache Kafka). Each broker starts once per session and is stopped at the end, at
 exit, or when pytest gets SIGTERM.
@@ -31,6 +37,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from deferline.topics import BrokerError, KRaftBroker, Settings, TansuBroker, _brokers
+from deferline.topics._brokers import BrokerSecurity, KRaftCluster
 
 from tests.integration._util import KafkaClients
 
@@ -109,6 +116,104 @@ class BrokerPool:
             del self._running[backend]
 
 
+# The principals of the secured broker: the admin (a super user), one per role, and one that
+# authenticates but has no ACLs at all.
+SECURED_USERS = ("admin", "worker", "triggerer", "scheduler", "client", "replay", "noacl")
+
+
+class SecuredKafka:
+    """A running SASL_SSL broker with the standard authorizer and one SCRAM user per role."""
+
+    def __init__(self, broker: KRaftBroker) -> None:
+        self.broker = broker
+        assert broker.tls is not None
+        self.ca_file = str(broker.tls.ca_file)
+        self.bootstrap = broker.bootstrap
+
+    def settings(self, user: str = "admin", *, prefix: str, **overrides: Any) -> Settings:
+        """Settings for ``user`` (its real password unless overridden) under ``prefix``."""
+        return Settings(
+            **self.broker.client_settings(
+                user, client_id=f"deferline-test-{user}", topic_prefix=prefix, partitions=2
+            ),
+            **overrides,
+        )
+
+    def flags(self, user: str, *, prefix: str, password: str | None = None) -> list[str]:
+        """The CLI connection flags for ``user`` (password from ``password`` or its own)."""
+        secret = password if password is not None else f"{user}-secret"
+        return [
+            "--bootstrap-servers",
+            self.bootstrap,
+            "--security-protocol",
+            "SASL_SSL",
+            "--sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--sasl-username",
+            user,
+            "--sasl-password",
+            secret,
+            "--ssl-cafile",
+            self.ca_file,
+            "--topic-prefix",
+            prefix,
+        ]
+
+
+class _ExtraKafka:
+    """Starts the secured broker and the cluster lazily, once each, and stops them at the end."""
+
+    def __init__(self) -> None:
+        self._started: dict[str, Any] = {}
+        self._failed: dict[str, str] = {}
+
+    def get(self, name: str) -> Any:
+        if "kafka" not in selected_backends():
+            pytest.skip(f"{name}: {BACKENDS_ENV} does not select the kafka backend")
+        if name not in self._started and name not in self._failed:
+            try:
+                self._started[name] = self._start(name)
+            except Exception as exc:
+                self._failed[name] = f"{type(exc).__name__}: {exc}"
+        if name in self._failed:
+            unavailable("kafka", f"{name}: {self._failed[name]}")
+        return self._started[name]
+
+    def _start(self, name: str) -> Any:
+        if name == "secured":
+            users = {user: f"{user}-secret" for user in SECURED_USERS}
+            broker = KRaftBroker(heap="448m", security=BrokerSecurity(users=users))
+            asyncio.run(broker.start())
+            _POOL.startup_seconds["kafka-secured"] = broker.startup_seconds or 0.0
+            return broker
+        cluster = KRaftCluster(heap="448m")
+        asyncio.run(cluster.start())
+        _POOL.startup_seconds["kafka-cluster"] = cluster.startup_seconds or 0.0
+        return cluster
+
+    def close(self) -> None:
+        for broker in self._started.values():
+            asyncio.run(broker.stop())
+        self._started.clear()
+
+
+_EXTRA = _ExtraKafka()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka() -> SecuredKafka:
+    """A SASL_SSL (SCRAM-SHA-512) Apache Kafka with ACLs enforced; users in SECURED_USERS,
+    each with password ``<user>-secret``."""
+    return SecuredKafka(_EXTRA.get("secured"))
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> KRaftCluster:
+    """Three Apache Kafka KRaft nodes (each broker and controller) on loopback."""
+    cluster: KRaftCluster = _EXTRA.get("cluster")
+    return cluster
+
+
 def unavailable(backend: str, reason: str) -> None:
     """Fail or skip a test whose backend is unavailable, as the backend's policy says."""
     message = f"{backend} broker unavailable: {reason}"
@@ -161,6 +266,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _EXTRA.close()
     _POOL.close()
     _brokers.terminate_all()
 

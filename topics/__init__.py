@@ -1,9 +1,33 @@
 """Kafka-facing foundation: settings, topic layout, partitioner, clients and local brokers."""
 
-from ._admin import TopicDescription, describe_topics, ensure_topics
-from ._brokers import KAFKA_VERSION, KRaftBroker, TansuBroker, fetch_kafka_jars
-from ._clients import make_admin, make_consumer, make_producer
-from ._errors import BrokerError, BrokerStartError, InvalidQueueName, TopicLayoutError
+from ._acls import ROLES, AclBinding, Role, SchedulerResources, acl_bindings, parse_role_principals
+from ._admin import TopicDescription, describe_topics, ensure_acls, ensure_topics
+from ._brokers import (
+    KAFKA_VERSION,
+    BrokerSecurity,
+    KRaftBroker,
+    KRaftCluster,
+    TansuBroker,
+    ThrowawayTLS,
+    fetch_kafka_jars,
+)
+from ._clients import (
+    make_admin,
+    make_consumer,
+    make_producer,
+    principal_of,
+    supports_idempotence,
+)
+from ._errors import (
+    AccessError,
+    AuthenticationError,
+    AuthorizationError,
+    BrokerError,
+    BrokerStartError,
+    InvalidQueueName,
+    TopicLayoutError,
+    access_error,
+)
 from ._names import TopicNames, validate_queue_name
 from ._partitioner import Murmur2Partitioner, murmur2, partition_for
 from ._settings import Settings
@@ -11,23 +35,37 @@ from ._specs import TopicSpec, topic_specs
 
 __all__ = [
     "KAFKA_VERSION",
+    "ROLES",
     # Errors
+    "AccessError",
+    # Access control
+    "AclBinding",
+    "AuthenticationError",
+    "AuthorizationError",
     "BrokerError",
+    "BrokerSecurity",
     "BrokerStartError",
     "InvalidQueueName",
     # Local brokers
     "KRaftBroker",
+    "KRaftCluster",
     # Partitioning
     "Murmur2Partitioner",
+    "Role",
+    "SchedulerResources",
     # Configuration
     "Settings",
     "TansuBroker",
+    "ThrowawayTLS",
     # Layout
     "TopicDescription",
     "TopicLayoutError",
     "TopicNames",
     "TopicSpec",
+    "access_error",
+    "acl_bindings",
     "describe_topics",
+    "ensure_acls",
     "ensure_topics",
     "fetch_kafka_jars",
     # Clients
@@ -35,7 +73,10 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "murmur2",
+    "parse_role_principals",
     "partition_for",
+    "principal_of",
+    "supports_idempotence",
     "topic_specs",
     "validate_queue_name",
 ]

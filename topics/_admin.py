@@ -11,19 +11,33 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
+from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.structs import TopicPartition
 
-from ._clients import make_admin, make_consumer
-from ._errors import BrokerError, TopicLayoutError
+from ._acls import AclBinding, Role, acl_bindings, create_acls
+from ._clients import (
+    is_bootstrap_failure,
+    make_admin,
+    make_consumer,
+    principal_of,
+    probe_access,
+)
+from ._errors import AuthorizationError, BrokerError, TopicLayoutError, access_error
 from ._names import TopicNames
 from ._settings import Settings
-from ._specs import TopicSpec
+from ._specs import TopicSpec, topic_specs
 
 logger = logging.getLogger(__name__)
 
 _NO_ERROR = 0
 _TOPIC_EXISTS = TopicAlreadyExistsError.errno
+_TOPIC_DENIED = TopicAuthorizationFailedError.errno
 _VISIBLE_WITHIN_S = 30.0  # topic creation is asynchronous in Kafka
 
 
@@ -37,29 +51,47 @@ class TopicDescription:
     config: dict[str, str] = field(default_factory=dict)
 
 
-async def ensure_topics(settings: Settings, specs: Sequence[TopicSpec]) -> None:
+async def ensure_topics(
+    settings: Settings, specs: Sequence[TopicSpec], *, strict: bool = False
+) -> None:
     """Create the topics of ``specs`` that are missing, then check co-partitioning.
 
     Safe to run any number of times, concurrently too. When one side of a defer/resume pair
     already exists, the other is created with the existing side's partition count. Raises
     TopicLayoutError when an existing pair differs, BrokerError when the cluster refuses.
+
+    A least-privilege principal may not describe every topic (Kafka hides those, existing or
+    not): such topics are left to the administrator with a warning, unless ``strict``, or
+    unless the principal may describe none of them; both raise AuthorizationError.
     """
     names = TopicNames(settings.topic_prefix)
     async with _started_admin(settings) as admin:
         existing = await _partition_counts(admin)
+        unseen = [spec.name for spec in specs if spec.name not in existing]
+        denied = await _denied_topics(admin, settings, unseen)
+        if denied and (strict or len(denied) == len(specs)):
+            raise _topic_denied(settings, denied, "describe")
+        if denied:
+            logger.info(
+                "%s may not describe %s: left as they are (the administrator's to create)",
+                principal_of(settings),
+                ", ".join(denied),
+                extra={"topics": denied, "principal": principal_of(settings)},
+            )
+        wanted = [spec for spec in specs if spec.name not in denied]
         missing = [
             _matched_to_partner(spec, names, existing)
-            for spec in specs
+            for spec in wanted
             if spec.name not in existing
         ]
         # Refuse before creating anything when the resulting layout would be broken.
         planned = {**existing, **{s.name: s.partitions for s in missing}}
-        _check_pairs(names, [s.name for s in specs], planned)
+        _check_pairs(names, [s.name for s in wanted], planned)
         if missing:
-            await _create(admin, missing)
+            await _create(admin, missing, settings)
             existing = await _wait_visible(admin, [s.name for s in missing])
             await _wait_writable(settings, {s.name: existing[s.name] for s in missing})
-        _check_pairs(names, [s.name for s in specs], existing)
+        _check_pairs(names, [s.name for s in wanted], existing)
 
 
 async def describe_topics(
@@ -76,10 +108,18 @@ async def describe_topics(
     if prefix is None:
         prefix = settings.topic_prefix
     async with _started_admin(settings) as admin:
-        try:
-            metadata = await admin.describe_topics()
-        except KafkaError as exc:
-            raise BrokerError(f"cannot describe topics: {exc}") from exc
+        if topics is not None:
+            metadata = await _named_metadata(admin, settings, list(topics))
+        else:
+            try:
+                metadata = await admin.describe_topics()
+            except KafkaError as exc:
+                raise _mapped(exc, settings, "cannot describe topics") from exc
+            if prefix == settings.topic_prefix:
+                # Kafka leaves topics the principal may not describe out of an all-topics
+                # listing: ask for the default topics by name so that denial is not shown
+                # as an empty system.
+                await _named_metadata(admin, settings, [s.name for s in topic_specs(settings)])
         wanted = set(topics) if topics is not None else None
         found = {
             t["topic"]: t
@@ -108,7 +148,12 @@ async def _started_admin(settings: Settings) -> AsyncIterator[AIOKafkaAdminClien
     try:
         try:
             await client.start()
-        except KafkaError as exc:
+        except (KafkaError, OSError) as exc:
+            mapped = access_error(exc, principal=principal_of(settings))
+            if mapped is None and is_bootstrap_failure(exc):
+                mapped = await probe_access(settings)
+            if mapped is not None:
+                raise mapped from exc
             raise BrokerError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
         yield client
     finally:
@@ -149,15 +194,97 @@ def _matched_to_partner(spec: TopicSpec, names: TopicNames, existing: dict[str, 
     return TopicSpec(spec.name, existing[partner], spec.replication_factor, spec.config)
 
 
-async def _create(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+async def _named_metadata(
+    admin: AIOKafkaAdminClient, settings: Settings, topics: list[str]
+) -> list[Any]:
+    """Metadata for ``topics`` by name, never auto-creating them.
+
+    Raises AuthorizationError naming the topics this principal may not describe (Kafka
+    answers TOPIC_AUTHORIZATION_FAILED for those, existing or not).
+    """
+    if not topics:
+        return []
+    try:
+        # The admin client's describe_topics() cannot turn auto-creation off.
+        response = await admin._client.send(
+            admin._client.get_random_node(),
+            MetadataRequest(topics, allow_auto_topic_creation=False),
+        )
+    except KafkaError as exc:
+        raise _mapped(exc, settings, f"cannot read metadata of {topics}") from exc
+    metadata: list[Any] = response.to_object()["topics"]
+    denied = sorted(t["topic"] for t in metadata if t["error_code"] == _TOPIC_DENIED)
+    if denied:
+        raise _topic_denied(settings, denied, "describe")
+    return metadata
+
+
+async def _denied_topics(
+    admin: AIOKafkaAdminClient, settings: Settings, topics: list[str]
+) -> list[str]:
+    """Which of ``topics`` this principal may not describe."""
+    try:
+        await _named_metadata(admin, settings, topics)
+    except AuthorizationError as exc:
+        return exc.resources
+    return []
+
+
+def _topic_denied(settings: Settings, topics: list[str], what: str) -> AuthorizationError:
+    error = AuthorizationError(
+        "not authorized: the broker answered TopicAuthorizationFailedError for topic "
+        f"{', '.join(topics)}: {principal_of(settings) or 'this principal'} has no ACL "
+        f"allowing it to {what} them. Grant the role's ACLs (docs/operations.md, "
+        "`deferline topics ensure --acls ROLE=PRINCIPAL`).",
+        resources=topics,
+    )
+    return error
+
+
+def _mapped(exc: BaseException, settings: Settings, what: str) -> BrokerError:
+    """An AccessError when ``exc`` is an authentication/authorization failure, else
+    BrokerError("<what>: <exc>")."""
+    return access_error(exc, principal=principal_of(settings)) or BrokerError(f"{what}: {exc}")
+
+
+async def ensure_acls(
+    settings: Settings,
+    principals: dict[Role, str],
+    *,
+    queues: Iterable[str | None] = (),
+    worker_queues: Iterable[str] = (),
+) -> list[AclBinding]:
+    """Create the least-privilege ACLs of each role's principal (see :func:`acl_bindings`).
+
+    Needs a principal allowed to alter ACLs (Alter on the cluster, or a super user).
+    Idempotent: Kafka keeps one copy of an ACL created twice. Returns the bindings.
+    """
+    bindings = acl_bindings(settings, principals, queues=queues, worker_queues=worker_queues)
+    async with _started_admin(settings) as admin:
+        try:
+            await create_acls(admin, bindings)
+        except BrokerError as exc:
+            mapped = access_error(exc, principal=principal_of(settings))
+            if mapped is not None:
+                raise mapped from exc
+            raise
+    return bindings
+
+
+async def _create(admin: AIOKafkaAdminClient, specs: list[TopicSpec], settings: Settings) -> None:
     new = [
         NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.config) for s in specs
     ]
     try:
         response = await admin.create_topics(new)
     except KafkaError as exc:
-        raise BrokerError(f"cannot create topics {[s.name for s in specs]}: {exc}") from exc
+        raise _mapped(exc, settings, f"cannot create topics {[s.name for s in specs]}") from exc
     failures = []
+    denied = [
+        e["topic"] for e in response.to_object()["topic_errors"] if e["error_code"] == _TOPIC_DENIED
+    ]
+    if denied:
+        raise _topic_denied(settings, denied, "create")
     for entry in response.to_object()["topic_errors"]:
         code = entry["error_code"]
         if code in (_NO_ERROR, _TOPIC_EXISTS):

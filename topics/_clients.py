@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.transaction import InitProducerIdRequest
 
-from ._errors import BrokerError
+from ._errors import AccessError, BrokerError, access_error
 from ._partitioner import Murmur2Partitioner
 from ._settings import Settings
 
@@ -39,15 +43,94 @@ def connection_kwargs(settings: Settings) -> dict[str, Any]:
     return kwargs
 
 
+def principal_of(settings: Settings) -> str | None:
+    """The principal the brokers will see for SASL settings (``User:<name>``), else None."""
+    if settings.security_protocol.startswith("SASL_") and settings.sasl_username:
+        return f"User:{settings.sasl_username}"
+    return None
+
+
+async def probe_access(settings: Settings, *, timeout_s: float = 10.0) -> AccessError | None:
+    """Connect to each bootstrap broker once, as a client would, and return the
+    AuthenticationError a refused handshake or login amounts to (None if none was refused).
+
+    aiokafka reports a failed bootstrap only as "Unable to bootstrap"; this recovers the
+    broker's reason (SASL authentication failed, certificate verify failed...).
+    """
+    kwargs = connection_kwargs(settings)
+    kwargs.pop("bootstrap_servers")
+    for address in settings.bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition(":")
+        if not host or not port.isdigit():
+            continue
+        try:
+            async with asyncio.timeout(timeout_s):
+                conn = await create_conn(host.strip("[]"), int(port), **kwargs)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            mapped = access_error(exc, principal=principal_of(settings))
+            if mapped is not None:
+                return mapped
+            continue
+        conn.close()
+    return None
+
+
+async def supports_idempotence(settings: Settings) -> bool:
+    """Whether the brokers hand out producer ids, as idempotent producers need.
+
+    Asks for one (InitProducerId, no transactional id), as an idempotent producer does at
+    start. Apache Kafka grants it (to a principal with Write on some topic); the embedded
+    Tansu broker advertises the request but refuses it, so this is False there. Use it to
+    decide ``Settings.enable_idempotence`` when the backend is not known in advance.
+    """
+    kwargs = connection_kwargs(settings)
+    client = AIOKafkaClient(**kwargs)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30.0
+    try:
+        await client.bootstrap()
+        while True:
+            request = InitProducerIdRequest(None, 60_000)
+            response = await client.send(client.get_random_node(), request)
+            code: int = response.to_object()["error_code"]
+            # A fresh cluster is still loading its transaction coordinator: ask again.
+            if code not in _COORDINATOR_NOT_READY or loop.time() >= deadline:
+                return code == 0
+            await asyncio.sleep(0.2)
+    except KafkaError as exc:
+        mapped = access_error(exc, principal=principal_of(settings))
+        if mapped is not None:
+            raise mapped from exc
+        return False
+    finally:
+        await client.close()
+
+
+_COORDINATOR_NOT_READY = frozenset({14, 15, 16})  # load in progress, not available, not coordinator
+
+
+def is_bootstrap_failure(exc: BaseException) -> bool:
+    """True when ``exc`` or one of its causes is aiokafka's bare bootstrap failure."""
+    current: BaseException | None = exc
+    for _ in range(10):
+        if current is None:
+            return False
+        if isinstance(current, KafkaConnectionError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     """A producer (not started) using Kafka's murmur2 partitioner; ``acks="all"``, small linger.
 
-    Idempotence stays off by default because the embedded Tansu broker lacks it; pass
-    ``enable_idempotence=True`` on Apache Kafka.
+    Idempotent when ``settings.enable_idempotence`` (off by default because the embedded Tansu
+    broker lacks it; turn it on against Apache Kafka).
     """
     kwargs = {
         **connection_kwargs(settings),
         **PRODUCER_DEFAULTS,
+        **({"enable_idempotence": True} if settings.enable_idempotence else {}),
         "partitioner": Murmur2Partitioner(),
         **overrides,
     }

@@ -52,6 +52,12 @@ class Settings(BaseSettings):
     partitions: int = Field(default=12, ge=1)
     """Partitions of newly created topics (the unit of triggerer parallelism)."""
     replication_factor: int = Field(default=1, ge=1)
+    """Replication factor of newly created topics; at 3 or more, topics also get
+    ``min.insync.replicas=2`` so an acknowledged write (acks=all) survives losing a broker."""
+    enable_idempotence: bool = False
+    """Idempotent producers: a send retried after a leader change is written once. Apache
+    Kafka only: the embedded Tansu broker has no idempotent producers, so it stays off by
+    default; turn it on against Apache Kafka."""
     kwargs_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
     """Fernet keys for trigger kwargs; the first encrypts, all decrypt. Empty: no encryption."""
     allowed_trigger_prefixes: Annotated[list[str], NoDecode] = Field(

@@ -51,8 +51,12 @@ def topic_specs(
     n, rf = settings.partitions, settings.replication_factor
     specs: dict[str, TopicSpec] = {}
 
+    # With three replicas, an acks=all write is on two of them before it is acknowledged:
+    # losing one broker loses no acknowledged record and keeps the topic writable.
+    durable = {"min.insync.replicas": "2"} if rf >= 3 else {}
+
     def add(name: str, config: dict[str, str]) -> None:
-        specs.setdefault(name, TopicSpec(name, n, rf, dict(config)))
+        specs.setdefault(name, TopicSpec(name, n, rf, {**config, **durable}))
 
     for queue in (None, *queues):
         add(names.defer(queue), COMPACTED)

@@ -1,5 +1,7 @@
 """Broker launchers without a broker: the errors that say why one cannot start."""
 
+from pathlib import Path
+
 import pytest
 from deferline.topics import BrokerStartError, KRaftBroker, TansuBroker, fetch_kafka_jars
 from deferline.topics._brokers import free_port
@@ -52,3 +54,53 @@ def test_tansu_bootstrap_only_while_running():
 def test_wildcard_host_advertises_loopback():
     assert TansuBroker(port=1, host="0.0.0.0")._advertised_host() == "127.0.0.1"
     assert TansuBroker(port=1, host="0.0.0.0", advertised_host="me")._advertised_host() == "me"
+
+
+def test_throwaway_tls_makes_a_ca_and_a_broker_certificate_it_signed(tmp_path: Path) -> None:
+    import ssl
+
+    from cryptography import x509
+    from deferline.topics import ThrowawayTLS
+
+    tls = ThrowawayTLS.create(tmp_path, "127.0.0.1")
+    context = ssl.create_default_context(cafile=str(tls.ca_file))
+    context.load_cert_chain(str(tls.keystore_file))  # key and certificate in one PEM
+    pem = tls.keystore_file.read_bytes()
+    assert pem.startswith(b"-----BEGIN PRIVATE KEY-----")  # PKCS#8, as Kafka's PEM store wants
+    cert = x509.load_pem_x509_certificate(pem[pem.index(b"-----BEGIN CERTIFICATE-----") :])
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert cert.subject.rfc4514_string() == "CN=broker"
+    other = ThrowawayTLS.create(tmp_path / "other", "127.0.0.1")
+    assert other.ca_file.read_bytes() != tls.ca_file.read_bytes()
+
+
+def test_secured_properties_enforce_acls_and_authenticate_every_listener(tmp_path: Path) -> None:
+    from deferline.topics import BrokerSecurity, ThrowawayTLS
+    from deferline.topics._brokers import _scram_arguments, _secured_properties
+
+    security = BrokerSecurity(users={"admin": "a", "worker": "w"}, reauth_ms=5000)
+    text = _secured_properties(
+        host="127.0.0.1",
+        port=1,
+        internal_port=2,
+        controller_port=3,
+        data=tmp_path,
+        tls=ThrowawayTLS.create(tmp_path, "127.0.0.1"),
+        security=security,
+    )
+    assert "listener.security.protocol.map=CLIENT:SASL_SSL,INTERNAL:SSL,CONTROLLER:SSL" in text
+    assert "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer" in text
+    assert "allow.everyone.if.no.acl.found=false" in text
+    assert "super.users=User:admin;User:CN=broker" in text
+    assert "listener.name.internal.ssl.client.auth=required" in text
+    assert "connections.max.reauth.ms=5000" in text
+    assert _scram_arguments(security) == [
+        "--add-scram",
+        "SCRAM-SHA-512=[name=admin,password=a]",
+        "--add-scram",
+        "SCRAM-SHA-512=[name=worker,password=w]",
+    ]
+    with pytest.raises(ValueError, match="admin"):
+        BrokerSecurity(users={"worker": "w"})

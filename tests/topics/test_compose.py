@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from deferline.topics import KAFKA_VERSION, Settings, topic_specs
+from deferline.topics import KAFKA_VERSION, ROLES, Settings, acl_bindings, topic_specs
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.kafka.yml"
 
@@ -24,3 +24,44 @@ def test_compose_creates_every_default_topic_with_its_configs():
 
 def test_compose_runs_the_kafka_version_the_tests_use():
     assert f"apache/kafka:{KAFKA_VERSION}" in COMPOSE.read_text()
+
+
+def _secured_acls(text: str) -> set[tuple[str, str, str, str]]:
+    """(principal, resource type, name, operation) for every `acl ROLE ...` line."""
+    kinds = {"--topic": "TOPIC", "--group": "GROUP", "--transactional-id": "TRANSACTIONAL_ID"}
+    operations = {
+        "Read": "READ",
+        "Write": "WRITE",
+        "Describe": "DESCRIBE",
+        "DescribeConfigs": "DESCRIBE_CONFIGS",
+    }
+    found = set()
+    for line in re.findall(r"^\s*acl (\w+) (.+)$", text, re.MULTILINE):
+        role, rest = line
+        words = rest.replace("$${P}", "deferline.").split()
+        ops = [operations[words[i + 1]] for i, w in enumerate(words) if w == "--operation"]
+        targets = [(kinds[w], words[i + 1]) for i, w in enumerate(words) if w in kinds]
+        for op in ops:
+            for kind, name in targets:
+                found.add((f"User:deferline-{role}", kind, name, op))
+    return found
+
+
+def test_secured_profile_grants_exactly_the_acls_topics_ensure_creates():
+    text = COMPOSE.read_text()
+    settings = Settings(bootstrap_servers="x:1", topic_prefix="deferline.")
+    expected = {
+        (b.principal, b.resource_type, b.resource_name, b.operation)
+        for b in acl_bindings(settings, {role: f"User:deferline-{role}" for role in ROLES})
+    }
+    assert _secured_acls(text) == expected
+
+
+def test_secured_profile_creates_every_default_topic_and_a_user_per_role():
+    text = COMPOSE.read_text()
+    secured = text[text.index("kafka-secured-init:") :]
+    for spec in topic_specs(Settings(bootstrap_servers="x:1", topic_prefix="deferline.")):
+        assert re.search(rf"^\s*create {re.escape(spec.name)} ", secured, re.MULTILINE), spec.name
+    assert "for role in " + " ".join(ROLES) + "; do" in secured
+    assert "StandardAuthorizer" in text
+    assert "KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND" in text

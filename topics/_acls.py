@@ -1,0 +1,231 @@
+"""Least-privilege ACLs per role: which principal may read, write or describe what.
+
+The trust boundary of the design is "who may write to a defer topic": whoever can, can make
+a triggerer run any allowed trigger class. So only workers, the scheduler (cancels) and
+clients (start-from-trigger, clear) get Write there, and the broker enforces it.
+
+Every binding is LITERAL (exact topic, group or transactional id names) and built from the
+same TopicNames/topic_specs the processes use, so a new queue needs ``topics ensure --acls``
+again with that queue. :func:`acl_bindings` is the single list; ``topics ensure --acls``,
+the docs' ``kafka-acls`` commands and the tests all come from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError, for_code
+from aiokafka.protocol.admin import CreateAclsRequest
+
+from ._errors import BrokerError
+from ._names import DEFAULT_QUEUE, TopicNames
+from ._settings import Settings
+
+logger = logging.getLogger(__name__)
+
+Role = Literal["worker", "triggerer", "scheduler", "client", "replay"]
+ROLES: tuple[Role, ...] = get_args(Role)
+
+ResourceType = Literal["TOPIC", "GROUP", "TRANSACTIONAL_ID", "CLUSTER"]
+Operation = Literal["READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS", "IDEMPOTENT_WRITE"]
+
+# Kafka's wire codes (org.apache.kafka.common.resource / acl).
+_RESOURCE_CODES = {"TOPIC": 2, "GROUP": 3, "CLUSTER": 4, "TRANSACTIONAL_ID": 5}
+_OPERATION_CODES = {
+    "READ": 3,
+    "WRITE": 4,
+    "DESCRIBE": 8,
+    "DESCRIBE_CONFIGS": 10,
+    "IDEMPOTENT_WRITE": 12,
+}
+_LITERAL = 3
+_ALLOW = 3
+_CLI_OPERATION = {
+    "READ": "Read",
+    "WRITE": "Write",
+    "DESCRIBE": "Describe",
+    "DESCRIBE_CONFIGS": "DescribeConfigs",
+    "IDEMPOTENT_WRITE": "IdempotentWrite",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AclBinding:
+    """One ALLOW rule: ``principal`` may do ``operation`` on a named resource, from any host."""
+
+    principal: str
+    resource_type: ResourceType
+    resource_name: str
+    operation: Operation
+
+    def kafka_acls_command(self, bootstrap: str = "$BOOTSTRAP") -> str:
+        """The equivalent ``kafka-acls.sh`` command line."""
+        target = {
+            "TOPIC": f"--topic {self.resource_name}",
+            "GROUP": f"--group {self.resource_name}",
+            "TRANSACTIONAL_ID": f"--transactional-id {self.resource_name}",
+            "CLUSTER": "--cluster",
+        }[self.resource_type]
+        return (
+            f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties "
+            f"--add --allow-principal {self.principal} "
+            f"--operation {_CLI_OPERATION[self.operation]} {target}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerResources:
+    """The scheduler's lease topic, group and transactional id, named in one place.
+
+    The lease topic (one partition; the holder of partition 0 in the group is the leader)
+    and the transactional id (on Apache Kafka the scheduler commits its resume offsets in
+    its transactions) both follow the topic prefix.
+    """
+
+    lease_topic: str
+    group: str
+    transactional_id: str
+
+    @classmethod
+    def for_prefix(cls, prefix: str) -> SchedulerResources:
+        return cls(
+            lease_topic=f"{prefix}scheduler.lease",
+            group=f"{prefix}scheduler",
+            transactional_id=f"{prefix}scheduler",
+        )
+
+
+def principal(name: str) -> str:
+    """``alice`` → ``User:alice``; a name that already has a type is kept."""
+    return name if ":" in name else f"User:{name}"
+
+
+def acl_bindings(
+    settings: Settings,
+    principals: Mapping[Role, str],
+    *,
+    queues: Iterable[str | None] = (),
+    worker_queues: Iterable[str] = (),
+) -> list[AclBinding]:
+    """The ALLOW rules each role's principal needs, for the default and the given queues.
+
+    READ and WRITE imply DESCRIBE in Kafka, so DESCRIBE is listed only where nothing else is.
+    IdempotentWrite on the cluster is not needed: since Kafka 3.0 Write on a topic allows
+    idempotent produce to it.
+    """
+    names = TopicNames(settings.topic_prefix)
+    prefix = settings.topic_prefix
+    trigger_queues = list(dict.fromkeys((None, *(q or None for q in queues))))
+    wqueues = list(dict.fromkeys((DEFAULT_QUEUE, *worker_queues)))
+    defer = [names.defer(q) for q in trigger_queues]
+    resume = [names.resume(q) for q in trigger_queues]
+    work = [names.work(w) for w in wqueues]
+    resumes = [names.resumes(w) for w in wqueues]
+    triggerer_groups = [
+        f"{prefix}triggerer" + ("" if q in (None, DEFAULT_QUEUE) else f".{q}")
+        for q in trigger_queues
+    ]
+    worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
+    scheduler = SchedulerResources.for_prefix(prefix)
+    all_topics = [*defer, *resume, names.tasks, *work, *resumes, names.dead]
+
+    grants: dict[Role, list[tuple[ResourceType, Iterable[str], Operation]]] = {
+        # Runs tasks: takes RunTasks, folds and writes task state, publishes DeferRequests,
+        # dead-letters unreadable work. Never writes events (resume) or RunTasks.
+        "worker": [
+            ("TOPIC", [*work, *resumes, names.tasks], "READ"),
+            ("TOPIC", [names.tasks, *defer, names.dead], "WRITE"),
+            ("GROUP", worker_groups, "READ"),
+        ],
+        # Runs triggers: reads DeferRequests, writes events (and direct resumes), scans its
+        # resume topic on recovery, dead-letters bad requests. Never writes defer or tasks.
+        "triggerer": [
+            ("TOPIC", [*defer, *resume], "READ"),
+            ("TOPIC", [*resume, *resumes, names.dead], "WRITE"),
+            ("GROUP", triggerer_groups, "READ"),
+        ],
+        # Folds events into task state; writes state, RunTasks, cancels and dead letters.
+        "scheduler": [
+            ("TOPIC", [*resume, names.tasks, scheduler.lease_topic], "READ"),
+            ("TOPIC", [names.tasks, *work, *resumes, *defer, names.dead], "WRITE"),
+            ("GROUP", [scheduler.group], "READ"),
+            ("TRANSACTIONAL_ID", [scheduler.transactional_id], "WRITE"),
+            ("TRANSACTIONAL_ID", [scheduler.transactional_id], "DESCRIBE"),
+        ],
+        # submit / tasks / clear: task state, and defer for start-from-trigger and cancels.
+        "client": [
+            ("TOPIC", [names.tasks], "READ"),
+            ("TOPIC", [names.tasks, *defer], "WRITE"),
+        ],
+        # replay: reads everything, writes nothing; sees topic configs and group positions.
+        "replay": [
+            ("TOPIC", all_topics, "READ"),
+            ("TOPIC", all_topics, "DESCRIBE_CONFIGS"),
+            ("GROUP", [*triggerer_groups, scheduler.group, *worker_groups], "DESCRIBE"),
+        ],
+    }
+    bindings: list[AclBinding] = []
+    for role, who in principals.items():
+        if role not in grants:
+            raise ValueError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
+        for resource_type, resources, operation in grants[role]:
+            for resource in dict.fromkeys(resources):
+                bindings.append(AclBinding(principal(who), resource_type, resource, operation))
+    return list(dict.fromkeys(bindings))
+
+
+async def create_acls(admin: AIOKafkaAdminClient, bindings: Iterable[AclBinding]) -> int:
+    """Create ``bindings`` through the admin API (CreateAcls); existing ones are kept.
+
+    Returns how many were sent. Raises BrokerError naming every binding the broker refused
+    (e.g. ClusterAuthorizationFailed when the caller may not alter ACLs, or
+    SecurityDisabled when the broker has no authorizer).
+    """
+    failures: list[str] = []
+    count = 0
+    for binding in bindings:
+        request = CreateAclsRequest(
+            _RESOURCE_CODES[binding.resource_type],
+            binding.resource_name,
+            _LITERAL,
+            binding.principal,
+            "*",
+            _OPERATION_CODES[binding.operation],
+            _ALLOW,
+        )
+        try:
+            # aiokafka 0.14's admin client has no create_acls: send the request it defines.
+            response = await admin._client.send(admin._client.get_random_node(), request)
+        except KafkaError as exc:
+            raise BrokerError(f"cannot create ACLs: {type(exc).__name__}: {exc}") from exc
+        count += 1
+        for result in response.to_object()["creation_responses"]:
+            if result["error_code"]:
+                error = for_code(result["error_code"]).__name__
+                failures.append(
+                    f"{binding.principal} {binding.operation} {binding.resource_type} "
+                    f"{binding.resource_name}: {error}: {result['error_message'] or ''}".rstrip()
+                )
+    if failures:
+        raise BrokerError("cannot create ACLs: " + "; ".join(failures))
+    logger.info("created %d ACL bindings", count, extra={"acls": count})
+    return count
+
+
+def parse_role_principals(values: Iterable[str]) -> dict[Role, str]:
+    """``["worker=User:w", "replay=r"]`` → ``{"worker": "User:w", "replay": "User:r"}``."""
+    result: dict[Role, str] = {}
+    for value in values:
+        role, sep, who = value.partition("=")
+        role = role.strip()
+        if not sep or not who.strip() or role not in ROLES:
+            raise ValueError(
+                f"{value!r}: use ROLE=PRINCIPAL with ROLE one of {', '.join(ROLES)} "
+                "(e.g. worker=User:deferline-worker)"
+            )
+        result[role] = principal(who.strip())
+    return result
