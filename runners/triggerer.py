@@ -92,6 +92,9 @@ class TriggererOptions:
         max_pending: pause fetching while pending triggers plus unsent events exceed this;
             resume below half of it. Default: ten times the capacity (a memory guard
             against floods: while paused, cancels and new deferrals wait in Kafka too).
+        max_unsent: events queued for the producer at which due timers stop firing; they
+            fire again, in order, once half of them are acked. Bounds the memory of a burst
+            (a million timers due at once) without dropping or reordering anything.
         session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
             member's partitions move after the session timeout.
         fetch_max_wait_ms: broker-side fetch wait (Tansu holds a fetch this long).
@@ -114,6 +117,7 @@ class TriggererOptions:
     state_dir: Path | None = None
     direct_resume: bool = False
     max_pending: int | None = None
+    max_unsent: int = 10_000
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     fetch_max_wait_ms: int = 20
@@ -157,6 +161,8 @@ class Triggerer:
         self.options = options or TriggererOptions()
         if self.options.capacity < 1:
             raise ValueError("capacity must be at least 1")
+        if self.options.max_unsent < 1:
+            raise ValueError("max_unsent must be at least 1")
         self.member = self.options.member or default_member()
         self.queues = _normalise_queues(self.options.queues)
         self.metrics = TriggererMetrics(registry, member=self.member)
@@ -218,7 +224,11 @@ class Triggerer:
             block_threshold=options.block_threshold,
         )
         await self._supervisor.start()
-        self._emitter = Emitter(self._producer)
+        self._emitter = Emitter(
+            self._producer,
+            max_backlog=options.max_unsent,
+            on_pressure=self._supervisor.hold_timers,
+        )
         await self._emitter.start()
         self._store = (
             RocksCheckpointStore(options.state_dir)
@@ -443,6 +453,13 @@ def _split(value: str | None) -> tuple[str, ...]:
     help="Pause fetching above this many waiting triggers + unsent events [10 x capacity].",
 )
 @click.option(
+    "--max-unsent",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="Hold due timers while this many events wait for the producer (bounds burst memory).",
+)
+@click.option(
     "--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True
 )
 @click.option(
@@ -471,6 +488,7 @@ def triggerer_command(
     no_checkpoint: bool,
     direct_resume: bool,
     max_pending: int | None,
+    max_unsent: int,
     session_timeout_ms: int,
     heartbeat_interval_ms: int,
     fetch_max_wait_ms: int,
@@ -487,6 +505,7 @@ def triggerer_command(
             state_dir=None if no_checkpoint else (state_dir or default_state_dir()),
             direct_resume=direct_resume,
             max_pending=max_pending,
+            max_unsent=max_unsent,
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
             fetch_max_wait_ms=fetch_max_wait_ms,
