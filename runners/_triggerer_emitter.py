@@ -5,16 +5,16 @@ The supervisor's outcome callback is synchronous, so outcomes are queued here as
 record of a batch (trigger events, direct-resume RunTasks, dead letters) and gathers the
 acks together; stage two sends the tombstones of the emissions whose records were all
 acked. Awaiting one send at a time would cap the rate at a few thousand per second; a
-batch of sends shares the producer's linger window and one round trip.
-
-The queue is bounded: once ``max_backlog`` emissions are outstanding, ``on_pressure(True)``
-tells the source to stop submitting (the triggerer holds the supervisor's due timers), and
-``on_pressure(False)`` once the backlog has drained to half of it. The bound is soft, since
-``submit`` never refuses (coroutine triggers and bad records may still add a few), but
-a burst of due timers is held in the supervisor's heap, in order, instead of in here. A failed send is
+batch of sends shares the producer's linger window and one round trip. A failed send is
 retried after a backoff; nothing is dropped while the emitter runs. A crash between the
 two stages leaves the trigger in the defer table, so its next owner runs it again and
 emits the same event id: a duplicate at worst, never a lost event.
+
+The queue is bounded: once ``max_backlog`` emissions are outstanding, ``on_pressure(True)``
+tells the source to stop submitting (the triggerer holds the supervisor's due timers), and
+``on_pressure(False)`` follows once the backlog has drained to half of it. The bound is
+soft, since ``submit`` never refuses (coroutine triggers and bad records may still add a
+few), but a burst of due timers waits in the supervisor's heap, in order, not in here.
 """
 
 from __future__ import annotations

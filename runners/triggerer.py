@@ -194,6 +194,11 @@ class Triggerer:
         return self._supervisor
 
     @property
+    def peak_unsent(self) -> int:
+        """The most events that ever waited for the producer at once (see ``max_unsent``)."""
+        return self._emitter.peak_backlog if self._emitter is not None else 0
+
+    @property
     def metrics_port(self) -> int | None:
         """The bound metrics port, when serving."""
         return self._server.port if self._server is not None else None
