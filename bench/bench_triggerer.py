@@ -479,7 +479,7 @@ async def bench_burst(
         names = TopicNames(settings.topic_prefix)
         producer = make_producer(settings, linger_ms=5, max_batch_size=1 << 20)
         await producer.start()
-        lead = 20.0 + n / 4000
+        lead = 30.0 + n / 5000
         due = utcnow() + dt.timedelta(seconds=lead)
         try:
             await produce_batched(producer, names.defer(), cheap_requests(n, due, "burst"), 12)

@@ -97,7 +97,9 @@ class TriggererOptions:
             (a million timers due at once) without dropping or reordering anything.
         session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
             member's partitions move after the session timeout.
-        fetch_max_wait_ms: broker-side fetch wait (Tansu holds a fetch this long).
+        fetch_max_wait_ms: broker-side fetch wait. Tansu holds every fetch this long, so it
+            is the latency floor there (keep it small); Apache Kafka answers as soon as a
+            record arrives, so 500 there costs no latency and cuts idle CPU about fourfold.
         checkpoint_interval: seconds between checkpoints (and commits) of owned partitions.
         checkpoint_max_age: an older checkpoint is ignored (compaction may have removed
             tombstones it has not seen; keep it below the topic's ``delete.retention.ms``).
@@ -470,7 +472,14 @@ def _split(value: str | None) -> tuple[str, ...]:
 @click.option(
     "--heartbeat-interval-ms", type=click.IntRange(min=100), default=1_000, show_default=True
 )
-@click.option("--fetch-max-wait-ms", type=click.IntRange(min=0), default=20, show_default=True)
+@click.option(
+    "--fetch-max-wait-ms",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Broker-side fetch wait: keep small on Tansu (it holds each fetch this long); "
+    "500 on Apache Kafka (long poll, lower idle CPU).",
+)
 @click.option(
     "--checkpoint-interval",
     type=click.FloatRange(min=0.1),

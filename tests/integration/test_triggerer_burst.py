@@ -27,7 +27,7 @@ from tests.integration._util import KafkaClients
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 N = 200_000
-BOUND = 500
+BOUND = 2_000
 
 
 def _requests(base: dt.datetime) -> list[tuple[bytes, bytes]]:
