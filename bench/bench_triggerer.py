@@ -5,7 +5,14 @@ requests, reads the events back and scrapes the members' metrics. Figures are pr
 never asserted. Usage::
 
     .venv/bin/python bench/bench_triggerer.py [--backend tansu|kafka] [--n 100000]
-        [--only throughput,latency,failover]
+        [--only throughput,latency,failover,burst,idle] [--burst-sizes 10000,100000,1000000]
+        [--member-flags "--fetch-max-wait-ms 500"]
+
+``burst`` is the memory curve: N timers wait in one member (RSS sampled), then all fall
+due at once; the RSS is sampled every 20 ms while they fire, and events/s and CPU per
+fired trigger come from the events read back. ``idle`` is the CPU of a member that owns
+12 empty partitions, over 20 s. Both only use flags every version of the triggerer has,
+so the script can measure an older checkout too (run it with that checkout's python).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 from aiokafka import AIOKafkaProducer
 from deferline.schemas import (
     DeferRequest,
@@ -46,6 +54,7 @@ from deferline.topics import (
     ensure_topics,
     make_consumer,
     make_producer,
+    partition_for,
     topic_specs,
 )
 from deferline.topics._brokers import free_port
@@ -424,6 +433,111 @@ async def bench_failover(
     return results
 
 
+# -- burst: memory curve while N timers fall due at once; idle CPU ---------------------------
+
+
+async def produce_batched(
+    producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, bytes]], parts: int
+) -> None:
+    """Produce in order per partition, one producer batch per send (fast for millions)."""
+    by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+    for key, value in records:
+        by_partition.setdefault(partition_for(key, parts), []).append((key, value))
+    futures = []
+    for partition, rows in by_partition.items():
+        batch = producer.create_batch()
+        for key, value in rows:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        futures.append(await producer.send_batch(batch, topic, partition=partition))
+    await asyncio.gather(*futures)
+
+
+def cheap_requests(n: int, moment: dt.datetime, run: str) -> list[tuple[bytes, bytes]]:
+    """``n`` valid DeferRequests built from one model's JSON (a million models take minutes)."""
+    template = orjson.loads(encode(request(0, moment, run)))
+    out = []
+    for i in range(n):
+        task = TaskKey(dag_id="bench", task_id="wait", run_id=f"{run}-{i}")
+        trigger_id = make_trigger_id(task, 0)
+        template["trigger_id"] = trigger_id
+        template["task"]["run_id"] = task.run_id
+        out.append((trigger_id.encode(), orjson.dumps(template)))
+    return out
+
+
+async def bench_burst(
+    bootstrap: str, sizes: Sequence[int], workdir: Path, flags: Sequence[str]
+) -> dict[str, float]:
+    results: dict[str, float] = {}
+    for n in sizes:
+        print(f"\n== burst: {n:,} timers due at one moment, one member {' '.join(flags)} ==")
+        settings = fresh_settings(bootstrap, 12)
+        await ensure_topics(settings, topic_specs(settings))
+        names = TopicNames(settings.topic_prefix)
+        producer = make_producer(settings, linger_ms=5, max_batch_size=1 << 20)
+        await producer.start()
+        lead = 30.0 + n / 5000
+        due = utcnow() + dt.timedelta(seconds=lead)
+        try:
+            await produce_batched(producer, names.defer(), cheap_requests(n, due, "burst"), 12)
+        finally:
+            await producer.stop()
+        async with aiohttp.ClientSession() as session:
+            member = Member(settings, f"burst{n}", workdir, "--capacity", str(n + 10), *flags)
+            try:
+                await wait_for(session, member, "deferline_triggers_running", n, within=lead)
+                await asyncio.sleep(1.0)
+                waiting = member.rss_mb()
+                left = (due - utcnow()).total_seconds()
+                if left < 0.5:
+                    print(f"  (the member was not ready before the due time: {-left:.1f} s late)")
+                await asyncio.sleep(max(0.0, left - 0.3))
+                peak = waiting
+                cpu0 = member.cpu_seconds()
+                reader = asyncio.create_task(read_events(settings, n, within=600))
+                while not reader.done():
+                    peak = max(peak, member.rss_mb())
+                    await asyncio.sleep(0.02)
+                fire_cpu = member.cpu_seconds() - cpu0
+                events = reader.result()
+            finally:
+                member.stop()
+        stamps = sorted(ts for ts, _ in events)
+        span = (stamps[-1] - due.timestamp() * 1000) / 1000 if stamps else float("nan")
+        results[f"burst_{n}_rss_waiting_mb"] = waiting
+        results[f"burst_{n}_rss_peak_mb"] = peak
+        results[f"burst_{n}_events_per_s"] = len(events) / span
+        results[f"burst_{n}_cpu_us_per_fire"] = fire_cpu / n * 1e6
+        print(
+            f"{len(events):,} events; due -> all on the events topic {span:.2f} s -> "
+            f"{len(events) / span:,.0f} events/s; CPU {fire_cpu / n * 1e6:.0f} µs per fired "
+            f"trigger; RSS waiting {waiting:.0f} MB, peak while firing {peak:.0f} MB "
+            f"({peak / waiting:.2f}x)"
+        )
+    return results
+
+
+async def bench_idle(bootstrap: str, workdir: Path, flags: Sequence[str]) -> dict[str, float]:
+    print(f"\n== idle: one member on 12 empty partitions, 20 s {' '.join(flags)} ==")
+    settings = fresh_settings(bootstrap, 12)
+    await ensure_topics(settings, topic_specs(settings))
+    async with aiohttp.ClientSession() as session:
+        member = Member(settings, "idle", workdir, *flags)
+        try:
+            await wait_for(session, member, "deferline_triggerer_assigned_partitions", 12)
+            await asyncio.sleep(3.0)
+            cpu0, t0 = member.cpu_seconds(), time.monotonic()
+            await asyncio.sleep(20.0)
+            share = (member.cpu_seconds() - cpu0) / (time.monotonic() - t0)
+        finally:
+            member.stop()
+    print(f"idle CPU: {share * 100:.2f} % of a core")
+    return {"idle_cpu_percent": share * 100}
+
+
 @contextlib.asynccontextmanager
 async def _members_stopped() -> AsyncIterator[None]:
     """Whatever happens, no triggerer process outlives the benchmark."""
@@ -443,7 +557,10 @@ async def main() -> None:
     parser.add_argument("--failover-n", type=int, default=10_000)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--only", default="throughput,latency,failover")
+    parser.add_argument("--burst-sizes", default="10000,100000,1000000")
+    parser.add_argument("--member-flags", default="", help="extra triggerer flags (burst, idle)")
     args = parser.parse_args()
+    flags = args.member_flags.split()
     wanted = set(args.only.split(","))
     print(f"backend {args.backend}; python {sys.version.split()[0]}; {os.cpu_count()} cores")
     results: dict[str, float] = {}
@@ -460,6 +577,11 @@ async def main() -> None:
                 results |= await bench_failover(
                     bootstrap, args.failover_n, args.session_timeout_ms, workdir
                 )
+            if "burst" in wanted:
+                sizes = [int(size) for size in args.burst_sizes.split(",")]
+                results |= await bench_burst(bootstrap, sizes, workdir, flags)
+            if "idle" in wanted:
+                results |= await bench_idle(bootstrap, workdir, flags)
     print("\n== against Airflow 2.10.5 (ANCHORS.md) ==")
     if "fires_per_s" in results:
         print(

@@ -248,6 +248,7 @@ class TriggerSupervisor:
         self._resched = False
         self._firing = False
         self._filling = False
+        self._held = False
         self._state = "new"
         self._stoppers: set[asyncio.Task[None]] = set()
         self._abandoned: set[asyncio.Task[Any]] = set()
@@ -467,6 +468,26 @@ class TriggerSupervisor:
         return self._pending_count
 
     @property
+    def timers_held(self) -> bool:
+        """True while :meth:`hold_timers` keeps due timers from firing."""
+        return self._held
+
+    def hold_timers(self, held: bool) -> None:
+        """Stop (``True``) or restart (``False``) firing due timers and timeouts.
+
+        While held, due entries stay in the heap in their order and fire once released;
+        nothing is dropped. The consumer of outcomes uses this as backpressure (the
+        triggerer holds the timers while its producer queue is full). Coroutine triggers
+        keep running; their events still arrive.
+        """
+        if held == self._held:
+            return
+        self._held = held
+        if not held and not self._resched and self._loop is not None:
+            self._resched = True
+            self._loop.call_soon(self._reschedule)
+
+    @property
     def capacity(self) -> int:
         """The configured capacity."""
         return self._capacity
@@ -597,7 +618,7 @@ class TriggerSupervisor:
         if self._wake is not None:
             self._wake.cancel()
             self._wake = None
-        if not self._heap or self._state != "running" or self._loop is None:
+        if not self._heap or self._state != "running" or self._loop is None or self._held:
             self._wake_at = math.inf
             return
         due = self._heap[0] / 1000.0
@@ -623,7 +644,7 @@ class TriggerSupervisor:
                 for index, tid in enumerate(tids):
                     self._due(key, tid)
                     handled += 1
-                    if not handled & 63 and time.perf_counter() > stop_at:
+                    if self._held or (not handled & 63 and time.perf_counter() > stop_at):
                         rest = list(tids[index + 1 :])
                         if rest:
                             self._requeue(key, rest)

@@ -9,6 +9,12 @@ batch of sends shares the producer's linger window and one round trip. A failed 
 retried after a backoff; nothing is dropped while the emitter runs. A crash between the
 two stages leaves the trigger in the defer table, so its next owner runs it again and
 emits the same event id: a duplicate at worst, never a lost event.
+
+The queue is bounded: once ``max_backlog`` emissions are outstanding, ``on_pressure(True)``
+tells the source to stop submitting (the triggerer holds the supervisor's due timers), and
+``on_pressure(False)`` follows once the backlog has drained to half of it. The bound is
+soft, since ``submit`` never refuses (coroutine triggers and bad records may still add a
+few), but a burst of due timers waits in the supervisor's heap, in order, not in here.
 """
 
 from __future__ import annotations
@@ -110,6 +116,10 @@ class Emitter:
         give_up_after: attempts before an emission failing with a permanent error (too
             large, invalid topic) is dropped and handed to its ``on_failed``; any other
             error is retried for as long as the emitter runs.
+        max_backlog: outstanding emissions at which ``on_pressure(True)`` is called;
+            ``on_pressure(False)`` follows once half of them are done. ``None``: unbounded.
+        on_pressure: called with ``True`` when the backlog reaches ``max_backlog`` and with
+            ``False`` when it has drained to half of it (on the loop, must not block).
     """
 
     def __init__(
@@ -119,8 +129,18 @@ class Emitter:
         max_batch: int = 1000,
         retry_backoff: float = 0.5,
         give_up_after: int = 3,
+        max_backlog: int | None = None,
+        on_pressure: Callable[[bool], None] | None = None,
     ) -> None:
+        if max_backlog is not None and max_backlog < 1:
+            raise ValueError(f"max_backlog must be at least 1, got {max_backlog}")
         self._producer = producer
+        self._max_backlog = max_backlog
+        self._low_water = 0 if max_backlog is None else max_backlog // 2
+        self._on_pressure = on_pressure
+        self._full = False
+        self.peak_backlog = 0
+        """The largest backlog seen (the bound's effect, for tests and metrics)."""
         self._give_up_after = give_up_after
         self._max_batch = max_batch
         self._retry_backoff = retry_backoff
@@ -140,9 +160,19 @@ class Emitter:
         """Emissions submitted and not finished yet."""
         return self._outstanding
 
+    @property
+    def full(self) -> bool:
+        """True from reaching ``max_backlog`` until the backlog drained to half of it."""
+        return self._full
+
     def submit(self, emission: Emission) -> None:
         """Queue an emission (synchronous; safe to call from the supervisor's callback)."""
         self._outstanding += 1
+        if self._outstanding > self.peak_backlog:
+            self.peak_backlog = self._outstanding
+        bound = self._max_backlog
+        if bound is not None and not self._full and self._outstanding >= bound:
+            self._set_full(True)
         self._idle.clear()
         if emission.sends:
             self._first.append(emission)
@@ -206,15 +236,29 @@ class Emitter:
             ready.clear()
         return batch
 
+    def _set_full(self, full: bool) -> None:
+        self._full = full
+        if self._on_pressure is not None:
+            try:
+                self._on_pressure(full)
+            except Exception:
+                logger.exception("emitter pressure callback failed")
+
+    def _done(self) -> None:
+        """One emission left the emitter (acked or given up)."""
+        self._outstanding -= 1
+        if self._full and self._outstanding <= self._low_water:
+            self._set_full(False)
+        if self._outstanding == 0:
+            self._idle.set()
+
     def _finish(self, emission: Emission) -> None:
         if emission.on_done is not None:
             try:
                 emission.on_done()
             except Exception:
                 logger.exception("emission completion callback failed")
-        self._outstanding -= 1
-        if self._outstanding == 0:
-            self._idle.set()
+        self._done()
 
     async def _send_one(self, send: Send) -> asyncio.Future[Any] | BaseException:
         try:
@@ -347,9 +391,7 @@ class Emitter:
                     emission.on_failed(error)
                 except Exception:
                     logger.exception("emission failure callback failed")
-            self._outstanding -= 1
-            if self._outstanding == 0:
-                self._idle.set()
+            self._done()
             return False
         level = logging.WARNING if emission.attempts < 5 else logging.ERROR
         logger.log(

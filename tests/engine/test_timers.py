@@ -287,3 +287,41 @@ async def test_cancelled_timers_do_not_linger_in_the_heap(
     await wait_until(lambda: "now" not in sup)
     assert [o.trigger_id for o in sink.outcomes] == ["now"]
     assert sup.waiting_timers == 10
+
+
+async def test_held_timers_wait_in_order_and_fire_once_released(sink: Sink) -> None:
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    sup: TriggerSupervisor
+
+    def on_event(outcome: Any) -> None:
+        sink(outcome)
+        if len(sink.outcomes) == 100:
+            sup.hold_timers(True)  # as a full producer queue does, mid-slice
+
+    async with TriggerSupervisor(capacity=10_000, on_event=on_event, block_threshold=None) as sup:
+        for i in range(1000):
+            sup.add(f"t{i:04}", DateTimeTrigger(past + dt.timedelta(milliseconds=i % 7)))
+        await wait_until(lambda: len(sink.outcomes) >= 100)
+        for _ in range(20):  # the loop runs; nothing more fires while held
+            await asyncio.sleep(0.005)
+        assert len(sink.outcomes) == 100
+        assert sup.timers_held
+        assert sup.waiting_timers == 900
+        sup.hold_timers(False)
+        await wait_until(lambda: len(sink.outcomes) == 1000)
+    fired = [o.trigger_id for o in sink.outcomes]
+    assert len(set(fired)) == 1000
+    expected = sorted((i % 7, f"t{i:04}") for i in range(1000))  # due order, then add order
+    assert fired == [tid for _, tid in expected]
+
+
+async def test_timers_added_while_held_fire_after_release(sink: Sink) -> None:
+    async with TriggerSupervisor(capacity=100, on_event=sink, block_threshold=None) as sup:
+        sup.hold_timers(True)
+        sup.add("late", DateTimeTrigger(_in(-1)))
+        for _ in range(10):
+            await asyncio.sleep(0.005)
+        assert sink.outcomes == []
+        sup.hold_timers(False)
+        await wait_until(lambda: len(sink.outcomes) == 1)
+    assert sink.one("late").status == "fired"

@@ -426,3 +426,57 @@ def test_fast_event_encoding_matches_the_record(payload: Any) -> None:
     fast = decode(encode_event(request_fields(stored), **fields))
     slow = TriggerEventRecord(task=TASK, defer_seq=3, **fields)
     assert fast == decode(encode(slow))
+
+
+async def test_the_emitter_reports_pressure_at_its_bound_and_relief_at_half() -> None:
+    producer = FakeProducer()
+    changes: list[tuple[bool, int]] = []
+    emitter = Emitter(producer, max_backlog=10, on_pressure=lambda full: changes.append((full, 0)))
+    for i in range(9):
+        emitter.submit(Emission(sends=[Send("resume", str(i).encode(), b"e")]))
+    assert changes == []  # not full below the bound
+    emitter.submit(Emission(sends=[Send("resume", b"9", b"e")]))
+    full_at_bound = emitter.full
+    assert full_at_bound
+    assert changes == [(True, 0)]
+    await emitter.start()
+    try:
+        assert await emitter.flush(5)
+    finally:
+        await emitter.stop()
+    assert changes == [(True, 0), (False, 0)]
+    assert not emitter.full
+    assert emitter.peak_backlog == 10
+    assert len(producer.sent) == 10
+
+
+def test_the_emitter_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_backlog"):
+        Emitter(FakeProducer(), max_backlog=0)
+
+
+async def test_a_full_emitter_holds_the_supervisor_timers_and_loses_nothing() -> None:
+    from deferline.engine import TriggerSupervisor
+
+    producer = FakeProducer()
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    supervisor: TriggerSupervisor
+    emitter: Emitter
+
+    def on_event(outcome: Any) -> None:
+        key = outcome.trigger_id.encode()
+        emitter.submit(Emission(sends=[Send("resume", key, b"e", 0)]))
+
+    async with TriggerSupervisor(capacity=10_000, on_event=on_event, block_threshold=None) as sup:
+        supervisor = sup
+        emitter = Emitter(producer, max_batch=50, max_backlog=200, on_pressure=sup.hold_timers)
+        async with emitter:
+            for i in range(5000):
+                supervisor.add(f"t{i:05}", DateTimeTrigger(past))
+            deadline = asyncio.get_running_loop().time() + 30
+            while len(producer.sent) < 5000:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.002)
+            assert await emitter.flush(5)
+    assert emitter.peak_backlog <= 201  # the event that fills it, and not one more
+    assert [s.key for s in producer.sent] == [f"t{i:05}".encode() for i in range(5000)]
