@@ -154,6 +154,10 @@ class RebalanceSummary:
     paused_seconds: dict[int, float] = field(default_factory=dict)
     """Per partition: from revocation (or assignment, for a member that had nothing) until
     it emitted again (kept) or its rebuild finished (acquired)."""
+    revoked_at: float | None = None
+    """Wall-clock time the lane quiesced (None: it owned nothing before)."""
+    assigned_at: float = 0.0
+    """Wall-clock time the assignment arrived (kept partitions emit again from here)."""
 
 
 def _leave_from_generation_zero(consumer: AIOKafkaConsumer) -> None:
@@ -416,6 +420,7 @@ class TriggerLane:
         await self._cancel_bootstrap()
         now = time.monotonic()
         self._revoked_at = now
+        self._revoked_wall = time.time()
         if self._summary is not None:  # the previous rebalance's rebuild was interrupted
             self._finish_rebalance()
         parts = [
@@ -457,7 +462,8 @@ class TriggerLane:
         partitions stay paused until their rebuild is done.
         """
         consumer = self._consumer
-        assert consumer is not None
+        if consumer is None:  # closing: the assignment arrived while leaving
+            return
         now = time.monotonic()
         started = self._revoked_at if self._revoked_at is not None else now
         self._revoked_at = None
@@ -480,6 +486,8 @@ class TriggerLane:
             kept=[p.number for p in kept],
             acquired=[tp.partition for tp in new],
             lost=[p.number for p in lost],
+            revoked_at=self._revoked_wall if started != now else None,
+            assigned_at=time.time(),
         )
         self._metrics.rebalances.labels(queue=self.label).inc()
 
@@ -547,6 +555,7 @@ class TriggerLane:
         self._bootstrap = asyncio.create_task(self._bootstrap_guarded(parts), name="bootstrap")
 
     _rebalance_started: float = 0.0
+    _revoked_wall: float = 0.0
 
     def _finish_rebalance(self) -> None:
         """Count, record and log the rebalance in progress (once its rebuild is over)."""
