@@ -22,14 +22,16 @@ def test_a_join_moves_only_the_new_members_share() -> None:
     after = balanced_sticky(range(12), ["a", "b", "c"], claims)
     assert sorted(len(ns) for ns in after.values()) == [4, 4, 4]
     assert moved(before, after) == 4
-    assert set(after["a"]) <= set(before["a"]) and set(after["b"]) <= set(before["b"])
+    assert set(after["a"]) <= set(before["a"])
+    assert set(after["b"]) <= set(before["b"])
 
 
 def test_a_leave_moves_only_the_leavers_partitions() -> None:
     before = balanced_sticky(range(12), ["a", "b", "c"], {})
     claims = {m: (1, ns) for m, ns in before.items() if m != "c"}
     after = balanced_sticky(range(12), ["a", "b"], claims)
-    assert set(before["a"]) <= set(after["a"]) and set(before["b"]) <= set(after["b"])
+    assert set(before["a"]) <= set(after["a"])
+    assert set(before["b"]) <= set(after["b"])
     assert sorted(after["a"] + after["b"]) == list(range(12))
 
 
