@@ -219,6 +219,7 @@ async def test_a_timer_due_during_the_rebalance_is_emitted_once_by_its_next_owne
         event
         for event in events.events()
         if event.due_at is not None
+        and event.partition is not None
         and any(
             start <= event.due_at.timestamp() <= end
             for start, end in quiet[owner_before[event.partition]]
