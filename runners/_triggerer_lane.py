@@ -590,7 +590,9 @@ class TriggerLane:
                 triggers_kept=summary.triggers_kept,
                 triggers_cancelled=summary.triggers_cancelled,
                 triggers_rebuilt=summary.triggers_rebuilt,
-                paused_seconds={n: round(s, 3) for n, s in sorted(summary.paused_seconds.items())},
+                paused_seconds={
+                    str(n): round(s, 3) for n, s in sorted(summary.paused_seconds.items())
+                },
                 max_paused_seconds=round(max(pauses), 3) if pauses else 0.0,
             ),
         )
