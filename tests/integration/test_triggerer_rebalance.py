@@ -235,8 +235,14 @@ async def test_a_timer_due_during_the_rebalance_is_emitted_once_by_its_next_owne
 
 
 async def test_a_static_member_restarted_in_time_gets_its_partitions_back_without_rebalance(
-    group: Group, wide: Settings, kafka_clients: KafkaClients
+    group: Group, wide: Settings, kafka_clients: KafkaClients, broker_backend: str
 ) -> None:
+    if broker_backend == "tansu":
+        pytest.skip(
+            "static membership: Tansu accepts group.instance.id but does not hand a rejoining "
+            "static member its old place; the old member expires after the session timeout "
+            "and the group rebalances"
+        )
     waiting = [defer_request(i, due_in=3600) for i in range(600)]
     producer = await kafka_clients.producer()
     await produce_requests(producer, wide, waiting)
@@ -249,8 +255,7 @@ async def test_a_static_member_restarted_in_time_gets_its_partitions_back_withou
     counts = {m: len(log(t)) for m, t in group.members.items()}
     await group.stop("c")
     c2 = await group.start("c", **static)
-    # Tansu holds the join phase for half the session timeout, also for a static rejoin.
-    await wait_until(lambda: c2.lanes[0].bootstrapped.is_set() and c2.lanes[0].owned, 60)
+    await wait_until(lambda: c2.lanes[0].bootstrapped.is_set() and c2.lanes[0].owned, 30)
     assert c2.lanes[0].owned == owned_by_c, "the same partitions came back"
     assert log(c2)[-1].acquired == owned_by_c
     assert counter(c2, "deferline_triggerer_bootstrap_records_total", topic="defer") == 0, (
