@@ -52,6 +52,7 @@ from deferline.topics import (
     ensure_topics,
     make_consumer,
     make_producer,
+    partition_for,
     topic_specs,
 )
 from deferline.topics._brokers import free_port
@@ -130,6 +131,18 @@ class Member:
             if match:
                 out[match.group(1)] = out.get(match.group(1), 0.0) + float(match.group(3))
         return out
+
+    async def partitions(self, session: aiohttp.ClientSession) -> set[int]:
+        """The partitions this member owns now (from its per-partition gauge)."""
+        try:
+            async with session.get(f"http://127.0.0.1:{self.port}/metrics") as response:
+                text = await response.text()
+        except aiohttp.ClientError:
+            return set()
+        found = re.findall(
+            r'^deferline_triggerer_active_triggers\{[^}]*partition="(\d+)"', text, re.M
+        )
+        return {int(n) for n in found}
 
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -237,19 +250,29 @@ async def scenario(
             marks: list[tuple[str, float]] = []
             per_member: dict[str, dict[str, float]] = {}
 
+            moved: dict[str, set[int]] = {"steady": set()}
+
+            async def owners(members: Sequence[Member]) -> dict[int, str]:
+                return {n: m.name for m in members for n in await m.partitions(session)}
+
             marks.append(("steady", time.monotonic()))
             await asyncio.sleep(window)
             base = {m.name: (await m.metrics(session)).get(cancelled, 0.0) for m in (a, b)}
+            before = await owners([a, b])
             marks.append(("join", time.monotonic()))
             c = Member(exe, settings, "c", workdir)
             await asyncio.sleep(window)
             joined = {m.name: (await m.metrics(session)).get(cancelled, 0.0) for m in (a, b, c)}
             per_member["join"] = {n: joined[n] - base.get(n, 0.0) for n in ("a", "b")}
+            after = await owners([a, b, c])
+            moved["join"] = {n for n in range(PARTITIONS) if before.get(n) != after.get(n)}
             marks.append(("leave", time.monotonic()))
             await asyncio.to_thread(b.stop)
             await asyncio.sleep(window)
             left = {m.name: (await m.metrics(session)).get(cancelled, 0.0) for m in (a, c)}
             per_member["leave"] = {n: left[n] - joined[n] for n in ("a", "c")}
+            final = await owners([a, c])
+            moved["leave"] = {n for n in range(PARTITIONS) if after.get(n) != final.get(n)}
             end = time.monotonic()
             stop_probes.set()
             await prober
@@ -268,6 +291,7 @@ async def scenario(
                 ):
                     if key in values:
                         result[f"{m.name}:{key}"] = values[key]
+            partition_of = {t: partition_for(t.encode(), PARTITIONS) for t in sent}
             bounds = [*marks, ("end", end)]
             for (label, start), (_, stop) in itertools.pairwise(bounds):
                 stop = min(stop, start + window)
@@ -281,6 +305,15 @@ async def scenario(
                     counts = ", ".join(f"{n} {v:,.0f}" for n, v in per_member[label].items())
                     line += f"; triggers cancelled on the members that stayed: {counts}"
                 print(line)
+                if moved.get(label):
+                    shift = moved[label]
+                    kept_ids = [t for t in ids if partition_of[t] not in shift and t in latency]
+                    moved_ids = [t for t in ids if partition_of[t] in shift and t in latency]
+                    print(
+                        f"          kept partitions: {percentiles([latency[t] for t in kept_ids])}"
+                        f"; moved partitions {sorted(shift)}: "
+                        f"{percentiles([latency[t] for t in moved_ids])}"
+                    )
                 result[label] = got
             for key, value in sorted(result.items()):
                 if ":" in key:
