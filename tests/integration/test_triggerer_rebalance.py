@@ -323,3 +323,61 @@ async def test_kill_and_restart_churn_loses_nothing(
     assert set(ids) == {r.trigger_id for r in requests}, "0 lost"
     assert all(len(event_ids) == 1 for event_ids in ids.values()), "duplicates share an id"
     assert {event.status for event in events.events()} == {"fired"}, "0 wrong status"
+
+
+async def test_every_queue_lane_rebalances_incrementally(
+    group: Group, wide: Settings, kafka_clients: KafkaClients
+) -> None:
+    await ensure_topics(wide, topic_specs(wide, queues=["q"]))
+    requests = [
+        defer_request(i, due_in=3600, queue=q, run=f"r{q}") for i in range(300) for q in (None, "q")
+    ]
+    producer = await kafka_clients.producer()
+    await produce_requests(producer, wide, requests)
+    both = {"queues": (None, "q")}
+
+    def settled() -> bool:
+        lanes = [lane for t in group.members.values() for lane in t.lanes]
+        if not all(lane.bootstrapped.is_set() and lane.owned for lane in lanes):
+            return False
+        return all(
+            sorted(n for t in group.members.values() for n in t.lanes[i].owned)
+            == list(range(PARTITIONS))
+            for i in (0, 1)
+        )
+
+    a = await group.start("a", **both)
+    b = await group.start("b", **both)
+    await wait_until(settled, 60, interval=0.1, message="a and b settled on both queues")
+    before = {(t.member, i): set(t.lanes[i].owned) for t in (a, b) for i in (0, 1)}
+    counts = {
+        key: len(t.lanes[key[1]].rebalance_log)
+        for t in (a, b)
+        for key in before
+        if key[0] == t.member
+    }
+    await group.start("c", **both)
+    await wait_until(
+        lambda: (
+            settled()
+            and all(
+                len(group.members[m].lanes[i].rebalance_log) > n for (m, i), n in counts.items()
+            )
+        ),
+        60,
+        interval=0.1,
+        message="a, b and c settled on both queues",
+    )
+    for (member, index), owned in before.items():
+        lane = group.members[member].lanes[index]
+        summary = lane.rebalance_log[-1]
+        assert summary.acquired == [], (
+            f"{lane.label}: a join moves partitions to the new member only"
+        )
+        assert set(summary.kept) == set(lane.owned)
+        assert set(summary.kept) | set(summary.lost) == owned
+    await wait_until(
+        lambda: sum(t.supervisor.running for t in group.members.values()) == len(requests),
+        20,
+        message="every waiting trigger runs once across the three members",
+    )
