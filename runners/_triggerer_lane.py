@@ -1,10 +1,17 @@
 """One trigger queue of a triggerer: a consumer-group member on that queue's defer topic.
 
-Partition assignment decides which triggers this member runs. For each assigned partition
-the lane rebuilds the active set (checkpoint, then the defer tail up to the end offset
-seen at assignment), drops triggers whose event is already on the co-partitioned resume
-topic, starts the rest and follows the live tail. On revocation it cancels that
-partition's triggers with cleanup, flushes pending sends, writes the checkpoint and commits.
+Partition assignment decides which triggers this member runs. For each newly assigned
+partition the lane rebuilds the active set (checkpoint, then the defer tail up to the end
+offset seen at assignment), drops triggers whose event is already on the co-partitioned
+resume topic, starts the rest and follows the live tail.
+
+Rebalances are incremental on top of the eager protocol (which revokes every partition on
+every rebalance): a sticky assignor keeps partitions where they are, and on revocation the
+lane only *quiesces* (stops emitting and applying records for the partitions, holds the
+events their triggers produce, flushes what is in flight, checkpoints and commits) without
+cancelling anything. The next assignment settles it: kept partitions resume at once (held
+events emitted, triggers never stopped), lost ones are cancelled without emitting (their
+new owner rebuilds and fires them), new ones are rebuilt.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.group import LeaveGroupRequest
 from deferline.engine import TriggerOutcome, TriggerSupervisor
@@ -38,12 +46,20 @@ from deferline.topics import Settings, TopicNames, make_consumer
 
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
 from ._partition_table import ActiveTriggerTable
+from ._sticky_assignor import StickyAssignor
 from ._triggerer_emitter import Emission, Emitter, Send
 from ._triggerer_events import encode_event, request_fields
 from ._triggerer_input import BadRecord, CancelTrigger, StartTrigger, interpret, peek_identity
 from ._triggerer_metrics import TriggererMetrics
 
-__all__ = ["BootstrapError", "LaneOptions", "TriggerLane", "TriggerRef", "TriggererError"]
+__all__ = [
+    "BootstrapError",
+    "LaneOptions",
+    "RebalanceSummary",
+    "TriggerLane",
+    "TriggerRef",
+    "TriggererError",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +89,9 @@ class LaneOptions:
     resume_skew_margin: float = 600.0
     flush_timeout: float = 10.0
     bootstrap_stall_timeout: float = 60.0
+    group_instance_id: str | None = None
+    """Static membership (KIP-345): rejoining under this id within the session timeout
+    gets the same partitions back without a rebalance."""
 
 
 @dataclass(slots=True, eq=False)
@@ -115,6 +134,30 @@ class OwnedPartition:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     read_defer: int = 0
     read_resume: int = 0
+    quiesced_at: float | None = None
+    """Set while revoked and not yet re-assigned: nothing is emitted for the partition."""
+    held: list[tuple[TriggerRef, TriggerOutcome]] = field(default_factory=list)
+    """Outcomes produced while quiesced: emitted if the partition is kept, else dropped."""
+
+
+@dataclass(slots=True, kw_only=True)
+class RebalanceSummary:
+    """What one rebalance did to one lane (logged once, and kept in ``lane.rebalance_log``)."""
+
+    generation: int
+    kept: list[int]
+    acquired: list[int]
+    lost: list[int]
+    triggers_kept: int = 0
+    triggers_cancelled: int = 0
+    triggers_rebuilt: int = 0
+    paused_seconds: dict[int, float] = field(default_factory=dict)
+    """Per partition: from revocation (or assignment, for a member that had nothing) until
+    it emitted again (kept) or its rebuild finished (acquired)."""
+    revoked_at: float | None = None
+    """Wall-clock time the lane quiesced (None: it owned nothing before)."""
+    assigned_at: float = 0.0
+    """Wall-clock time the assignment arrived (kept partitions emit again from here)."""
 
 
 def _leave_from_generation_zero(consumer: AIOKafkaConsumer) -> None:
@@ -252,6 +295,12 @@ class TriggerLane:
         self._bootstrap: asyncio.Task[None] | None = None
         self._paused = False
         self._event_counters: dict[str, Any] = {}
+        self._assignor = StickyAssignor()
+        self._revoked_at: float | None = None
+        self._dropping: asyncio.Task[None] | None = None
+        self._summary: RebalanceSummary | None = None
+        self.rebalance_log: list[RebalanceSummary] = []
+        """The last rebalances of this lane (most recent last, at most 100)."""
         self.bootstrapped = asyncio.Event()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -275,6 +324,8 @@ class TriggerLane:
             heartbeat_interval_ms=self.options.heartbeat_interval_ms,
             rebalance_timeout_ms=max(self.options.session_timeout_ms, 30_000),
             max_poll_records=self.options.max_poll_records,
+            partition_assignment_strategy=(self._assignor, RoundRobinPartitionAssignor),
+            group_instance_id=self.options.group_instance_id,
             **common,
         )
         await self._reader.start()
@@ -283,7 +334,11 @@ class TriggerLane:
         self._consumer.subscribe([self.defer_topic], listener=_Listener(self))
         logger.info(
             "triggerer lane joining group",
-            extra=self._log(group=self.group_id, topic=self.defer_topic),
+            extra=self._log(
+                group=self.group_id,
+                topic=self.defer_topic,
+                group_instance_id=self.options.group_instance_id,
+            ),
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -330,6 +385,7 @@ class TriggerLane:
     async def release_all(self) -> None:
         """Give up every owned partition cleanly (shutdown): cancel, flush, checkpoint, commit."""
         await self._cancel_bootstrap()
+        await self._await_dropping()
         await self._release(list(self._parts.values()))
 
     async def close(self) -> None:
@@ -354,40 +410,122 @@ class TriggerLane:
     # -- rebalance ----------------------------------------------------------------------------
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Cancel the revoked partitions' triggers, flush, checkpoint and commit."""
+        """Quiesce the revoked partitions: stop emitting, flush, checkpoint and commit.
+
+        Nothing is cancelled: the next assignment tells which partitions stay here. Every
+        member runs this before it rejoins, and no member is assigned anything before all
+        have rejoined, so no two members ever emit for one partition. A partition still
+        being rebuilt is released outright (its rebuild is cancelled).
+        """
         await self._cancel_bootstrap()
+        now = time.monotonic()
+        self._revoked_at = now
+        self._revoked_wall = time.time()
+        if self._summary is not None:  # the previous rebalance's rebuild was interrupted
+            self._finish_rebalance()
         parts = [
             self._parts[tp.partition]
             for tp in revoked
             if tp.topic == self.defer_topic and tp.partition in self._parts
         ]
+        unready = [p for p in parts if not p.ready]
+        quiet = [p for p in parts if p.ready]
+        for part in quiet:
+            part.live = False
+            if part.quiesced_at is None:
+                part.quiesced_at = now
+        if unready:
+            await self._release(unready)
+        if not quiet:
+            return
+        if not await self._emitter.flush(self.options.flush_timeout):
+            logger.error(
+                "pending sends not flushed before revocation; the next owner re-runs them",
+                extra=self._log(backlog=self._emitter.backlog),
+            )
+        for part in quiet:
+            await self._checkpoint(part)
+        await self._commit(quiet)
         logger.info(
-            "partitions revoked",
-            extra=self._log(partitions=sorted(p.number for p in parts)),
+            "partitions quiesced",
+            extra=self._log(
+                partitions=sorted(p.number for p in quiet),
+                seconds=round(time.monotonic() - now, 3),
+            ),
         )
-        await self._release(parts)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Register the new partitions paused and rebuild them in the background.
+        """Resume kept partitions, drop lost ones, rebuild new ones in the background.
 
-        aiokafka sends no heartbeats while this callback runs, so the long part (reading the
-        partitions) happens in a task; the partitions stay paused until it is done.
+        aiokafka sends no heartbeats while this callback runs, so the long parts (reading
+        new partitions, cancelling the triggers of lost ones) happen in tasks; new
+        partitions stay paused until their rebuild is done.
         """
         consumer = self._consumer
-        assert consumer is not None
-        new = [
-            tp
-            for tp in assigned
-            if tp.topic == self.defer_topic and tp.partition not in self._parts
-        ]
-        self._metrics.rebalances.labels(queue=self.label).inc()
-        if not new:
-            self._metrics.assigned_partitions.labels(queue=self.label).set(len(self._parts))
-            self.bootstrapped.set()
+        if consumer is None:  # closing: the assignment arrived while leaving
             return
-        consumer.pause(*new)
+        now = time.monotonic()
+        started = self._revoked_at if self._revoked_at is not None else now
+        self._revoked_at = None
+        coordinator = getattr(consumer, "_coordinator", None)
+        generation = int(getattr(coordinator, "generation", -1))
+        self._assignor.note_generation(generation)
+        mine = {tp.partition for tp in assigned if tp.topic == self.defer_topic}
+        kept = [p for n, p in sorted(self._parts.items()) if n in mine]
+        lost = [p for n, p in sorted(self._parts.items()) if n not in mine]
+        new = sorted(
+            (
+                tp
+                for tp in assigned
+                if tp.topic == self.defer_topic and tp.partition not in self._parts
+            ),
+            key=lambda tp: tp.partition,
+        )
+        summary = RebalanceSummary(
+            generation=generation,
+            kept=[p.number for p in kept],
+            acquired=[tp.partition for tp in new],
+            lost=[p.number for p in lost],
+            revoked_at=self._revoked_wall if started != now else None,
+            assigned_at=time.time(),
+        )
+        self._metrics.rebalances.labels(queue=self.label).inc()
+
+        # Lost: forget them now (outcomes of their triggers are dropped from here on), cancel
+        # their triggers in the background, without emitting.
+        cancelled: list[str] = []
+        for part in lost:
+            self._parts.pop(part.number, None)
+            part.held.clear()
+            cancelled.extend(
+                tid
+                for key in part.table
+                if (tid := key.decode(errors="replace")) in self._supervisor
+            )
+        summary.triggers_cancelled = len(cancelled)
+        if lost:
+            previous = self._dropping
+            self._dropping = asyncio.create_task(
+                self._drop(previous, lost, cancelled), name="drop-lost-partitions"
+            )
+
+        # Kept: follow the tail from where the lane stopped, emit what was held.
+        for part in kept:
+            summary.triggers_kept += len(part.table)
+            paused_since = part.quiesced_at if part.quiesced_at is not None else now
+            part.quiesced_at = None
+            part.live = True
+            consumer.seek(part.defer_tp, part.table.defer_offset)
+            summary.paused_seconds[part.number] = time.monotonic() - paused_since
+            held, part.held = part.held, []
+            for ref, outcome in held:
+                self.handle_outcome(ref, outcome)
+        if kept and self._paused:
+            consumer.pause(*(p.defer_tp for p in kept))
+
+        # New: rebuild from the checkpoint and the topics.
         parts = []
-        for tp in sorted(new, key=lambda t: t.partition):
+        for tp in new:
             part = OwnedPartition(
                 number=tp.partition,
                 defer_tp=tp,
@@ -398,10 +536,98 @@ class TriggerLane:
         self._metrics.assigned_partitions.labels(queue=self.label).set(len(self._parts))
         logger.info(
             "partitions assigned",
-            extra=self._log(partitions=[p.number for p in parts]),
+            extra=self._log(
+                partitions=sorted(self._parts),
+                kept=summary.kept,
+                acquired=summary.acquired,
+                lost=summary.lost,
+                generation=generation,
+            ),
         )
+        self._summary = summary
+        self._rebalance_started = started
+        if not parts:
+            self._finish_rebalance()
+            self.bootstrapped.set()
+            return
+        consumer.pause(*new)
         self.bootstrapped.clear()
         self._bootstrap = asyncio.create_task(self._bootstrap_guarded(parts), name="bootstrap")
+
+    _rebalance_started: float = 0.0
+    _revoked_wall: float = 0.0
+
+    def _finish_rebalance(self) -> None:
+        """Count, record and log the rebalance in progress (once its rebuild is over)."""
+        summary, self._summary = self._summary, None
+        if summary is None:
+            return
+        metrics, queue = self._metrics, self.label
+        for outcome, numbers in (
+            ("kept", summary.kept),
+            ("acquired", summary.acquired),
+            ("lost", summary.lost),
+        ):
+            metrics.rebalance_partitions.labels(queue=queue, outcome=outcome).inc(len(numbers))
+        for action, count in (
+            ("kept", summary.triggers_kept),
+            ("cancelled", summary.triggers_cancelled),
+            ("rebuilt", summary.triggers_rebuilt),
+        ):
+            metrics.rebalance_triggers.labels(queue=queue, action=action).inc(count)
+        for seconds in summary.paused_seconds.values():
+            metrics.partition_pause_seconds.labels(queue=queue).observe(seconds)
+        self.rebalance_log.append(summary)
+        del self.rebalance_log[:-100]
+        pauses = list(summary.paused_seconds.values())
+        logger.info(
+            "rebalance",
+            extra=self._log(
+                generation=summary.generation,
+                partitions_kept=len(summary.kept),
+                partitions_acquired=len(summary.acquired),
+                partitions_lost=len(summary.lost),
+                triggers_kept=summary.triggers_kept,
+                triggers_cancelled=summary.triggers_cancelled,
+                triggers_rebuilt=summary.triggers_rebuilt,
+                paused_seconds={
+                    str(n): round(s, 3) for n, s in sorted(summary.paused_seconds.items())
+                },
+                max_paused_seconds=round(max(pauses), 3) if pauses else 0.0,
+            ),
+        )
+
+    async def _drop(
+        self,
+        previous: asyncio.Task[None] | None,
+        parts: list[OwnedPartition],
+        trigger_ids: list[str],
+    ) -> None:
+        """Cancel the triggers of lost partitions (their outcomes are dropped) and close them."""
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await previous
+        for start in range(0, len(trigger_ids), _YIELD_EVERY):
+            chunk = trigger_ids[start : start + _YIELD_EVERY]
+            await asyncio.gather(*(self._supervisor.cancel(tid) for tid in chunk))
+        for part in parts:
+            with contextlib.suppress(CheckpointError):
+                await asyncio.to_thread(self._store.release, self.defer_topic, part.number)
+        logger.info(
+            "lost partitions dropped",
+            extra=self._log(
+                partitions=[p.number for p in parts], triggers_cancelled=len(trigger_ids)
+            ),
+        )
+
+    async def _await_dropping(self) -> None:
+        """Wait until lost partitions' triggers are cancelled (before rebuilding any)."""
+        task = self._dropping
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await task
+            if self._dropping is task:
+                self._dropping = None
 
     async def _cancel_bootstrap(self) -> None:
         task, self._bootstrap = self._bootstrap, None
@@ -482,6 +708,8 @@ class TriggerLane:
 
     async def _bootstrap_parts(self, parts: list[OwnedPartition]) -> None:
         started = time.monotonic()
+        # A partition lost and re-acquired: its old triggers must be gone before it is rebuilt.
+        await self._await_dropping()
         consumer, reader = self._consumer, self._reader
         assert consumer is not None
         assert reader is not None
@@ -574,7 +802,7 @@ class TriggerLane:
             part.table.observe_resume_end(end_r[part.resume_tp])
 
         # 3. Start what is left; tombstone what already fired; dead-letter bad values.
-        handled = 0
+        handled = rebuilt = 0
         for part in parts:
             found = emitted[part.number]
             for key, entry in list(part.table.items()):
@@ -583,6 +811,7 @@ class TriggerLane:
                     self._tombstone_only(part, key, offset)
                 else:
                     self._dispatch(part, key, entry.value, entry.offset)
+                    rebuilt += 1
                 handled += 1
                 if handled % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
@@ -603,6 +832,11 @@ class TriggerLane:
             consumer.resume(*defer_tps)
         seconds = time.monotonic() - started
         self._metrics.bootstrap_seconds.labels(queue=self.label).observe(seconds)
+        summary = self._summary
+        if summary is not None:
+            summary.triggers_rebuilt += rebuilt
+            for part in parts:
+                summary.paused_seconds[part.number] = time.monotonic() - self._rebalance_started
         for part in parts:
             logger.info(
                 "partition bootstrapped",
@@ -617,6 +851,7 @@ class TriggerLane:
                 ),
             )
         self._bootstrap = None
+        self._finish_rebalance()
         self.bootstrapped.set()
 
     async def _resume_start(
@@ -861,6 +1096,9 @@ class TriggerLane:
     def handle_outcome(self, ref: TriggerRef, outcome: TriggerOutcome) -> None:
         """An event from the supervisor (synchronous): queue it, then cancel the trigger."""
         part = self._parts.get(ref.partition)
+        if part is None or part.quiesced_at is not None:
+            self._hold_or_drop(part, ref, outcome)
+            return
         key = ref.key
         if part is not None and key in part.done:
             self._metrics.extra_events_dropped.inc()
@@ -933,6 +1171,19 @@ class TriggerLane:
             _EventInfo(outcome.trigger_id, outcome.status, outcome.event_id, direct, ref.value),
             extra=extra,
             partition=ref.partition,
+        )
+
+    def _hold_or_drop(
+        self, part: OwnedPartition | None, ref: TriggerRef, outcome: TriggerOutcome
+    ) -> None:
+        """An outcome for a partition this lane does not emit for now (rebalance)."""
+        if part is not None:
+            part.held.append((ref, outcome))  # emitted if the partition stays here
+            return
+        # Lost to another member (its trigger is being cancelled): the new owner fires it.
+        logger.debug(
+            "outcome of a lost partition dropped",
+            extra=self._log(ref.partition, trigger_id=outcome.trigger_id),
         )
 
     def _submit_record(

@@ -92,6 +92,28 @@ class TriggererMetrics:
             ["queue"],
             registry=r,
         )
+        self.rebalance_partitions = Counter(
+            "deferline_triggerer_rebalance_partitions",
+            "Partitions per rebalance outcome: kept (never stopped), acquired (rebuilt here), "
+            "lost (moved to another member).",
+            ["queue", "outcome"],
+            registry=r,
+        )
+        self.rebalance_triggers = Counter(
+            "deferline_triggerer_rebalance_triggers",
+            "Triggers per rebalance action: kept running, cancelled (partition lost), "
+            "rebuilt (partition acquired).",
+            ["queue", "action"],
+            registry=r,
+        )
+        self.partition_pause_seconds = Histogram(
+            "deferline_triggerer_partition_pause_seconds",
+            "Per partition and rebalance: seconds from revocation until it emitted again "
+            "(kept) or finished its rebuild (acquired).",
+            ["queue"],
+            buckets=_BOOTSTRAP_BUCKETS,
+            registry=r,
+        )
         self.bootstrap_seconds = Histogram(
             "deferline_triggerer_bootstrap_seconds",
             "Time from assignment to running the partitions' active triggers.",

@@ -85,6 +85,11 @@ class TriggererOptions:
         capacity: triggers running at once (see :data:`DEFAULT_CAPACITY`); more wait.
         queues: trigger queues served; ``None`` (or ``"default"``) is the default queue.
         member: name in events and logs; default :func:`default_member`.
+        static: join as a static member (KIP-345) with ``member`` as ``group.instance.id``:
+            restarted within the session timeout, the process gets its partitions back
+            without a rebalance (and rebuilds them from its checkpoint). A static member
+            does not leave the group when it stops: its partitions wait for it (or for the
+            session timeout). Needs an explicit, stable ``member``.
         state_dir: where partition checkpoints live; ``None`` keeps them in memory only
             (a restart then rebuilds from the topics).
         direct_resume: also produce ``RunTask(mode="resume")`` for fired triggers whose
@@ -116,6 +121,7 @@ class TriggererOptions:
     capacity: int = DEFAULT_CAPACITY
     queues: tuple[str | None, ...] = (None,)
     member: str | None = None
+    static: bool = False
     state_dir: Path | None = None
     direct_resume: bool = False
     max_pending: int | None = None
@@ -166,6 +172,8 @@ class Triggerer:
         if self.options.max_unsent < 1:
             raise ValueError("max_unsent must be at least 1")
         self.member = self.options.member or default_member()
+        if self.options.static and not self.options.member:
+            raise ValueError("static membership needs an explicit, stable member name")
         self.queues = _normalise_queues(self.options.queues)
         self.metrics = TriggererMetrics(registry, member=self.member)
         self._stop_requested = asyncio.Event()
@@ -255,6 +263,7 @@ class Triggerer:
             checkpoint_max_age=options.checkpoint_max_age,
             resume_skew_margin=options.resume_skew_margin,
             flush_timeout=options.flush_timeout,
+            group_instance_id=self.member if options.static else None,
             **dict(options.lane_overrides),
         )
         for queue in self.queues:
@@ -290,6 +299,7 @@ class Triggerer:
                 "member": self.member,
                 "queues": [lane.label for lane in self._lanes],
                 "capacity": options.capacity,
+                "static": options.static,
                 "state_dir": str(options.state_dir) if options.state_dir else None,
                 "metrics_port": self.metrics_port,
             },
@@ -440,6 +450,12 @@ def _split(value: str | None) -> tuple[str, ...]:
 @click.option("--metrics-host", default="0.0.0.0", show_default=True)
 @click.option("--member", default=None, help="Member name in events and logs [hostname-pid].")
 @click.option(
+    "--static",
+    is_flag=True,
+    help="Static group membership: --member becomes the group.instance.id, so a restart "
+    "within the session timeout gets the same partitions back without a rebalance.",
+)
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -500,6 +516,7 @@ def triggerer_command(
     metrics_port: int | None,
     metrics_host: str,
     member: str | None,
+    static: bool,
     state_dir: Path | None,
     no_checkpoint: bool,
     direct_resume: bool,
@@ -518,6 +535,7 @@ def triggerer_command(
             capacity=capacity,
             queues=_normalise_queues(_split(queues)),
             member=member,
+            static=static,
             state_dir=None if no_checkpoint else (state_dir or default_state_dir()),
             direct_resume=direct_resume,
             max_pending=max_pending,

@@ -238,7 +238,8 @@ class TriggererProcess:
             for line in lines[last:]
             if line.get("message") == "partition bootstrapped"
         ]
-        return sorted(done) == sorted(assigned[-1]["partitions"])
+        # Kept partitions are not rebuilt: only the acquired ones log a bootstrap.
+        return sorted(done) == sorted(assigned[-1].get("acquired", assigned[-1]["partitions"]))
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
