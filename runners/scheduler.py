@@ -309,16 +309,14 @@ class Scheduler:
         self._tasks.assign(self._task_tps)
         await self._tasks.seek_to_beginning(*self._task_tps)
         ends = await self._tasks.end_offsets(self._task_tps)
-        for tp in self._task_tps:
-            self._tasks_pos[tp] = await self._tasks.position(tp)
+        await self._sync_tasks_pos()
         while any(self._tasks_pos[tp] < ends[tp] for tp in self._task_tps):
             batches = await self._tasks.getmany(timeout_ms=200, max_records=self.max_records)
             for tp, messages in batches.items():
                 for message in messages:
                     self._fold_task(message.key, message.value, live=False)
                     self.recovered_records += 1
-                if messages:
-                    self._tasks_pos[tp] = messages[-1].offset + 1
+            await self._sync_tasks_pos()
         self.recovery_seconds = time.monotonic() - began
 
     async def _tasks_partitions(self) -> set[int]:
@@ -343,13 +341,18 @@ class Scheduler:
                     bad = self._fold_task(message.key, message.value, live=True)
                     if bad is not None:
                         dead.append(self._dead(message, bad))
-                if messages:
-                    self._tasks_pos[tp] = messages[-1].offset + 1
+            await self._sync_tasks_pos()
             if self._active.is_set() and batches:
                 async with self._publish_lock:
                     if self._active.is_set():
                         await self._publish(self.table.drain(), dead)
             self._tasks_moved.set()
+
+    async def _sync_tasks_pos(self) -> None:
+        """Positions, not last offsets: transaction markers take offsets but are no records."""
+        assert self._tasks is not None
+        for tp in self._task_tps:
+            self._tasks_pos[tp] = await self._tasks.position(tp)
 
     async def _tasks_caught_up(self) -> None:
         """Wait until the tasks topic is folded up to its (last stable) end as of now."""
@@ -453,8 +456,15 @@ class Scheduler:
                     self._events_done.update(read)
                     await self._publish(self.table.drain(), dead, offsets=True)
             now = time.monotonic()
-            if not self._publisher.transactional and now - last_commit >= self.commit_interval:
-                await self._commit()
+            if now - last_commit >= self.commit_interval:
+                # Offsets that moved without output (orphans dropped, pending resolved).
+                async with self._publish_lock:
+                    if not self._active.is_set():
+                        return
+                    if self._publisher.transactional:
+                        await self._publish([], offsets=True)
+                    else:
+                        await self._commit()
                 last_commit = now
             if now - last_refresh >= self.topic_refresh_interval:
                 await self._follow_resume_topics()
