@@ -92,6 +92,8 @@ class SchedulerLease(ConsumerRebalanceListener):  # type: ignore[misc]
             self.held = True
             logger.info("scheduler lease acquired", extra={"group_id": self.group_id})
             await self._on_acquired()
+        else:
+            logger.info("scheduler standing by in the group", extra={"group_id": self.group_id})
 
     async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         """The group's committed offset of each partition that has one."""
