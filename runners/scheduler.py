@@ -312,7 +312,7 @@ class Scheduler:
         await self._sync_tasks_pos()
         while any(self._tasks_pos[tp] < ends[tp] for tp in self._task_tps):
             batches = await self._tasks.getmany(timeout_ms=200, max_records=self.max_records)
-            for tp, messages in batches.items():
+            for messages in batches.values():
                 for message in messages:
                     self._fold_task(message.key, message.value, live=False)
                     self.recovered_records += 1
@@ -336,7 +336,7 @@ class Scheduler:
         while True:
             batches = await self._tasks.getmany(timeout_ms=1000, max_records=self.max_records)
             dead: list[DeadLetter] = []
-            for tp, messages in batches.items():
+            for messages in batches.values():
                 for message in messages:
                     bad = self._fold_task(message.key, message.value, live=True)
                     if bad is not None:
@@ -454,7 +454,17 @@ class Scheduler:
                         if messages:
                             read[tp] = messages[-1].offset + 1
                     self._events_done.update(read)
-                    await self._publish(self.table.drain(), dead, offsets=True)
+                    folded = time.monotonic()
+                    out = self.table.drain()
+                    await self._publish(out, dead, offsets=True)
+                    logger.debug(
+                        "events batch applied",
+                        extra={
+                            "events": sum(len(m) for m in batches.values()),
+                            "published": len(out),
+                            "publish_seconds": round(time.monotonic() - folded, 4),
+                        },
+                    )
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
