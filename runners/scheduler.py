@@ -15,11 +15,7 @@ topic as it grows and read no events; on takeover a standby starts the fenced pr
 folds the tasks topic's tail, takes the decisions the state calls for, and reads the resume
 topics from the committed offsets.
 
-Decisions go out as records: TaskStateRecords to the tasks topic (key ``ti_key``), RunTasks
-to ``queue[.<wq>]`` (new work) or ``queue[.<wq>].resumes`` (resumes, which workers read
-first), CancelRequests to ``defer[.<queue>]``. For one task the state record is acknowledged
-before its RunTask is sent (batch-wise; in one transaction on Apache Kafka, whose consumers
-read committed records only), so a worker's "running" always lands after "queued".
+Decisions go out in batches (see :mod:`._scheduler_records` for where each record goes).
 
 Plain aiokafka rather than faust tables: the tasks topic is written by several parties and is
 already the changelog; pools are global (admission needs every task of a pool in one place);
@@ -41,15 +37,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from deferline.engine import Emit, Pools, TaskTable
 from deferline.schemas import (
-    CancelRequest,
     DeadLetter,
     DeferlineError,
     RunTask,
     SchemaError,
     TaskStateRecord,
     TriggerEventRecord,
-    decode,
-    encode,
 )
 from deferline.topics import (
     Settings,
@@ -62,8 +55,9 @@ from prometheus_client import CollectorRegistry
 
 from ._metrics import MetricsServer
 from ._scheduler_cli import scheduler_command
-from ._scheduler_lease import Outgoing, SchedulerFenced, SchedulerLease, SchedulerPublisher
+from ._scheduler_lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._scheduler_metrics import SchedulerCollector
+from ._scheduler_records import committable, dead_letter, read_as, waves
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
 
@@ -454,17 +448,10 @@ class Scheduler:
                         if messages:
                             read[tp] = messages[-1].offset + 1
                     self._events_done.update(read)
-                    folded = time.monotonic()
-                    out = self.table.drain()
+                    out, folded = self.table.drain(), time.monotonic()
                     await self._publish(out, dead, offsets=True)
-                    logger.debug(
-                        "events batch applied",
-                        extra={
-                            "events": sum(len(m) for m in batches.values()),
-                            "published": len(out),
-                            "publish_seconds": round(time.monotonic() - folded, 4),
-                        },
-                    )
+                    took = round(time.monotonic() - folded, 4)
+                    logger.debug("events batch applied", extra={"out": len(out), "took": took})
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
@@ -481,12 +468,8 @@ class Scheduler:
                 last_refresh = now
 
     async def _follow_resume_topics(self) -> None:
-        """Read every partition of every resume topic (``resume``, ``resume.<queue>``).
-
-        Partitions are assigned by hand, not through a group rebalance: the active scheduler
-        must see every event (pools are global). A new partition starts at the group's
-        committed offset (the lease member reads it), else at the beginning.
-        """
+        """Read every partition of every resume topic, assigned by hand (the active scheduler
+        sees every event: pools are global); new ones from the group's committed offset."""
         events, lease = self._events, self._lease
         assert events is not None
         assert lease is not None
@@ -526,13 +509,8 @@ class Scheduler:
         while True:
             await asyncio.sleep(self.orphan_check_interval)
             generation = self.table.mark_generation()
-            ends = await self._tasks.end_offsets(self._task_tps)
-            while any(self._tasks_pos.get(tp, 0) < end for tp, end in ends.items()):
-                self._tasks_moved.clear()
-                await self._tasks_moved.wait()
-            self.lag["tasks"] = sum(
-                max(0, ends[tp] - self._tasks_pos.get(tp, 0)) for tp in self._task_tps
-            )
+            await self._tasks_caught_up()
+            self.lag["tasks"] = 0  # just caught up with the end read before the wait
             dropped = self.table.expire_pending(generation)
             if dropped:
                 logger.warning(
@@ -543,15 +521,8 @@ class Scheduler:
             await self._refresh_events_lag()
 
     async def _refresh_events_lag(self) -> None:
-        events = self._events
-        if events is None:
-            self.lag["events"] = 0
-            return
-        assigned = list(events.assignment())
-        if not assigned:
-            self.lag["events"] = 0
-            return
-        ends = await events.end_offsets(assigned)
+        assigned = list(self._events.assignment()) if self._events is not None else []
+        ends = await self._events.end_offsets(assigned) if self._events and assigned else {}
         self.lag["events"] = sum(
             max(0, ends[tp] - self._events_done.get(tp, self._committed.get(tp, ends[tp])))
             for tp in assigned
@@ -565,28 +536,18 @@ class Scheduler:
                 self.table.forget(key.decode("utf-8", "replace"))
             return None
         try:
-            record = decode(value)
+            self.table.apply(read_as(value, TaskStateRecord))
         except SchemaError as exc:
             return self._bad(exc, live=live)
-        if not isinstance(record, TaskStateRecord):
-            return self._bad(
-                SchemaError(f"expected task_state, got {record.kind}", field="kind"), live=live
-            )
-        self.table.apply(record)
         return None
 
     def _fold_event(self, value: bytes | None, *, ref: object) -> str | None:
         if value is None:
             return None
         try:
-            record = decode(value)
+            self.table.apply(read_as(value, TriggerEventRecord), ref=ref)
         except SchemaError as exc:
             return self._bad(exc, live=True)
-        if not isinstance(record, TriggerEventRecord):
-            return self._bad(
-                SchemaError(f"expected trigger_event, got {record.kind}", field="kind"), live=True
-            )
-        self.table.apply(record, ref=ref)
         return None
 
     def _bad(self, exc: SchemaError, *, live: bool) -> str | None:
@@ -596,16 +557,7 @@ class Scheduler:
         return f"{type(exc).__name__}: {exc}" if live else None
 
     def _dead(self, message: Any, error: str) -> DeadLetter:
-        return DeadLetter(
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            key=message.key,
-            value=message.value,
-            error=error,
-            error_type="SchemaError",
-            member=self.group_id,
-        )
+        return dead_letter(message, error, member=self.group_id)
 
     async def _publish(
         self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
@@ -617,32 +569,16 @@ class Scheduler:
         commit = self._committable() if offsets and self._publisher.transactional else {}
         if not out and not dead and not commit:
             return
-        cancels: list[Outgoing] = []
-        states: list[Outgoing] = []
-        runs: list[Outgoing] = []
         for emit in out:
-            record = emit.record
-            if isinstance(record, TaskStateRecord):
-                states.append((self.names.tasks, record.task.ti_key.encode(), encode(record)))
-            elif isinstance(record, RunTask):
-                await self._ensure_worker_queue(record.worker_queue)
-                topic = (
-                    self.names.resumes(record.worker_queue)
-                    if record.mode == "resume"
-                    else self.names.work(record.worker_queue)
-                )
-                runs.append((topic, record.task.ti_key.encode(), encode(record)))
-            elif isinstance(record, CancelRequest):
-                topic = self.names.defer(emit.queue)
-                cancels.append((topic, record.trigger_id.encode(), encode(record)))
-        for letter in dead:
-            states.append((self.names.dead, None, encode(letter)))
+            if isinstance(emit.record, RunTask):
+                await self._ensure_worker_queue(emit.record.worker_queue)
+        batch = waves(self.names, out, dead)
         try:
-            await self._publisher.publish((cancels, states, runs), commit)
+            await self._publisher.publish(batch, commit)
         except KafkaError as exc:
             raise SchedulerError(f"cannot publish scheduler decisions: {exc}") from exc
         self._committed.update(commit)
-        self.published += len(cancels) + len(states) + len(runs)
+        self.published += sum(len(wave) for wave in batch)
 
     async def _ensure_worker_queue(self, worker_queue: str) -> None:
         if worker_queue in self._ensured_worker_queues:
@@ -651,17 +587,7 @@ class Scheduler:
         self._ensured_worker_queues.add(worker_queue)
 
     def _committable(self) -> dict[TopicPartition, int]:
-        """Per resume partition: the offset after the last published event, but never past
-        an event still held pending (so a restart reads it again)."""
-        offsets = dict(self._events_done)
-        for ref in self.table.pending_refs():
-            if isinstance(ref, tuple):
-                tp, offset = ref
-                if tp in offsets and offset < offsets[tp]:
-                    offsets[tp] = offset
-        return {
-            tp: offset for tp, offset in offsets.items() if offset > self._committed.get(tp, -1)
-        }
+        return committable(self._events_done, self.table.pending_refs(), self._committed)
 
     async def _commit(self) -> None:
         """Commit resume offsets through the lease member (brokers without transactions)."""
