@@ -93,6 +93,16 @@ class SchedulerCollector(Collector):
             "Events held until their deferral is read.",
             value=table.pending_events,
         )
+        yield GaugeMetricFamily(
+            "deferline_scheduler_active",
+            "1 while this scheduler holds the lease and applies events, 0 on standby.",
+            value=1 if self.scheduler.active else 0,
+        )
+        yield _counter(
+            "deferline_scheduler_takeovers",
+            "Times this scheduler became active.",
+            self.scheduler.takeovers,
+        )
         lag = GaugeMetricFamily(
             "deferline_scheduler_lag", "Records not yet read, per input.", labels=["input"]
         )

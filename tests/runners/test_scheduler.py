@@ -173,6 +173,8 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     assert 'deferline_scheduler_tasks{state="queued"} 1.0' in text
     assert 'deferline_scheduler_lag{input="events"} 7.0' in text
     assert "deferline_scheduler_duplicates_dropped_total 0.0" in text
+    assert "deferline_scheduler_active 0.0" in text, "not active until it holds the lease"
+    assert "deferline_scheduler_takeovers_total 0.0" in text
 
 
 class FakeTransactionalProducer(FakeProducer):
