@@ -47,8 +47,7 @@ async def two_schedulers(
     await wait_until(lambda: spawn[0].active, timeout=60)
     spawn.append(SchedulerProcess(settings, "b", tmp_path))
     await wait_until(lambda: spawn[1].find("scheduler ready"), timeout=60)
-    active = await wait_until(lambda: the_active(spawn), timeout=60)
-    assert active is not None
+    active: SchedulerProcess = await wait_until(lambda: the_active(spawn), timeout=60)
     return active
 
 

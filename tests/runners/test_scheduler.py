@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import ProducerFenced
 from click.testing import CliRunner
 from deferline.engine import Emit, Pools
-from deferline.runners import _scheduler_cli, _scheduler_lease
+from deferline.runners import _scheduler_cli
 from deferline.runners import scheduler as scheduler_module
 from deferline.runners.scheduler import Scheduler, scheduler_command
 from deferline.schemas import (
@@ -61,7 +62,7 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
 
     monkeypatch.setattr(scheduler_module, "ensure_topics", fake_ensure)
     scheduler = Scheduler(Settings(topic_prefix="p."), pools=Pools(slots={"default_pool": 1}))
-    scheduler._publisher._producer = FakeProducer()  # type: ignore[assignment]
+    scheduler._publisher._producer = FakeProducer()
     scheduler.ensured = ensured  # type: ignore[attr-defined]
     return scheduler
 
@@ -196,7 +197,7 @@ class FakeTransactionalProducer(FakeProducer):
 
     async def commit_transaction(self) -> None:
         if self.fenced:
-            raise _scheduler_lease.ProducerFenced()
+            raise ProducerFenced()
         self.log.append(("commit", "", None))
 
 
@@ -204,7 +205,7 @@ async def test_a_transaction_carries_the_batch_and_the_offsets_it_consumed(
     sched: Scheduler,
 ) -> None:
     producer = FakeTransactionalProducer()
-    sched._publisher._producer = producer  # type: ignore[assignment]
+    sched._publisher._producer = producer
     sched._publisher.transactional = True
     sched._events_done = {TPS: 8}
     start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
@@ -218,7 +219,7 @@ async def test_a_transaction_carries_the_batch_and_the_offsets_it_consumed(
 
 
 async def test_a_fenced_transaction_stops_the_scheduler(sched: Scheduler) -> None:
-    sched._publisher._producer = FakeTransactionalProducer(fenced=True)  # type: ignore[assignment]
+    sched._publisher._producer = FakeTransactionalProducer(fenced=True)
     sched._publisher.transactional = True
     sched._events_done = {TPS: 3}
     with pytest.raises(scheduler_module.SchedulerFenced, match="fenced"):
