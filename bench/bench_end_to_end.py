@@ -134,7 +134,7 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
     try:
         await wait_said(scheduler, ("scheduler active", "scheduler ready"))
         await asyncio.sleep(1.0)  # the triggerer joins its group meanwhile
-        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8 + n * 300e-6)
+        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8 + n * 600e-6)
         producer = make_producer(settings, linger_ms=20, max_batch_size=1 << 20)
         await producer.start()
         try:
