@@ -49,7 +49,7 @@ class SchedulerLease(ConsumerRebalanceListener):  # type: ignore[misc]
         topic: str,
         group_id: str,
         session_timeout: float,
-        on_acquired: Callable[[], Awaitable[None]],
+        on_acquired: Callable[[], None],
         on_lost: Callable[[], Awaitable[None]],
     ) -> None:
         self.topic = topic
@@ -91,7 +91,7 @@ class SchedulerLease(ConsumerRebalanceListener):  # type: ignore[misc]
         if any(tp.topic == self.topic and tp.partition == 0 for tp in assigned):
             self.held = True
             logger.info("scheduler lease acquired", extra={"group_id": self.group_id})
-            await self._on_acquired()
+            self._on_acquired()  # the takeover runs outside the rebalance
         else:
             logger.info("scheduler standing by in the group", extra={"group_id": self.group_id})
 

@@ -156,8 +156,7 @@ class Scheduler:
         self.recovery_seconds: float | None = None
         self.takeovers = 0
         self.takeover_seconds: float | None = None
-        self.bad_records = 0
-        self.published = 0
+        self.bad_records = self.published = 0
         self.lag: dict[str, int] = {"tasks": 0, "events": 0}
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -226,7 +225,7 @@ class Scheduler:
             self._ensured_worker_queues |= self._worker_queues
             if self._metrics is not None:
                 await self._metrics.start()
-            self._tasks = make_consumer(self.settings, group_id=None, max_poll_records=None)
+            self._tasks = self._consumer()
             await self._tasks.start()
         except KafkaError as exc:
             await self._close()
@@ -250,14 +249,19 @@ class Scheduler:
         if self._main is not None:
             await self._main
 
+    def _consumer(self) -> AIOKafkaConsumer:
+        # Kafka answers a fetch once data arrives: the wait only saves idle CPU. Tansu holds
+        # every fetch this long: it bounds the latency the scheduler adds there.
+        return make_consumer(
+            self.settings, group_id=None, max_poll_records=None, fetch_max_wait_ms=100
+        )
+
     async def _close(self) -> None:
         await self._step_down()
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            await lease.stop()
-        tasks, self._tasks = self._tasks, None
-        if tasks is not None:
-            await tasks.stop()
+        for client in (self._lease, self._tasks):
+            if client is not None:
+                await client.stop()
+        self._lease = self._tasks = None
         if self._metrics is not None:
             await self._metrics.stop()
         self._ready.clear()
@@ -272,7 +276,7 @@ class Scheduler:
                 topic=self.names.scheduler_lease,
                 group_id=self.group_id,
                 session_timeout=self.lease_timeout,
-                on_acquired=self._on_acquired,
+                on_acquired=self._acquired.set,
                 on_lost=self._step_down,
             )
             await self._lease.start()
@@ -358,9 +362,6 @@ class Scheduler:
 
     # -- leadership ---------------------------------------------------------------------------
 
-    async def _on_acquired(self) -> None:
-        self._acquired.set()
-
     async def _leadership_loop(self) -> None:
         """Run the active role each time the lease is won, until it is lost."""
         while True:
@@ -391,7 +392,7 @@ class Scheduler:
                 self._committed.clear()
                 self._active.set()
                 await self._publish(self.table.drain())
-            self._events = make_consumer(self.settings, group_id=None, max_poll_records=None)
+            self._events = self._consumer()
             await self._events.start()
             await self._follow_resume_topics()
         except KafkaError as exc:
