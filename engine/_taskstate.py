@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import logging
+from collections import deque
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -68,6 +69,7 @@ HOLDING_STATES: Final = frozenset({"queued", "running", "deferred"})
 TERMINAL_STATES: Final = frozenset({"success", "failed", "skipped", "up_for_retry", "removed"})
 """States that end an attempt."""
 
+_FINISHED: Final = frozenset({"success", "failed", "skipped", "removed"})
 _END: Final = 1 << 40  # progress of a finished attempt, beyond any deferral
 _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STEP: Final[Mapping[str, int]] = {"scheduled": 0, "queued": 1, "running": 2}
@@ -198,6 +200,7 @@ class TaskTable:
         self._retry: set[str] = set()
         self._cancel: dict[str, tuple[Emit, TaskStateRecord]] = {}  # cancel, the removal
         self._repair: set[str] = set()
+        self._finished: deque[tuple[dt.datetime, str]] = deque()  # (finished at, key)
         self._clock = _EPOCH
 
     # -- reading ---------------------------------------------------------------------------
@@ -269,6 +272,27 @@ class TaskTable:
         self._retry.discard(ti_key)
         self._cancel.pop(ti_key, None)
         self._repair.discard(ti_key)
+
+    def forget_finished(self, retention: float) -> int:
+        """Drop tasks that finished more than ``retention`` seconds (by record time) before
+        :attr:`clock`; the tasks topic still holds them. Returns how many were dropped."""
+        cutoff = self._clock - dt.timedelta(seconds=retention)
+        dropped = 0
+        while self._finished and self._finished[0][0] <= cutoff:
+            _, key = self._finished.popleft()
+            view = self._views.get(key)
+            if (
+                view is not None
+                and view.record.state in _FINISHED
+                and view.record.updated_at <= cutoff
+                and not view.inflight
+                and key not in self._cancel
+                and key not in self._repair
+                and key not in self._pending
+            ):
+                self.forget(key)
+                dropped += 1
+        return dropped
 
     def mark_generation(self) -> int:
         """Close the current generation of pending events and return its number.
@@ -398,6 +422,8 @@ class TaskTable:
     def _entered(self, key: str, view: _View, previous: TaskStateRecord | None) -> None:
         """Book-keeping after ``view.record`` changed: pool slots, queues, follow-ups."""
         record = view.record
+        if record.state in _FINISHED:
+            self._finished.append((record.updated_at, key))
         holds = _holds(record, view.target)
         if holds != view.holds:
             if view.holds is not None:

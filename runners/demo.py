@@ -99,6 +99,7 @@ class DemoOptions:
         slots: worker slots.
         deadline: the demo gives up this many seconds after it started.
         kill: SIGKILL one triggerer halfway.
+        kill_scheduler: run two schedulers and SIGKILL the active one halfway too.
         live: draw the live view (else print a line every few seconds).
         session_timeout_ms: triggerers' consumer-group session timeout (failover bound).
         topic_prefix: topic prefix (default: a fresh ``demo-<hex>.``).
@@ -110,6 +111,7 @@ class DemoOptions:
     slots: int = 4
     deadline: float = 105.0
     kill: bool = True
+    kill_scheduler: bool = False
     live: bool = True
     session_timeout_ms: int = 6000
     topic_prefix: str | None = None
@@ -538,6 +540,7 @@ class Scrapes:
     running: dict[str, float] = dataclasses.field(default_factory=dict)
     scheduler: dict[str, float] = dataclasses.field(default_factory=dict)
     worker: dict[str, float] = dataclasses.field(default_factory=dict)
+    active_scheduler: str = "scheduler"
 
 
 async def poll_children(children: Children, scrapes: Scrapes) -> None:
@@ -553,7 +556,11 @@ async def poll_children(children: Children, scrapes: Scrapes) -> None:
                         for labels, _ in got.get("deferline_triggerer_active_triggers", ())
                     )
                     scrapes.running[child.name] = _value(got, "deferline_triggers_running")
-                elif child.name == "scheduler" and got:
+                elif child.name.startswith("scheduler") and got:
+                    if _value(got, "deferline_scheduler_active") == 1:
+                        scrapes.active_scheduler = child.name
+                    elif scrapes.active_scheduler != child.name:
+                        continue  # a standby: the active one's counters are the figures
                     scrapes.scheduler = {
                         "duplicates": _value(got, "deferline_scheduler_duplicates_dropped_total"),
                         "applied": _value(
@@ -687,6 +694,7 @@ class DemoSummary:
     by_kind: dict[str, list[int]]
     unexpected: list[str]
     duplicates_dropped: float
+    worker_duplicate_runs: float
     events_applied: float
     events_by_status: dict[str, int]
     worker_slot_seconds: float
@@ -710,14 +718,15 @@ def _start_processes(children: Children, options: DemoOptions) -> None:
             *("--heartbeat-interval-ms", "500", "--log-level", "WARNING"),
             metrics_port=port,
         )
-    port = free_port()
-    children.spawn(
-        "scheduler",
-        "scheduler",
-        *("--default-pool-slots", "unlimited", "--log-level", "WARNING"),
-        *("--metrics-port", str(port), "--metrics-host", "127.0.0.1"),
-        metrics_port=port,
-    )
+    for name in ("scheduler", "scheduler-b") if options.kill_scheduler else ("scheduler",):
+        port = free_port()
+        children.spawn(
+            name,
+            "scheduler",
+            *("--default-pool-slots", "unlimited", "--log-level", "WARNING"),
+            *("--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--lease-timeout", "6"),
+            metrics_port=port,
+        )
     port = free_port()
     children.spawn(
         "worker",
@@ -807,6 +816,9 @@ async def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
                     children.sigkill(victim)
                     failover = Failover(victim, survivor, now - began, owned)
                     note = f"SIGKILLed {victim}"
+                    if options.kill_scheduler:
+                        children.sigkill(scrapes.active_scheduler)
+                        note += f" and {scrapes.active_scheduler}"
                 if failover is not None and failover.moved_after is None:
                     survivor_owns = set(scrapes.owned.get(failover.survivor, []))
                     if len(survivor_owns) == 12:
@@ -847,6 +859,7 @@ async def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
             by_kind={k: list(v) for k, v in watch.by_kind().items()},
             unexpected=[k.split("/")[1] for k in watch.unexpected()],
             duplicates_dropped=scrapes.scheduler.get("duplicates", 0.0),
+            worker_duplicate_runs=scrapes.worker.get("duplicates", 0.0),
             events_applied=scrapes.scheduler.get("applied", 0.0),
             events_by_status=dict(watch.events),
             worker_slot_seconds=round(watch.slot_seconds, 2),
@@ -981,6 +994,9 @@ def print_summary(summary: DemoSummary, console: Console) -> None:
     help="Give up (and fail) after this many seconds.",
 )
 @click.option("--no-kill", is_flag=True, help="Do not SIGKILL a triggerer halfway.")
+@click.option(
+    "--kill-scheduler", is_flag=True, help="Run two schedulers; SIGKILL the active one halfway."
+)
 @click.option("--plain", is_flag=True, help="Print progress lines instead of the live view.")
 @click.option("--topic-prefix", default=None, help="Topic prefix [demo-<random>.].")
 @click.option(
@@ -995,6 +1011,7 @@ def demo_command(
     seed: int,
     deadline: float,
     no_kill: bool,
+    kill_scheduler: bool,
     plain: bool,
     topic_prefix: str | None,
     summary_json: Path | None,
@@ -1007,6 +1024,7 @@ def demo_command(
         seed=seed,
         deadline=deadline,
         kill=not no_kill,
+        kill_scheduler=kill_scheduler,
         live=not plain and console.is_terminal,
         topic_prefix=topic_prefix,
     )

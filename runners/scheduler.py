@@ -9,10 +9,13 @@ It reads two streams into one :class:`~deferline.engine.TaskTable`:
   name), with offsets kept in the consumer group ``<prefix>scheduler``: committed only once
   what they caused is published, and never past an event still held pending.
 
-Decisions go out as records: TaskStateRecords to the tasks topic (key ``ti_key``), RunTasks
-to ``queue[.<wq>]`` (new work) or ``queue[.<wq>].resumes`` (resumes, which workers read
-first), CancelRequests to ``defer[.<queue>]``. For one task the state record is acknowledged
-before its RunTask is sent, so a worker's "running" always lands after "queued".
+Any number of schedulers may run; one is active (see :mod:`._scheduler_lease`): it holds
+partition 0 of the lease topic in the group ``<prefix>scheduler``. Standbys fold the tasks
+topic as it grows and read no events; on takeover a standby starts the fenced producer,
+folds the tasks topic's tail, takes the decisions the state calls for, and reads the resume
+topics from the committed offsets.
+
+Decisions go out in batches (see :mod:`._scheduler_records` for where each record goes).
 
 Plain aiokafka rather than faust tables: the tasks topic is written by several parties and is
 already the changelog; pools are global (admission needs every task of a pool in one place);
@@ -25,43 +28,38 @@ import asyncio
 import contextlib
 import logging
 import re
-import signal
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import click
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from deferline.engine import Emit, Pools, TaskTable
 from deferline.schemas import (
-    CancelRequest,
     DeadLetter,
     DeferlineError,
     RunTask,
     SchemaError,
     TaskStateRecord,
     TriggerEventRecord,
-    decode,
-    encode,
 )
 from deferline.topics import (
     Settings,
     TopicNames,
     ensure_topics,
     make_consumer,
-    make_producer,
     topic_specs,
 )
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from ._metrics import MetricsServer
-from ._options import connection_options, layout_options, logging_options
+from ._scheduler_cli import scheduler_command
+from ._scheduler_lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
+from ._scheduler_metrics import SchedulerCollector
+from ._scheduler_records import committable, dead_letter, read_as, waves
 
-__all__ = ["Scheduler", "SchedulerError", "scheduler_command"]
+__all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,21 +69,28 @@ class SchedulerError(DeferlineError):
 
 
 class Scheduler:
-    """Fold the tasks and resume topics into task state; publish decisions.
+    """Fold the tasks and resume topics into task state; publish decisions while active.
 
     Args:
         settings: connection and topic layout.
         pools: slot counts per pool (default: ``default_pool`` with 128 slots, like Airflow).
         worker_queues: worker queues whose topics are created at start; others are created
             the first time a task names them.
-        group_id: consumer group of the resume topics; default ``<prefix>scheduler``.
+        group_id: consumer group of the lease and the resume offsets; also the transactional
+            id; default ``<prefix>scheduler``.
         metrics_port: serve Prometheus metrics on this port (0: any free port; None: off).
         orphan_check_interval: how often events held pending are checked against the tasks
             topic's end; one that still has no deferral once the scheduler has read past it
             is dropped as an orphan (for instance a DeferRequest published by another system).
-        commit_interval: seconds between offset commits of the resume topics.
+        commit_interval: seconds between offset commits of the resume topics when the broker
+            has no transactions (with them, offsets go in every batch's transaction).
         topic_refresh_interval: seconds between looks for new ``resume.<queue>`` topics.
-        max_records: most records folded per fetch.
+        max_records: most records folded per fetch (and so per published batch).
+        lease_timeout: group session timeout: how long a silent active scheduler keeps the
+            lease before a standby takes over.
+        transactions: write in Kafka transactions (True), never (False), or when the broker
+            has them (None).
+        finished_retention: seconds (by record time) a finished task stays in memory.
     """
 
     def __init__(
@@ -100,7 +105,10 @@ class Scheduler:
         orphan_check_interval: float = 5.0,
         commit_interval: float = 1.0,
         topic_refresh_interval: float = 10.0,
-        max_records: int = 2000,
+        max_records: int = 10_000,
+        lease_timeout: float = 10.0,
+        transactions: bool | None = None,
+        finished_retention: float = 3600.0,
     ) -> None:
         if isinstance(pools, Mapping):
             pools = Pools(slots=dict(pools))
@@ -112,11 +120,14 @@ class Scheduler:
         self.commit_interval = commit_interval
         self.max_records = max_records
         self.topic_refresh_interval = topic_refresh_interval
+        self.lease_timeout = lease_timeout
+        self.transactions = transactions
+        self.finished_retention = finished_retention
         self._resume_pattern = re.compile(
             f"^{re.escape(settings.topic_prefix)}resume(\\.[A-Za-z0-9_-]+)?$"
         )
         self.registry = CollectorRegistry()
-        self.registry.register(_SchedulerCollector(self))
+        self.registry.register(SchedulerCollector(self))
         self._metrics = (
             MetricsServer(self.registry, host=metrics_host, port=metrics_port)
             if metrics_port is not None
@@ -124,7 +135,10 @@ class Scheduler:
         )
         self._worker_queues = {"default", *worker_queues}
         self._ensured_worker_queues: set[str] = set()
-        self._producer: AIOKafkaProducer | None = None
+        self._publisher = SchedulerPublisher(
+            settings, transactional_id=self.group_id, group_id=self.group_id
+        )
+        self._lease: SchedulerLease | None = None
         self._tasks: AIOKafkaConsumer | None = None
         self._events: AIOKafkaConsumer | None = None
         self._task_tps: list[TopicPartition] = []
@@ -135,10 +149,14 @@ class Scheduler:
         self._publish_lock = asyncio.Lock()
         self._main: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._active = asyncio.Event()
+        self._acquired = asyncio.Event()
+        self._lead: asyncio.Task[None] | None = None
         self.recovered_records = 0
         self.recovery_seconds: float | None = None
-        self.bad_records = 0
-        self.published = 0
+        self.takeovers = 0
+        self.takeover_seconds: float | None = None
+        self.bad_records = self.published = 0
         self.lag: dict[str, int] = {"tasks": 0, "events": 0}
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -162,12 +180,29 @@ class Scheduler:
 
     @property
     def ready(self) -> bool:
-        """True once the tasks topic is folded and the resume topics are being read."""
+        """True once the tasks topic is folded and the scheduler is in the lease group."""
         return self._ready.is_set()
+
+    @property
+    def active(self) -> bool:
+        """True while this scheduler holds the lease and applies events."""
+        return self._active.is_set()
+
+    @property
+    def transactional(self) -> bool:
+        """True when the active scheduler writes in Kafka transactions."""
+        return self._publisher.transactional
 
     async def wait_ready(self) -> None:
         """Wait until :attr:`ready`; raises if the scheduler failed first."""
-        waiter = asyncio.ensure_future(self._ready.wait())
+        await self._wait_for(self._ready)
+
+    async def wait_active(self) -> None:
+        """Wait until :attr:`active`; raises if the scheduler failed first."""
+        await self._wait_for(self._active)
+
+    async def _wait_for(self, event: asyncio.Event) -> None:
+        waiter = asyncio.ensure_future(event.wait())
         watch: set[asyncio.Future[Any]] = {waiter}
         if self._main is not None:
             watch.add(self._main)
@@ -177,7 +212,7 @@ class Scheduler:
             waiter.cancel()
         if self._main is not None and self._main in done:
             await self._main  # raises its error
-            raise SchedulerError("the scheduler stopped before it was ready")
+            raise SchedulerError("the scheduler stopped first")
 
     async def start(self) -> None:
         """Create missing topics, connect, and start folding (returns before catch-up)."""
@@ -190,9 +225,7 @@ class Scheduler:
             self._ensured_worker_queues |= self._worker_queues
             if self._metrics is not None:
                 await self._metrics.start()
-            self._producer = make_producer(self.settings)
-            await self._producer.start()
-            self._tasks = make_consumer(self.settings, group_id=None, max_poll_records=None)
+            self._tasks = self._consumer()
             await self._tasks.start()
         except KafkaError as exc:
             await self._close()
@@ -203,7 +236,7 @@ class Scheduler:
         self._main = asyncio.create_task(self._run(), name="deferline-scheduler")
 
     async def stop(self) -> None:
-        """Stop reading, commit what is published, disconnect. Idempotent."""
+        """Stop applying, commit what is published, leave the group, disconnect. Idempotent."""
         main, self._main = self._main, None
         if main is not None:
             main.cancel()
@@ -216,18 +249,19 @@ class Scheduler:
         if self._main is not None:
             await self._main
 
+    def _consumer(self) -> AIOKafkaConsumer:
+        # Kafka answers a fetch once data arrives: the wait only saves idle CPU. Tansu holds
+        # every fetch this long: it bounds the latency the scheduler adds there.
+        return make_consumer(
+            self.settings, group_id=None, max_poll_records=None, fetch_max_wait_ms=100
+        )
+
     async def _close(self) -> None:
-        events, self._events = self._events, None
-        if events is not None:
-            with contextlib.suppress(KafkaError, SchedulerError):
-                await self._commit(events)
-            await events.stop()
-        tasks, self._tasks = self._tasks, None
-        if tasks is not None:
-            await tasks.stop()
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            await producer.stop()
+        await self._step_down()
+        for client in (self._lease, self._tasks):
+            if client is not None:
+                await client.stop()
+        self._lease = self._tasks = None
         if self._metrics is not None:
             await self._metrics.stop()
         self._ready.clear()
@@ -237,20 +271,23 @@ class Scheduler:
     async def _run(self) -> None:
         try:
             await self._recover()
-            async with self._publish_lock:
-                await self._publish(self.table.drain())
-            self._events = make_consumer(
-                self.settings, group_id=self.group_id, max_poll_records=None
+            self._lease = SchedulerLease(
+                self.settings,
+                topic=self.names.scheduler_lease,
+                group_id=self.group_id,
+                session_timeout=self.lease_timeout,
+                on_acquired=self._acquired.set,
+                on_lost=self._step_down,
             )
-            await self._events.start()
-            await self._follow_resume_topics()
+            await self._lease.start()
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._tasks_loop(), name="scheduler-tasks")
-                group.create_task(self._events_loop(), name="scheduler-events")
+                group.create_task(self._lease.poll_forever(), name="scheduler-lease")
+                group.create_task(self._leadership_loop(), name="scheduler-leadership")
                 group.create_task(self._housekeeping_loop(), name="scheduler-housekeeping")
                 self._ready.set()
                 logger.info(
-                    "scheduler ready",
+                    "scheduler ready (standby until it holds the lease)",
                     extra={
                         "tasks": len(self.table),
                         "recovered_records": self.recovered_records,
@@ -270,16 +307,14 @@ class Scheduler:
         self._tasks.assign(self._task_tps)
         await self._tasks.seek_to_beginning(*self._task_tps)
         ends = await self._tasks.end_offsets(self._task_tps)
-        for tp in self._task_tps:
-            self._tasks_pos[tp] = await self._tasks.position(tp)
+        await self._sync_tasks_pos()
         while any(self._tasks_pos[tp] < ends[tp] for tp in self._task_tps):
             batches = await self._tasks.getmany(timeout_ms=200, max_records=self.max_records)
-            for tp, messages in batches.items():
+            for messages in batches.values():
                 for message in messages:
                     self._fold_task(message.key, message.value, live=False)
                     self.recovered_records += 1
-                if messages:
-                    self._tasks_pos[tp] = messages[-1].offset + 1
+            await self._sync_tasks_pos()
         self.recovery_seconds = time.monotonic() - began
 
     async def _tasks_partitions(self) -> set[int]:
@@ -294,56 +329,151 @@ class Scheduler:
             await self._tasks._client.force_metadata_update()
 
     async def _tasks_loop(self) -> None:
+        """Fold the tasks topic, active or not; publish what it calls for while active."""
         assert self._tasks is not None
         while True:
-            batches = await self._tasks.getmany(timeout_ms=500, max_records=self.max_records)
+            batches = await self._tasks.getmany(timeout_ms=1000, max_records=self.max_records)
             dead: list[DeadLetter] = []
-            for tp, messages in batches.items():
+            for messages in batches.values():
                 for message in messages:
                     bad = self._fold_task(message.key, message.value, live=True)
                     if bad is not None:
                         dead.append(self._dead(message, bad))
-                if messages:
-                    self._tasks_pos[tp] = messages[-1].offset + 1
-            async with self._publish_lock:
-                await self._publish(self.table.drain(), dead)
+            await self._sync_tasks_pos()
+            if self._active.is_set() and batches:
+                async with self._publish_lock:
+                    if self._active.is_set():
+                        await self._publish(self.table.drain(), dead)
             self._tasks_moved.set()
+
+    async def _sync_tasks_pos(self) -> None:
+        """Positions, not last offsets: transaction markers take offsets but are no records."""
+        assert self._tasks is not None
+        for tp in self._task_tps:
+            self._tasks_pos[tp] = await self._tasks.position(tp)
+
+    async def _tasks_caught_up(self) -> None:
+        """Wait until the tasks topic is folded up to its (last stable) end as of now."""
+        assert self._tasks is not None
+        ends = await self._tasks.end_offsets(self._task_tps)
+        while any(self._tasks_pos.get(tp, 0) < end for tp, end in ends.items()):
+            self._tasks_moved.clear()
+            await self._tasks_moved.wait()
+
+    # -- leadership ---------------------------------------------------------------------------
+
+    async def _leadership_loop(self) -> None:
+        """Run the active role each time the lease is won, until it is lost."""
+        while True:
+            await self._acquired.wait()
+            self._acquired.clear()
+            lead = asyncio.create_task(self._take_over(), name="scheduler-active")
+            self._lead = lead
+            try:
+                await asyncio.wait({lead})
+            finally:
+                if not lead.done():
+                    lead.cancel()
+                    await asyncio.wait({lead})
+            failure = None if lead.cancelled() else lead.exception()
+            if failure is not None:
+                await self._step_down()
+                raise failure
+
+    async def _take_over(self) -> None:
+        began = time.monotonic()
+        try:
+            # Fences the previous leader first (its open transaction is aborted), so the
+            # tasks topic's end read next already holds everything it managed to commit.
+            await self._publisher.start(transactions=self.transactions)
+            await self._tasks_caught_up()
+            async with self._publish_lock:
+                self._events_done.clear()
+                self._committed.clear()
+                self._active.set()
+                await self._publish(self.table.drain())
+            self._events = self._consumer()
+            await self._events.start()
+            await self._follow_resume_topics()
+        except KafkaError as exc:
+            raise SchedulerError(f"scheduler could not take over: {exc}") from exc
+        self.takeovers += 1
+        self.takeover_seconds = time.monotonic() - began
+        logger.info(
+            "scheduler active",
+            extra={
+                "group_id": self.group_id,
+                "transactional": self._publisher.transactional,
+                "takeover_seconds": round(self.takeover_seconds, 3),
+                "tasks": len(self.table),
+            },
+        )
+        await self._events_loop()
+
+    async def _step_down(self) -> None:
+        """Stop applying events, after the batch in flight (called before the lease moves)."""
+        lead, self._lead = self._lead, None
+        async with self._publish_lock:
+            was_active = self._active.is_set()
+            self._active.clear()
+            if lead is not None and not lead.done():
+                lead.cancel()
+        if lead is not None:
+            await asyncio.wait({lead})
+        events, self._events = self._events, None
+        if events is not None:
+            if was_active and not self._publisher.transactional:
+                with contextlib.suppress(KafkaError):
+                    await self._commit()
+            await events.stop()
+        await self._publisher.stop()
+        if was_active:
+            logger.info("scheduler standing by", extra={"group_id": self.group_id})
 
     async def _events_loop(self) -> None:
         assert self._events is not None
         last_commit = last_refresh = time.monotonic()
         while True:
-            batches = await self._events.getmany(timeout_ms=500, max_records=self.max_records)
-            dead: list[DeadLetter] = []
-            read: dict[TopicPartition, int] = {}
-            for tp, messages in batches.items():
-                for message in messages:
-                    bad = self._fold_event(message.value, ref=(tp, message.offset))
-                    if bad is not None:
-                        dead.append(self._dead(message, bad))
-                if messages:
-                    read[tp] = messages[-1].offset + 1
-            async with self._publish_lock:
-                await self._publish(self.table.drain(), dead)
-            # Only now is everything these events caused acknowledged: they may be committed.
-            self._events_done.update(read)
+            batches = await self._events.getmany(timeout_ms=1000, max_records=self.max_records)
+            if batches:
+                async with self._publish_lock:
+                    if not self._active.is_set():
+                        return
+                    dead: list[DeadLetter] = []
+                    read: dict[TopicPartition, int] = {}
+                    for tp, messages in batches.items():
+                        for message in messages:
+                            bad = self._fold_event(message.value, ref=(tp, message.offset))
+                            if bad is not None:
+                                dead.append(self._dead(message, bad))
+                        if messages:
+                            read[tp] = messages[-1].offset + 1
+                    self._events_done.update(read)
+                    out, folded = self.table.drain(), time.monotonic()
+                    await self._publish(out, dead, offsets=True)
+                    took = round(time.monotonic() - folded, 4)
+                    logger.debug("events batch applied", extra={"out": len(out), "took": took})
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
-                await self._commit(self._events)
+                # Offsets that moved without output (orphans dropped, pending resolved).
+                async with self._publish_lock:
+                    if not self._active.is_set():
+                        return
+                    if self._publisher.transactional:
+                        await self._publish([], offsets=True)
+                    else:
+                        await self._commit()
                 last_commit = now
             if now - last_refresh >= self.topic_refresh_interval:
                 await self._follow_resume_topics()
                 last_refresh = now
 
     async def _follow_resume_topics(self) -> None:
-        """Read every partition of every resume topic (``resume``, ``resume.<queue>``).
-
-        Partitions are assigned by hand, not through a group rebalance: the scheduler is one
-        process that must see every event (pools are global), and it joins no group, so a
-        restart starts reading at once. The group id only keeps the committed offsets.
-        """
-        events = self._events
+        """Read every partition of every resume topic, assigned by hand (the active scheduler
+        sees every event: pools are global); new ones from the group's committed offset."""
+        events, lease = self._events, self._lease
         assert events is not None
+        assert lease is not None
         cluster = await events._client.fetch_all_metadata()
         wanted = {
             TopicPartition(topic, partition)
@@ -355,47 +485,45 @@ class Scheduler:
         if wanted <= current:
             return
         positions = {tp: await events.position(tp) for tp in current}
+        added = sorted(wanted - current)
+        committed = await lease.committed(added)
         events.assign(sorted(wanted | current))
         for tp, offset in positions.items():
             events.seek(tp, offset)
+        fresh = [tp for tp in added if tp not in committed]
+        if fresh:
+            await events.seek_to_beginning(*fresh)
+        for tp, offset in committed.items():
+            events.seek(tp, offset)
+            self._committed[tp] = offset
         logger.info(
             "reading resume partitions",
             extra={
                 "group_id": self.group_id,
-                "added": sorted(f"{tp.topic}:{tp.partition}" for tp in wanted - current),
+                "added": [f"{tp.topic}:{tp.partition}" for tp in added],
             },
         )
 
     async def _housekeeping_loop(self) -> None:
-        """Drop events that can never apply, and refresh lag figures."""
+        """Drop events that can never apply and finished tasks past retention; refresh lag."""
         assert self._tasks is not None
         while True:
             await asyncio.sleep(self.orphan_check_interval)
             generation = self.table.mark_generation()
-            ends = await self._tasks.end_offsets(self._task_tps)
-            while any(self._tasks_pos.get(tp, 0) < end for tp, end in ends.items()):
-                self._tasks_moved.clear()
-                await self._tasks_moved.wait()
-            self.lag["tasks"] = sum(
-                max(0, ends[tp] - self._tasks_pos.get(tp, 0)) for tp in self._task_tps
-            )
+            await self._tasks_caught_up()
+            self.lag["tasks"] = 0  # just caught up with the end read before the wait
             dropped = self.table.expire_pending(generation)
             if dropped:
                 logger.warning(
                     "events without a deferral on the tasks topic dropped",
                     extra={"count": dropped},
                 )
+            self.table.forget_finished(self.finished_retention)
             await self._refresh_events_lag()
 
     async def _refresh_events_lag(self) -> None:
-        events = self._events
-        if events is None:
-            return
-        assigned = list(events.assignment())
-        if not assigned:
-            self.lag["events"] = 0
-            return
-        ends = await events.end_offsets(assigned)
+        assigned = list(self._events.assignment()) if self._events is not None else []
+        ends = await self._events.end_offsets(assigned) if self._events and assigned else {}
         self.lag["events"] = sum(
             max(0, ends[tp] - self._events_done.get(tp, self._committed.get(tp, ends[tp])))
             for tp in assigned
@@ -409,28 +537,18 @@ class Scheduler:
                 self.table.forget(key.decode("utf-8", "replace"))
             return None
         try:
-            record = decode(value)
+            self.table.apply(read_as(value, TaskStateRecord))
         except SchemaError as exc:
             return self._bad(exc, live=live)
-        if not isinstance(record, TaskStateRecord):
-            return self._bad(
-                SchemaError(f"expected task_state, got {record.kind}", field="kind"), live=live
-            )
-        self.table.apply(record)
         return None
 
     def _fold_event(self, value: bytes | None, *, ref: object) -> str | None:
         if value is None:
             return None
         try:
-            record = decode(value)
+            self.table.apply(read_as(value, TriggerEventRecord), ref=ref)
         except SchemaError as exc:
             return self._bad(exc, live=True)
-        if not isinstance(record, TriggerEventRecord):
-            return self._bad(
-                SchemaError(f"expected trigger_event, got {record.kind}", field="kind"), live=True
-            )
-        self.table.apply(record, ref=ref)
         return None
 
     def _bad(self, exc: SchemaError, *, live: bool) -> str | None:
@@ -440,57 +558,28 @@ class Scheduler:
         return f"{type(exc).__name__}: {exc}" if live else None
 
     def _dead(self, message: Any, error: str) -> DeadLetter:
-        return DeadLetter(
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            key=message.key,
-            value=message.value,
-            error=error,
-            error_type="SchemaError",
-            member=self.group_id,
-        )
+        return dead_letter(message, error, member=self.group_id)
 
-    async def _publish(self, out: Sequence[Emit], dead: Sequence[DeadLetter] = ()) -> None:
-        """Send ``out`` in waves, each acknowledged before the next: CancelRequests (the
-        "removed" record that follows one is the proof it was sent), task states, then
-        RunTasks (a worker's "running" must land after "queued")."""
-        if not out and not dead:
+    async def _publish(
+        self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
+    ) -> None:
+        """Send ``out`` in waves: CancelRequests (the "removed" record that follows one is the
+        proof it was sent), task states, then RunTasks (a worker's "running" must land after
+        "queued"). In a transaction the waves and the resume offsets commit together;
+        without, each wave is acknowledged before the next. Call with the publish lock."""
+        commit = self._committable() if offsets and self._publisher.transactional else {}
+        if not out and not dead and not commit:
             return
-        producer = self._producer
-        if producer is None:
-            raise SchedulerError("the scheduler is not started")
-        cancels: list[tuple[str, bytes | None, bytes]] = []
-        states: list[tuple[str, bytes | None, bytes]] = []
-        runs: list[tuple[str, bytes | None, bytes]] = []
         for emit in out:
-            record = emit.record
-            if isinstance(record, TaskStateRecord):
-                states.append((self.names.tasks, record.task.ti_key.encode(), encode(record)))
-            elif isinstance(record, RunTask):
-                await self._ensure_worker_queue(record.worker_queue)
-                topic = (
-                    self.names.resumes(record.worker_queue)
-                    if record.mode == "resume"
-                    else self.names.work(record.worker_queue)
-                )
-                runs.append((topic, record.task.ti_key.encode(), encode(record)))
-            elif isinstance(record, CancelRequest):
-                topic = self.names.defer(emit.queue)
-                cancels.append((topic, record.trigger_id.encode(), encode(record)))
-        for letter in dead:
-            states.append((self.names.dead, None, encode(letter)))
-        waves = (cancels, states, runs)
+            if isinstance(emit.record, RunTask):
+                await self._ensure_worker_queue(emit.record.worker_queue)
+        batch = waves(self.names, out, dead)
         try:
-            for wave in waves:
-                futures = [
-                    await producer.send(topic, value=value, key=key) for topic, key, value in wave
-                ]
-                if futures:
-                    await asyncio.gather(*futures)
+            await self._publisher.publish(batch, commit)
         except KafkaError as exc:
             raise SchedulerError(f"cannot publish scheduler decisions: {exc}") from exc
-        self.published += sum(len(wave) for wave in waves)
+        self._committed.update(commit)
+        self.published += sum(len(wave) for wave in batch)
 
     async def _ensure_worker_queue(self, worker_queue: str) -> None:
         if worker_queue in self._ensured_worker_queues:
@@ -499,212 +588,13 @@ class Scheduler:
         self._ensured_worker_queues.add(worker_queue)
 
     def _committable(self) -> dict[TopicPartition, int]:
-        """Per resume partition: the offset after the last published event, but never past
-        an event still held pending (so a restart reads it again)."""
-        offsets = dict(self._events_done)
-        for ref in self.table.pending_refs():
-            if isinstance(ref, tuple):
-                tp, offset = ref
-                if tp in offsets and offset < offsets[tp]:
-                    offsets[tp] = offset
-        return {
-            tp: offset for tp, offset in offsets.items() if offset > self._committed.get(tp, -1)
-        }
+        return committable(self._events_done, self.table.pending_refs(), self._committed)
 
-    async def _commit(self, events: AIOKafkaConsumer) -> None:
-        offsets = {tp: o for tp, o in self._committable().items() if tp in events.assignment()}
-        if not offsets:
+    async def _commit(self) -> None:
+        """Commit resume offsets through the lease member (brokers without transactions)."""
+        lease = self._lease
+        offsets = self._committable()
+        if not offsets or lease is None or not lease.held:
             return
-        await events.commit(offsets)
+        await lease.commit(offsets)
         self._committed.update(offsets)
-
-
-class _SchedulerCollector(Collector):
-    """Scheduler figures, read from the table at scrape time."""
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-
-    def collect(self) -> Iterator[Metric]:
-        table = self.scheduler.table
-        c = table.counters
-        events = CounterMetricFamily(
-            "deferline_scheduler_events",
-            "Trigger events read, by what the scheduler did with them.",
-            labels=["verdict"],
-        )
-        for verdict, value in (
-            ("applied", c.events_applied),
-            ("duplicate", c.events_duplicate),
-            ("direct", c.events_direct),
-            ("cancelled", c.events_cancelled),
-            ("orphaned", c.events_orphaned),
-        ):
-            events.add_metric([verdict], value)
-        yield events
-        yield _counter(
-            "deferline_scheduler_duplicates_dropped",
-            "Duplicate or stale events dropped.",
-            c.events_duplicate,
-        )
-        enqueued = CounterMetricFamily(
-            "deferline_scheduler_runs_enqueued", "RunTasks sent to workers.", labels=["mode"]
-        )
-        enqueued.add_metric(["start"], c.starts)
-        enqueued.add_metric(["resume"], c.resumes)
-        yield enqueued
-        yield _counter(
-            "deferline_scheduler_ended_by_trigger",
-            "Tasks ended by their trigger.",
-            c.ended_by_trigger,
-        )
-        yield _counter("deferline_scheduler_retries", "Retries scheduled.", c.retries)
-        yield _counter("deferline_scheduler_cancels", "CancelRequests sent.", c.cancels)
-        yield _counter(
-            "deferline_scheduler_stale_states",
-            "Task records behind the current state.",
-            c.states_stale,
-        )
-        yield _counter(
-            "deferline_scheduler_repairs",
-            "Task states re-published over a stale record.",
-            c.repairs,
-        )
-        yield _counter(
-            "deferline_scheduler_bad_records",
-            "Unreadable records skipped.",
-            self.scheduler.bad_records,
-        )
-        used = GaugeMetricFamily(
-            "deferline_scheduler_pool_slots_used", "Pool slots held.", labels=["pool"]
-        )
-        size = GaugeMetricFamily(
-            "deferline_scheduler_pool_slots", "Pool size (absent: unlimited).", labels=["pool"]
-        )
-        for pool, (in_use, total) in table.pool_usage().items():
-            used.add_metric([pool], in_use)
-            if total is not None:
-                size.add_metric([pool], total)
-        yield used
-        yield size
-        states = GaugeMetricFamily(
-            "deferline_scheduler_tasks", "Task instances by state.", labels=["state"]
-        )
-        for state, count in sorted(table.count_by_state().items()):
-            states.add_metric([state], count)
-        yield states
-        yield GaugeMetricFamily(
-            "deferline_scheduler_pending_events",
-            "Events held until their deferral is read.",
-            value=table.pending_events,
-        )
-        lag = GaugeMetricFamily(
-            "deferline_scheduler_lag", "Records not yet read, per input.", labels=["input"]
-        )
-        for name, value in sorted(self.scheduler.lag.items()):
-            lag.add_metric([name], value)
-        yield lag
-
-
-def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(name, documentation, value=value)
-
-
-# -- command line ----------------------------------------------------------------------------
-
-
-def _parse_pools(values: Iterable[str]) -> dict[str, int]:
-    pools: dict[str, int] = {}
-    for value in values:
-        name, sep, slots = value.partition("=")
-        if not sep or not name or not slots.isdigit():
-            raise click.BadParameter(f"expected NAME=SLOTS, got {value!r}", param_hint="--pool")
-        pools[name] = int(slots)
-    return pools
-
-
-@click.command("scheduler")
-@connection_options
-@layout_options
-@click.option(
-    "--pool",
-    "pools",
-    multiple=True,
-    metavar="NAME=SLOTS",
-    help="Slots of a pool (repeatable).",
-)
-@click.option(
-    "--default-pool-slots",
-    default="128",
-    show_default=True,
-    help="Slots of every pool not named by --pool (default_pool too); 'unlimited' for none.",
-)
-@click.option(
-    "--worker-queue",
-    "worker_queues",
-    multiple=True,
-    help="Worker queue whose topics are created at start (repeatable).",
-)
-@click.option("--group-id", default=None, help="Consumer group [<prefix>scheduler].")
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(min=0, max=65535),
-    default=None,
-    help="Serve Prometheus metrics on this port (0: any free port).",
-)
-@click.option("--metrics-host", default="0.0.0.0", show_default=True)
-@click.option(
-    "--orphan-check-interval",
-    type=click.FloatRange(min=0.1),
-    default=5.0,
-    show_default=True,
-    help="Seconds between checks for events whose deferral never appears.",
-)
-@logging_options
-def scheduler_command(
-    settings: Settings,
-    pools: tuple[str, ...],
-    default_pool_slots: str,
-    worker_queues: tuple[str, ...],
-    group_id: str | None,
-    metrics_port: int | None,
-    metrics_host: str,
-    orphan_check_interval: float,
-) -> None:
-    """Run the scheduler: fold trigger events into task state and resume tasks."""
-    if default_pool_slots == "unlimited":
-        default: int | None = None
-    elif default_pool_slots.isdigit():
-        default = int(default_pool_slots)
-    else:
-        raise click.BadParameter("a number or 'unlimited'", param_hint="--default-pool-slots")
-    scheduler = Scheduler(
-        settings,
-        pools=Pools(slots=_parse_pools(pools), default_slots=default),
-        worker_queues=worker_queues,
-        group_id=group_id,
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-        orphan_check_interval=orphan_check_interval,
-    )
-    try:
-        asyncio.run(_serve(scheduler))
-    except DeferlineError as exc:
-        raise click.ClickException(f"scheduler failed: {exc}") from exc
-
-
-async def _serve(scheduler: Scheduler) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with scheduler:
-        runner = asyncio.ensure_future(scheduler.wait())
-        stopper = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if runner in done:
-            runner.result()
-        else:
-            runner.cancel()
-    logger.info("scheduler stopped")

@@ -24,6 +24,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "fetch_max_wait_ms": 20,
     "enable_auto_commit": False,
     "auto_offset_reset": "earliest",
+    # The scheduler writes in transactions on Apache Kafka: never act on an aborted write.
+    "isolation_level": "read_committed",
 }
 
 

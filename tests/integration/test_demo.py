@@ -82,6 +82,32 @@ def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_demo_with_the_active_scheduler_killed_halfway_applies_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    marker = f"demo-test-{uuid.uuid4().hex[:8]}."
+    summary_path = tmp_path / "summary.json"
+    result = subprocess.run(
+        demo_argv(
+            *("--tasks", "200", "--duration", "12", "--plain", "--kill-scheduler"),
+            *("--topic-prefix", marker, "--summary-json", str(summary_path)),
+        ),
+        capture_output=True,
+        timeout=150,
+        check=False,
+    )
+    output = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
+    assert result.returncode == 0, output[-4000:]
+    assert "and scheduler" in output, "the active scheduler was SIGKILLed"
+    summary = json.loads(summary_path.read_text())
+    assert summary["finished"] == summary["tasks"] == 200
+    assert summary["ok"] is True
+    assert summary["unexpected"] == []
+    assert summary["worker_duplicate_runs"] == 0, "no RunTask reached a worker twice"
+    assert wait_gone(marker, within=5.0) == [], "a demo process outlived it"
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_interrupted_demo_leaves_no_process() -> None:
     marker = f"demo-test-{uuid.uuid4().hex[:8]}."
     demo = subprocess.Popen(

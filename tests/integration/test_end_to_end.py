@@ -75,7 +75,7 @@ async def deployment(
         Worker(settings, slots=slots, poll_interval=0.02, graceful_timeout=5.0) as worker,
         Client(settings) as client,
     ):
-        await sched.wait_ready()
+        await sched.wait_active()
         yield Deployment(client, sched, triggerer, worker, flow)
 
 

@@ -59,7 +59,7 @@ async def test_a_deferral_without_triggerer_then_with_one(settings: Settings, br
         Worker(settings, slots=2, poll_interval=0.02, graceful_timeout=5.0),
         Client(settings) as client,
     ):
-        await scheduler.wait_ready()
+        await scheduler.wait_active()
         task = await submit(client, "waits", f"{EXAMPLES}.WaitOperator", seconds=600)
         await flow.wait_state(task, "deferred")
 
@@ -93,7 +93,7 @@ async def test_real_failures_and_resumes_are_explained(settings: Settings):
         triggerer(settings, "replay-trig-2"),
         Client(settings) as client,
     ):
-        await scheduler.wait_ready()
+        await scheduler.wait_active()
         quick = await submit(client, "quick", f"{EXAMPLES}.WaitOperator", seconds=0.1)
         boom = await submit(client, "boom", f"{_e2e_ops.MODULE}.ExplodeOperator")
         await flow.wait_state(quick, "success")

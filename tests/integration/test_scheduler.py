@@ -40,7 +40,7 @@ async def barrier(flow: TaskFlow, scheduler: Scheduler) -> None:
 
 async def test_defer_fire_resume(settings: Settings) -> None:
     async with TaskFlow(settings, queues=["slow"]) as flow, Scheduler(settings, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         a, b = task_key("a"), task_key("b")
         await flow.submit(a, op_kwargs={"x": 1})
         await flow.submit(b)
@@ -72,7 +72,7 @@ async def test_defer_fire_resume(settings: Settings) -> None:
 
 async def test_injected_duplicate_events_are_never_applied(settings: Settings) -> None:
     async with TaskFlow(settings) as flow, Scheduler(settings, metrics_port=0, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         a = task_key("a")
         await flow.submit(a)
         await flow.wait_for(lambda: flow.runs_of(a, "start"))
@@ -97,7 +97,7 @@ async def test_injected_duplicate_events_are_never_applied(settings: Settings) -
 
 async def test_event_read_before_its_deferral_waits_for_it(settings: Settings) -> None:
     async with TaskFlow(settings) as flow, Scheduler(settings, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         a = task_key("a")
         await flow.submit(a)
         await flow.wait_for(lambda: flow.runs_of(a, "start"))
@@ -112,7 +112,7 @@ async def test_event_read_before_its_deferral_waits_for_it(settings: Settings) -
 
 async def test_timed_out_and_failed_events_resume_into_fail(settings: Settings) -> None:
     async with TaskFlow(settings) as flow, Scheduler(settings, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         a, b = task_key("a"), task_key("b")
         for task in (a, b):
             await flow.submit(task)
@@ -132,7 +132,7 @@ async def test_timed_out_and_failed_events_resume_into_fail(settings: Settings) 
 
 async def test_trigger_outcome_ends_the_task_without_a_worker(settings: Settings) -> None:
     async with TaskFlow(settings) as flow, Scheduler(settings, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         a = task_key("a")
         await flow.submit(a)
         await flow.wait_for(lambda: flow.runs_of(a, "start"))
@@ -147,7 +147,7 @@ async def test_trigger_outcome_ends_the_task_without_a_worker(settings: Settings
 
 async def test_clear_while_deferred_cancels_the_trigger(settings: Settings) -> None:
     async with TaskFlow(settings, queues=["slow"]) as flow, Scheduler(settings, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         a = task_key("a")
         await flow.submit(a)
         await flow.wait_for(lambda: flow.runs_of(a, "start"))
@@ -176,7 +176,7 @@ async def test_clear_while_deferred_cancels_the_trigger(settings: Settings) -> N
 async def test_resumes_bypass_a_pool_saturated_by_new_tasks(settings: Settings) -> None:
     pools = {"p": 2}
     async with TaskFlow(settings) as flow, Scheduler(settings, pools=pools, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         held = [task_key("held-0"), task_key("held-1")]
         for task in held:
             await flow.submit(task, pool="p")
@@ -201,7 +201,7 @@ async def test_resumes_bypass_a_pool_saturated_by_new_tasks(settings: Settings) 
 
 async def test_direct_resume_events(settings: Settings) -> None:
     async with TaskFlow(settings) as flow, Scheduler(settings, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         a, b = task_key("a"), task_key("b")
         for task in (a, b):
             await flow.submit(task)
@@ -232,7 +232,7 @@ async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> Non
     a, b, c = task_key("a"), task_key("b"), task_key("c")
     async with TaskFlow(settings) as flow:
         async with Scheduler(settings, pools=pools, **FAST) as first:
-            await first.wait_ready()
+            await first.wait_active()
             for task in (a, b, c):
                 await flow.submit(task, pool="p")
             await flow.wait_for(lambda: flow.runs_of(a) and flow.runs_of(b))
@@ -246,7 +246,7 @@ async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> Non
             usage = first.table.pool_usage()
             runs_before = len(flow.runs)
         async with Scheduler(settings, pools=pools, **FAST) as second:
-            await second.wait_ready()
+            await second.wait_active()
             assert second.recovered_records >= 8
             assert second.table.snapshot() == before
             assert second.table.pool_usage() == usage
@@ -260,7 +260,7 @@ async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> Non
         # A fresh group replays the resume topic from its start: same state, nothing applied.
         fresh = f"{settings.topic_prefix}replay-{uuid.uuid4().hex[:6]}"
         async with Scheduler(settings, pools=pools, group_id=fresh, **FAST) as third:
-            await third.wait_ready()
+            await third.wait_active()
             await until(lambda: third.table.counters.events_duplicate >= 2)
             assert third.table.snapshot() == after
             assert third.table.counters.events_applied == 0
@@ -270,7 +270,7 @@ async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> Non
 
 async def test_event_without_deferral_is_dropped_and_committed(settings: Settings) -> None:
     async with TaskFlow(settings) as flow, Scheduler(settings, **FAST) as sched:
-        await sched.wait_ready()
+        await sched.wait_active()
         ghost = task_key("ghost")
         record = await flow.fire(ghost)
         await until(lambda: sched.table.counters.events_orphaned == 1, within=10)

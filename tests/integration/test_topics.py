@@ -26,7 +26,8 @@ async def test_ensure_topics_creates_the_layout_and_is_idempotent(settings):
     specs = topic_specs(settings, queues=["fast"], worker_queues=["gpu"])
     await ensure_topics(settings, specs)
     first = await _partitions(settings)
-    assert first == {spec.name: 4 for spec in specs}
+    assert first == {spec.name: spec.partitions for spec in specs}
+    assert set(first.values()) == {1, 4}, "the lease topic has one partition, the others 4"
 
     await ensure_topics(settings, specs)  # again: nothing changes, nothing fails
     await asyncio.gather(ensure_topics(settings, specs), ensure_topics(settings, specs))

@@ -30,7 +30,7 @@ async def system(settings: Settings) -> AsyncIterator[Worker]:
     scheduler = Scheduler(settings)
     worker = Worker(settings, slots=2, session_timeout_ms=6_000, heartbeat_interval_ms=500)
     async with triggerer, scheduler, worker:
-        await scheduler.wait_ready()
+        await scheduler.wait_active()
         yield worker
 
 

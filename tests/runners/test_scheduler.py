@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import ProducerFenced
 from click.testing import CliRunner
 from deferline.engine import Emit, Pools
+from deferline.runners import _scheduler_cli
 from deferline.runners import scheduler as scheduler_module
 from deferline.runners.scheduler import Scheduler, scheduler_command
 from deferline.schemas import (
@@ -60,7 +62,7 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
 
     monkeypatch.setattr(scheduler_module, "ensure_topics", fake_ensure)
     scheduler = Scheduler(Settings(topic_prefix="p."), pools=Pools(slots={"default_pool": 1}))
-    scheduler._producer = FakeProducer()
+    scheduler._publisher._producer = FakeProducer()
     scheduler.ensured = ensured  # type: ignore[attr-defined]
     return scheduler
 
@@ -90,7 +92,7 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
     await sched._publish(
         [Emit(state("queued")), Emit(start), Emit(resume), Emit(cancel, queue="slow")], [letter]
     )
-    log = sched._producer.log  # type: ignore[union-attr]
+    log = sched._publisher._producer.log  # type: ignore[union-attr]
     ti = TASK.ti_key.encode()
     assert log[:2] == [("send", "p.defer.slow", b"tid"), ("ack", "p.defer.slow", b"tid")]
     assert log[2:6] == [
@@ -112,7 +114,7 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
 async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> None:
     assert sched._fold_task(TASK.ti_key.encode(), encode(state()), live=True) is None
     await sched._publish(sched.table.drain())
-    log = sched._producer.log  # type: ignore[union-attr]
+    log = sched._publisher._producer.log  # type: ignore[union-attr]
     sends = [(topic, key) for kind, topic, key in log if kind == "send"]
     assert sends == [("p.tasks", TASK.ti_key.encode()), ("p.queue.gpu", TASK.ti_key.encode())]
 
@@ -172,6 +174,74 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     assert 'deferline_scheduler_tasks{state="queued"} 1.0' in text
     assert 'deferline_scheduler_lag{input="events"} 7.0' in text
     assert "deferline_scheduler_duplicates_dropped_total 0.0" in text
+    assert "deferline_scheduler_active 0.0" in text, "not active until it holds the lease"
+    assert "deferline_scheduler_takeovers_total 0.0" in text
+
+
+class FakeTransactionalProducer(FakeProducer):
+    """Logs transaction steps beside sends; can be fenced."""
+
+    def __init__(self, *, fenced: bool = False) -> None:
+        super().__init__()
+        self.fenced = fenced
+        self.offsets: list[dict[TopicPartition, int]] = []
+
+    async def begin_transaction(self) -> None:
+        self.log.append(("begin", "", None))
+
+    async def send_offsets_to_transaction(
+        self, offsets: dict[TopicPartition, int], group_id: str
+    ) -> None:
+        assert group_id == "p.scheduler"
+        self.offsets.append(offsets)
+
+    async def commit_transaction(self) -> None:
+        if self.fenced:
+            raise ProducerFenced()
+        self.log.append(("commit", "", None))
+
+
+async def test_a_transaction_carries_the_batch_and_the_offsets_it_consumed(
+    sched: Scheduler,
+) -> None:
+    producer = FakeTransactionalProducer()
+    sched._publisher._producer = producer
+    sched._publisher.transactional = True
+    sched._events_done = {TPS: 8}
+    start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
+    await sched._publish([Emit(state("queued")), Emit(start)], offsets=True)
+    kinds = [kind for kind, _, _ in producer.log if kind != "ack"]
+    assert kinds == ["begin", "send", "send", "commit"]
+    assert producer.offsets == [{TPS: 8}]
+    assert sched._committed == {TPS: 8}
+    await sched._publish([], offsets=True)
+    assert producer.offsets == [{TPS: 8}], "nothing new to commit: no empty transaction"
+
+
+async def test_a_fenced_transaction_stops_the_scheduler(sched: Scheduler) -> None:
+    sched._publisher._producer = FakeTransactionalProducer(fenced=True)
+    sched._publisher.transactional = True
+    sched._events_done = {TPS: 3}
+    with pytest.raises(scheduler_module.SchedulerFenced, match="fenced"):
+        await sched._publish([Emit(state("queued"))], offsets=True)
+    assert sched._committed == {}, "offsets of a fenced transaction are not taken as committed"
+
+
+def test_finished_tasks_leave_memory_after_retention(sched: Scheduler) -> None:
+    import datetime as dt
+
+    t0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+    done = state("success", source="worker", updated_at=t0)
+    sched._fold_task(b"k", encode(done), live=True)
+    other = TaskKey(dag_id="d", task_id="other", run_id="r")
+    later = TaskStateRecord(
+        task=other, state="running", source="worker", updated_at=t0 + dt.timedelta(hours=2)
+    )
+    sched._fold_task(b"o", encode(later), live=True)
+    assert sched.table.forget_finished(3 * 3600) == 0, "still within retention"
+    assert sched.table.forget_finished(3600) == 1
+    assert TASK.ti_key not in sched.table
+    assert other.ti_key in sched.table, "a running task is never dropped"
 
 
 def test_scheduler_decodes_what_it_encodes() -> None:
@@ -190,4 +260,4 @@ def test_command_line() -> None:
     result = runner.invoke(scheduler_command, ["--default-pool-slots", "lots"])
     assert result.exit_code == 2
     assert "'unlimited'" in result.output
-    assert scheduler_module._parse_pools(["a=1", "b=20"]) == {"a": 1, "b": 20}
+    assert _scheduler_cli._parse_pools(["a=1", "b=20"]) == {"a": 1, "b": 20}

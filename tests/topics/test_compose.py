@@ -11,7 +11,7 @@ COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.kafka.yml"
 def test_compose_creates_every_default_topic_with_its_configs():
     text = COMPOSE.read_text()
     specs = topic_specs(Settings(bootstrap_servers="x:1", topic_prefix="deferline."))
-    assert f"--partitions {Settings().partitions}" in text
+    assert f"local partitions={Settings().partitions}" in text
     for spec in specs:
         line = re.search(rf"^\s*create {re.escape(spec.name)} (.+)$", text, re.MULTILINE)
         assert line, f"{spec.name} is not created in {COMPOSE.name}"

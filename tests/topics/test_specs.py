@@ -12,8 +12,18 @@ def test_default_layout():
     settings = Settings(topic_prefix="d.", partitions=6, replication_factor=3)
     specs = _by_name(settings)
     assert sorted(specs) == sorted(
-        ["d.defer", "d.resume", "d.tasks", "d.queue", "d.queue.resumes", "d.dead"]
+        [
+            "d.defer",
+            "d.resume",
+            "d.tasks",
+            "d.queue",
+            "d.queue.resumes",
+            "d.dead",
+            "d.scheduler.lease",
+        ]
     )
+    lease = specs.pop("d.scheduler.lease")
+    assert (lease.partitions, lease.replication_factor) == (1, 3), "one partition: one leader"
     assert {(s.partitions, s.replication_factor) for s in specs.values()} == {(6, 3)}
 
 
@@ -40,7 +50,7 @@ def test_queues_add_co_partitioned_pairs_and_worker_topics():
         assert defer.config["cleanup.policy"] == "compact"
     assert "d.queue.gpu" in specs
     assert "d.queue.gpu.resumes" in specs
-    assert len(topic_specs(settings, queues=["fast", "fast", "default"])) == 8
+    assert len(topic_specs(settings, queues=["fast", "fast", "default"])) == 9
 
 
 def test_specs_do_not_share_config_dicts():

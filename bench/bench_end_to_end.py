@@ -1,0 +1,232 @@
+"""End to end: N tasks deferred on timers due at one moment, through triggerer and scheduler.
+
+Each task is written as a worker writes it (a "deferred" TaskStateRecord on the tasks topic,
+then its DeferRequest for a DateTimeTrigger); all triggers fall due at one moment. One
+``deferline triggerer`` and one ``deferline scheduler`` process run on the same machine.
+Reported: due time → no task ``deferred`` on the tasks topic, the scheduler's CPU over that
+span and its peak RSS. The same method as Airflow's figure in ANCHORS.md.
+
+``--deferline`` picks the executable (another checkout's, for before/after figures):
+
+    .venv/bin/python -m bench.bench_end_to_end --backend kafka --n 1000 10000 100000
+    .venv/bin/python -m bench.bench_end_to_end --deferline /work/main/.venv/bin/deferline
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiokafka import TopicPartition
+from deferline.schemas import (
+    DeferRequest,
+    ResumeTarget,
+    TaskKey,
+    TaskStateRecord,
+    encode,
+    make_trigger_id,
+)
+from deferline.topics import (
+    KRaftBroker,
+    Settings,
+    TansuBroker,
+    TopicNames,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+    topic_specs,
+)
+
+DEFERLINE = str(Path(sys.executable).with_name("deferline"))
+DATETIME = "deferline.engine.triggers.DateTimeTrigger"
+TARGET = ResumeTarget(operator="deferline.engine.examples.Noop")
+AIRFLOW = {1_000: 7.9, 10_000: 90.3}  # ANCHORS.md: same work, same machine kind
+
+
+class Process:
+    """A deferline subprocess, its log, CPU seconds and peak RSS."""
+
+    def __init__(self, exe: str, role: str, settings: Settings, workdir: Path, *flags: str):
+        self.log = workdir / f"{role}.log"
+        common = ["--bootstrap-servers", settings.bootstrap_servers]
+        common += ["--topic-prefix", settings.topic_prefix, "--log-format", "json"]
+        env = {**os.environ, "DEFERLINE_PARTITIONS": str(settings.partitions)}
+        self.proc = subprocess.Popen(
+            [exe, role, *common, *flags],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("wb"),
+            env=env,
+        )
+
+    def said(self, message: str) -> bool:
+        for raw in self.log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                if json.loads(raw).get("message", "").startswith(message):
+                    return True
+        return False
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def cluster(backend: str, bootstrap: str | None) -> AsyncIterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    broker: TansuBroker | KRaftBroker = TansuBroker() if backend == "tansu" else KRaftBroker()
+    await broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        await broker.stop()
+
+
+async def wait_said(process: Process, messages: tuple[str, ...], within: float = 120) -> None:
+    deadline = time.monotonic() + within
+    while not any(process.said(m) for m in messages):
+        if process.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{process.log.name}: never said {messages}")
+        await asyncio.sleep(0.1)
+
+
+async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, float]:
+    settings = Settings(
+        bootstrap_servers=bootstrap, topic_prefix=f"e{uuid.uuid4().hex[:8]}.", partitions=12
+    )
+    names = TopicNames(settings.topic_prefix)
+    await ensure_topics(settings, topic_specs(settings))
+    triggerer = Process(
+        exe, "triggerer", settings, workdir, "--member", "t1", "--state-dir",
+        str(workdir / f"state-{settings.topic_prefix}"), "--log-level", "WARNING",
+    )  # fmt: skip
+    scheduler = Process(
+        exe, "scheduler", settings, workdir, "--default-pool-slots", "unlimited",
+        *os.environ.get("DEFERLINE_BENCH_SCHEDULER_FLAGS", "").split(),
+    )  # fmt: skip
+    try:
+        await wait_said(scheduler, ("scheduler active", "scheduler ready"))
+        await asyncio.sleep(1.0)  # the triggerer joins its group meanwhile
+        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8 + n * 600e-6)
+        producer = make_producer(settings, linger_ms=20, max_batch_size=1 << 20)
+        await producer.start()
+        try:
+            for start in range(0, n, 5000):
+                futures = []
+                for i in range(start, min(n, start + 5000)):
+                    task = TaskKey(dag_id="e2e", task_id="wait", run_id=f"r{i}")
+                    trigger_id = make_trigger_id(task, 0)
+                    state = TaskStateRecord(
+                        task=task,
+                        state="deferred",
+                        source="worker",
+                        trigger_id=trigger_id,
+                        next_method="execute_complete",
+                        resume=TARGET,
+                    )
+                    key = task.ti_key.encode()
+                    futures.append(await producer.send(names.tasks, encode(state), key=key))
+                    request = DeferRequest(
+                        trigger_id=trigger_id, task=task, classpath=DATETIME, kwargs={"moment": due}
+                    )
+                    futures.append(
+                        await producer.send(names.defer(), encode(request), key=trigger_id.encode())
+                    )
+                await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
+        if dt.datetime.now(dt.UTC) >= due:
+            raise RuntimeError("producing took longer than the margin before the due time")
+        deferred: set[bytes] = set()
+        seen = 0
+        consumer = make_consumer(settings, group_id=None, fetch_max_wait_ms=50)
+        await consumer.start()
+        tps = [TopicPartition(names.tasks, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        cpu_at_due: float | None = None
+        try:
+            while True:
+                batches = await consumer.getmany(timeout_ms=100, max_records=50_000)
+                for messages in batches.values():
+                    for message in messages:
+                        if message.key is None or message.value is None:
+                            continue
+                        if b'"state":"deferred"' in message.value:
+                            if message.key not in deferred:
+                                seen += 1
+                            deferred.add(message.key)
+                        else:
+                            deferred.discard(message.key)
+                now = dt.datetime.now(dt.UTC)
+                if cpu_at_due is None and now >= due:
+                    cpu_at_due = scheduler.cpu_seconds()
+                if seen >= n and not deferred and cpu_at_due is not None:
+                    elapsed = (now - due).total_seconds()
+                    break
+                if (now - due).total_seconds() > 600:
+                    raise RuntimeError(f"{len(deferred)} still deferred after 600 s")
+        finally:
+            await consumer.stop()
+        return {
+            "n": n,
+            "due_to_none_deferred_s": elapsed,
+            "scheduler_cpu_s": scheduler.cpu_seconds() - cpu_at_due,
+            "scheduler_peak_rss_mb": scheduler.peak_rss_mb(),
+        }
+    finally:
+        scheduler.stop()
+        triggerer.stop()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", choices=["tansu", "kafka"], default="kafka")
+    parser.add_argument("--bootstrap", default=os.environ.get("DEFERLINE_BENCH_BOOTSTRAP"))
+    parser.add_argument("--deferline", default=DEFERLINE, help="the executable to run")
+    parser.add_argument("--n", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    args = parser.parse_args()
+    async with cluster(args.backend, args.bootstrap) as bootstrap:
+        with tempfile.TemporaryDirectory(prefix="deferline-e2e-") as tmp:
+            for n in args.n:
+                result = await run_one(args.deferline, bootstrap, n, Path(tmp))
+                airflow = AIRFLOW.get(n)
+                vs = f" (Airflow: {airflow} s)" if airflow else ""
+                print(
+                    f"{args.backend} n={n:,}: due → none deferred "
+                    f"{result['due_to_none_deferred_s']:.2f} s{vs}, scheduler CPU "
+                    f"{result['scheduler_cpu_s']:.1f} s, peak RSS "
+                    f"{result['scheduler_peak_rss_mb']:.0f} MB",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

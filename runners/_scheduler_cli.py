@@ -1,0 +1,150 @@
+"""``deferline scheduler``: the command line of the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import click
+from deferline.engine import Pools
+from deferline.schemas import DeferlineError
+from deferline.topics import Settings
+
+from ._options import connection_options, layout_options, logging_options
+
+__all__ = ["scheduler_command"]
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+logger = logging.getLogger("deferline.runners.scheduler")
+
+
+def _parse_pools(values: Iterable[str]) -> dict[str, int]:
+    pools: dict[str, int] = {}
+    for value in values:
+        name, sep, slots = value.partition("=")
+        if not sep or not name or not slots.isdigit():
+            raise click.BadParameter(f"expected NAME=SLOTS, got {value!r}", param_hint="--pool")
+        pools[name] = int(slots)
+    return pools
+
+
+@click.command("scheduler")
+@connection_options
+@layout_options
+@click.option(
+    "--pool",
+    "pools",
+    multiple=True,
+    metavar="NAME=SLOTS",
+    help="Slots of a pool (repeatable).",
+)
+@click.option(
+    "--default-pool-slots",
+    default="128",
+    show_default=True,
+    help="Slots of every pool not named by --pool (default_pool too); 'unlimited' for none.",
+)
+@click.option(
+    "--worker-queue",
+    "worker_queues",
+    multiple=True,
+    help="Worker queue whose topics are created at start (repeatable).",
+)
+@click.option("--group-id", default=None, help="Consumer group [<prefix>scheduler].")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (0: any free port).",
+)
+@click.option("--metrics-host", default="0.0.0.0", show_default=True)
+@click.option(
+    "--orphan-check-interval",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds between checks for events whose deferral never appears.",
+)
+@click.option(
+    "--lease-timeout",
+    type=click.FloatRange(min=1.0),
+    default=10.0,
+    show_default=True,
+    help="Seconds without a heartbeat after which a standby takes over (group session).",
+)
+@click.option(
+    "--transactions",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Write each batch in a Kafka transaction (fences a paused old leader); "
+    "auto: when the broker has transactions.",
+)
+@click.option(
+    "--finished-retention",
+    type=click.FloatRange(min=0.0),
+    default=3600.0,
+    show_default=True,
+    help="Seconds a finished task stays in memory (the tasks topic keeps it).",
+)
+@logging_options
+def scheduler_command(
+    settings: Settings,
+    pools: tuple[str, ...],
+    default_pool_slots: str,
+    worker_queues: tuple[str, ...],
+    group_id: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    orphan_check_interval: float,
+    lease_timeout: float,
+    transactions: str,
+    finished_retention: float,
+) -> None:
+    """Run the scheduler: fold trigger events into task state and resume tasks."""
+    if default_pool_slots == "unlimited":
+        default: int | None = None
+    elif default_pool_slots.isdigit():
+        default = int(default_pool_slots)
+    else:
+        raise click.BadParameter("a number or 'unlimited'", param_hint="--default-pool-slots")
+    from .scheduler import Scheduler
+
+    scheduler = Scheduler(
+        settings,
+        pools=Pools(slots=_parse_pools(pools), default_slots=default),
+        worker_queues=worker_queues,
+        group_id=group_id,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        orphan_check_interval=orphan_check_interval,
+        lease_timeout=lease_timeout,
+        transactions={"auto": None, "on": True, "off": False}[transactions],
+        finished_retention=finished_retention,
+    )
+    try:
+        asyncio.run(_serve(scheduler))
+    except DeferlineError as exc:
+        raise click.ClickException(f"scheduler failed: {exc}") from exc
+
+
+async def _serve(scheduler: Scheduler) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with scheduler:
+        runner = asyncio.ensure_future(scheduler.wait())
+        stopper = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if runner in done:
+            runner.result()
+        else:
+            runner.cancel()
+    logger.info("scheduler stopped")

@@ -1,0 +1,115 @@
+"""Prometheus figures of the scheduler, read from its table at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+__all__ = ["SchedulerCollector"]
+
+
+class SchedulerCollector(Collector):
+    """Scheduler figures, read from the table at scrape time."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterator[Metric]:
+        table = self.scheduler.table
+        c = table.counters
+        events = CounterMetricFamily(
+            "deferline_scheduler_events",
+            "Trigger events read, by what the scheduler did with them.",
+            labels=["verdict"],
+        )
+        for verdict, value in (
+            ("applied", c.events_applied),
+            ("duplicate", c.events_duplicate),
+            ("direct", c.events_direct),
+            ("cancelled", c.events_cancelled),
+            ("orphaned", c.events_orphaned),
+        ):
+            events.add_metric([verdict], value)
+        yield events
+        yield _counter(
+            "deferline_scheduler_duplicates_dropped",
+            "Duplicate or stale events dropped.",
+            c.events_duplicate,
+        )
+        enqueued = CounterMetricFamily(
+            "deferline_scheduler_runs_enqueued", "RunTasks sent to workers.", labels=["mode"]
+        )
+        enqueued.add_metric(["start"], c.starts)
+        enqueued.add_metric(["resume"], c.resumes)
+        yield enqueued
+        yield _counter(
+            "deferline_scheduler_ended_by_trigger",
+            "Tasks ended by their trigger.",
+            c.ended_by_trigger,
+        )
+        yield _counter("deferline_scheduler_retries", "Retries scheduled.", c.retries)
+        yield _counter("deferline_scheduler_cancels", "CancelRequests sent.", c.cancels)
+        yield _counter(
+            "deferline_scheduler_stale_states",
+            "Task records behind the current state.",
+            c.states_stale,
+        )
+        yield _counter(
+            "deferline_scheduler_repairs",
+            "Task states re-published over a stale record.",
+            c.repairs,
+        )
+        yield _counter(
+            "deferline_scheduler_bad_records",
+            "Unreadable records skipped.",
+            self.scheduler.bad_records,
+        )
+        used = GaugeMetricFamily(
+            "deferline_scheduler_pool_slots_used", "Pool slots held.", labels=["pool"]
+        )
+        size = GaugeMetricFamily(
+            "deferline_scheduler_pool_slots", "Pool size (absent: unlimited).", labels=["pool"]
+        )
+        for pool, (in_use, total) in table.pool_usage().items():
+            used.add_metric([pool], in_use)
+            if total is not None:
+                size.add_metric([pool], total)
+        yield used
+        yield size
+        states = GaugeMetricFamily(
+            "deferline_scheduler_tasks", "Task instances by state.", labels=["state"]
+        )
+        for state, count in sorted(table.count_by_state().items()):
+            states.add_metric([state], count)
+        yield states
+        yield GaugeMetricFamily(
+            "deferline_scheduler_pending_events",
+            "Events held until their deferral is read.",
+            value=table.pending_events,
+        )
+        yield GaugeMetricFamily(
+            "deferline_scheduler_active",
+            "1 while this scheduler holds the lease and applies events, 0 on standby.",
+            value=1 if self.scheduler.active else 0,
+        )
+        yield _counter(
+            "deferline_scheduler_takeovers",
+            "Times this scheduler became active.",
+            self.scheduler.takeovers,
+        )
+        lag = GaugeMetricFamily(
+            "deferline_scheduler_lag", "Records not yet read, per input.", labels=["input"]
+        )
+        for name, value in sorted(self.scheduler.lag.items()):
+            lag.add_metric([name], value)
+        yield lag
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)

@@ -1,0 +1,97 @@
+"""Scheduler records: reading the two input streams, routing decisions to their topics.
+
+Decisions go out as records: TaskStateRecords to the tasks topic (key ``ti_key``), RunTasks
+to ``queue[.<wq>]`` (new work) or ``queue[.<wq>].resumes`` (resumes, which workers read
+first), CancelRequests to ``defer[.<queue>]``. For one task the state record is acknowledged
+before its RunTask is sent (batch-wise; in one transaction on Apache Kafka, whose consumers
+read committed records only), so a worker's "running" always lands after "queued".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from aiokafka import TopicPartition
+from deferline.engine import Emit
+from deferline.schemas import (
+    CancelRequest,
+    DeadLetter,
+    RunTask,
+    SchemaError,
+    TaskStateRecord,
+    TriggerEventRecord,
+    decode,
+    encode,
+)
+from deferline.topics import TopicNames
+
+from ._scheduler_lease import Outgoing
+
+__all__ = ["committable", "dead_letter", "read_as", "waves"]
+
+R = TypeVar("R", TaskStateRecord, TriggerEventRecord)
+
+
+def read_as(value: bytes, kind: type[R]) -> R:
+    """Decode ``value`` as a ``kind`` record; SchemaError if unreadable or of another kind."""
+    record = decode(value)
+    if not isinstance(record, kind):
+        wanted = "task_state" if kind is TaskStateRecord else "trigger_event"
+        raise SchemaError(f"expected {wanted}, got {record.kind}", field="kind")
+    return record
+
+
+def dead_letter(message: Any, error: str, *, member: str) -> DeadLetter:
+    """A DeadLetter of an unreadable input record."""
+    return DeadLetter(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=message.key,
+        value=message.value,
+        error=error,
+        error_type="SchemaError",
+        member=member,
+    )
+
+
+def waves(
+    names: TopicNames, out: Sequence[Emit], dead: Sequence[DeadLetter] = ()
+) -> tuple[list[Outgoing], list[Outgoing], list[Outgoing]]:
+    """CancelRequests, task states (and dead letters), RunTasks: in the order they must land."""
+    cancels: list[Outgoing] = []
+    states: list[Outgoing] = []
+    runs: list[Outgoing] = []
+    for emit in out:
+        record = emit.record
+        if isinstance(record, TaskStateRecord):
+            states.append((names.tasks, record.task.ti_key.encode(), encode(record)))
+        elif isinstance(record, RunTask):
+            topic = (
+                names.resumes(record.worker_queue)
+                if record.mode == "resume"
+                else names.work(record.worker_queue)
+            )
+            runs.append((topic, record.task.ti_key.encode(), encode(record)))
+        elif isinstance(record, CancelRequest):
+            cancels.append((names.defer(emit.queue), record.trigger_id.encode(), encode(record)))
+    for letter in dead:
+        states.append((names.dead, None, encode(letter)))
+    return cancels, states, runs
+
+
+def committable(
+    done: Mapping[TopicPartition, int],
+    pending: Iterable[Hashable],
+    committed: Mapping[TopicPartition, int],
+) -> dict[TopicPartition, int]:
+    """Per resume partition: the offset after the last published event, but never past an
+    event still held pending (so a new leader reads it again); only offsets that moved."""
+    offsets = dict(done)
+    for ref in pending:
+        if isinstance(ref, tuple):
+            tp, offset = ref
+            if tp in offsets and offset < offsets[tp]:
+                offsets[tp] = offset
+    return {tp: offset for tp, offset in offsets.items() if offset > committed.get(tp, -1)}
