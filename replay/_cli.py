@@ -76,10 +76,12 @@ def parse_time(text: str, *, now: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
-class _Duration(click.ParamType):
+class _Duration(click.ParamType[dt.timedelta]):
     name = "duration"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> dt.timedelta:
         if isinstance(value, dt.timedelta):
             return value
         try:
