@@ -76,7 +76,8 @@ def parse_time(text: str, *, now: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
-class _Duration(click.ParamType[dt.timedelta]):
+# click 8.5 made ParamType generic; earlier versions (pulled in by the airflow extra) are not.
+class _Duration(click.ParamType):  # type: ignore[type-arg, unused-ignore]
     name = "duration"
 
     def convert(
