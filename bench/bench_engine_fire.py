@@ -9,25 +9,21 @@ Reported: due → all fired (s), events/s through on_event, fire lag (fired_at -
 p99 / max, and CPU per fired trigger. The "coroutine" case forces the general path (one task
 per trigger, each sleeping until the moment) for comparison with the shared timer heap.
 
-Run: .venv/bin/python -m bench.bench_engine_fire   (or: python bench/bench_engine_fire.py)
+Run: .venv/bin/python -m bench.bench_engine_fire   (from the repository root)
      add --case timers --n 100000 to run one case in this process.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
-import json
 import logging
-import os
-import platform
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+
+from bench._harness import RunCase, main, quantile
 
 AIRFLOW = {1_000: (1.9, 523), 10_000: (13.5, 742)}  # due → all fired (s), fires/s; ANCHORS.md
 CASES = [
@@ -37,10 +33,6 @@ CASES = [
     ("coroutines", 10_000),
     ("coroutines", 100_000),
 ]
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 async def measure(case: str, n: int) -> dict[str, Any]:
@@ -90,41 +82,21 @@ async def measure(case: str, n: int) -> dict[str, Any]:
         "n": n,
         "due_to_all_fired_s": (fired[-1] - due).total_seconds(),
         "events_per_s": n / max(span, 1e-9),
-        "lag_p50_ms": _quantile(lags, 0.50) * 1000,
-        "lag_p99_ms": _quantile(lags, 0.99) * 1000,
+        "lag_p50_ms": quantile(lags, 0.50) * 1000,
+        "lag_p99_ms": quantile(lags, 0.99) * 1000,
         "lag_max_ms": lags[-1] * 1000,
         "cpu_us_per_trigger": cpu / n * 1e6,
     }
 
 
-def run_case_in_subprocess(case: str, n: int) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--n", str(n), "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=["timers", "coroutines"])
-    parser.add_argument("--n", type=int, default=100_000)
-    parser.add_argument("--json", action="store_true", help="print one JSON line (internal)")
-    args = parser.parse_args()
-    if args.case:
-        result = asyncio.run(measure(args.case, args.n))
-        print(json.dumps(result) if args.json else result)
-        return
-    print(
-        f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}"
-    )
-    print()
+def report(run: RunCase) -> None:
     print(
         "| N due at once | path | due → all fired | events/s | lag p50 | lag p99 | lag max "
         "| CPU / trigger | vs Airflow (due → all fired) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for case, n in CASES:
-        r = run_case_in_subprocess(case, n)
+        r = run(case, n)
         path = "timer heap" if case == "timers" else "coroutine each"
         airflow = AIRFLOW.get(n)
         versus = (
@@ -140,4 +112,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(
+        module="bench.bench_engine_fire",
+        doc=__doc__ or "",
+        cases=("timers", "coroutines"),
+        measure=measure,
+        report=report,
+    )

@@ -9,26 +9,23 @@ ids (36-character strings, as the runner keeps them), the supervisor's per-trigg
 and, for coroutine triggers, the trigger object, its generator and its task.
 Creation rate = triggers constructed and added per second.
 
-Run: .venv/bin/python -m bench.bench_engine_memory   (or: python bench/bench_engine_memory.py)
+Run: .venv/bin/python -m bench.bench_engine_memory   (from the repository root)
      add --case timers --n 100000 to run one case in this process.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import gc
-import json
 import logging
 import os
-import platform
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+
+from bench._harness import RunCase, main
 
 AIRFLOW_BYTES_PER_TRIGGER = 24 * 1024  # measured Airflow 2.10.5 triggerer, see ANCHORS.md
 CASES = [("timers", 100_000), ("timers", 1_000_000), ("coroutines", 100_000)]
@@ -109,34 +106,14 @@ async def measure(case: str, n: int) -> dict[str, Any]:
     return result
 
 
-def run_case_in_subprocess(case: str, n: int) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--n", str(n), "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=["timers", "coroutines"])
-    parser.add_argument("--n", type=int, default=100_000)
-    parser.add_argument("--json", action="store_true", help="print one JSON line (internal)")
-    args = parser.parse_args()
-    if args.case:
-        result = asyncio.run(measure(args.case, args.n))
-        print(json.dumps(result) if args.json else result)
-        return
-    print(
-        f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}"
-    )
-    print()
+def report(run: RunCase) -> None:
     print(
         "| triggers waiting | kind | RSS before → after | bytes / trigger "
         "| vs Airflow (24 KB) | created / s |"
     )
     print("|---|---|---|---|---|---|")
     for case, n in CASES:
-        r = run_case_in_subprocess(case, n)
+        r = run(case, n)
         kind = "timer (shared heap)" if case == "timers" else "coroutine (task each)"
         print(
             f"| {n:,} | {kind} | {r['rss_before_mb']:.0f} → {r['rss_after_mb']:.0f} MB "
@@ -147,4 +124,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(
+        module="bench.bench_engine_memory",
+        doc=__doc__ or "",
+        cases=("timers", "coroutines"),
+        measure=measure,
+        report=report,
+    )

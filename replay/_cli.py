@@ -76,10 +76,13 @@ def parse_time(text: str, *, now: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
-class _Duration(click.ParamType):
+# click 8.5 made ParamType generic; earlier versions (pulled in by the airflow extra) are not.
+class _Duration(click.ParamType):  # type: ignore[type-arg, unused-ignore]
     name = "duration"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> dt.timedelta:
         if isinstance(value, dt.timedelta):
             return value
         try:
