@@ -93,7 +93,7 @@ class SchedulerResources:
     @classmethod
     def for_prefix(cls, prefix: str) -> SchedulerResources:
         return cls(
-            lease_topic=f"{prefix}scheduler.lease",
+            lease_topic=TopicNames(prefix).scheduler_lease,
             group=f"{prefix}scheduler",
             transactional_id=f"{prefix}scheduler",
         )
