@@ -1,4 +1,5 @@
-"""The trigger engine: the trigger contract, the loader and the supervisor that runs triggers.
+"""The trigger engine: the trigger contract, its loader and supervisor, the operator API
+and the task state machine.
 
 Pure asyncio logic; Kafka reaches it only through the runners. Built-in triggers live in
 :mod:`deferline.engine.triggers`.
@@ -15,52 +16,6 @@ from ._errors import (
 )
 from ._loader import is_allowed, load_trigger, resolve_trigger_class
 from ._metrics import LagHistogram, SupervisorMetrics
-from ._outcome import OutcomeStatus, TriggerOutcome
-from ._supervisor import TriggerSupervisor
-from ._trigger import (
-    BaseTaskEndEvent,
-    BaseTrigger,
-    TaskFailedEvent,
-    TaskFailureEvent,
-    TaskSkippedEvent,
-    TaskSuccessEvent,
-    TimerSpec,
-    TriggerEvent,
-)
-from ._watchdog import BlockedLoop
-
-__all__ = [
-    "AirflowDatabaseUnavailable",
-    "BaseTaskEndEvent",
-    "BaseTrigger",
-    "BlockedLoop",
-    "LagHistogram",
-    "OutcomeStatus",
-    "SupervisorError",
-    "SupervisorMetrics",
-    "TaskFailedEvent",
-    "TaskFailureEvent",
-    "TaskSkippedEvent",
-    "TaskSuccessEvent",
-    "TimerSpec",
-    "TriggerEvent",
-    "TriggerImportError",
-    "TriggerKwargsError",
-    "TriggerLoadError",
-    "TriggerNotAllowed",
-    "TriggerOutcome",
-    "TriggerSupervisor",
-    "is_allowed",
-    "load_trigger",
-    "preload_airflow",
-    "prepare_airflow_import",
-    "resolve_trigger_class",
-]
-
-# --- Operator API and task state machine (engine/_operator.py, engine/_taskstate.py) -----
-# Their imports and an `__all__ += [...]` go in this section.
-
-# Operator API (engine/_operator.py).
 from ._operator import (
     BaseOperator,
     BaseSensorOperator,
@@ -90,8 +45,8 @@ from ._operator import (
     run_operator,
     start_deferral,
 )
-
-# Task state machine and event dedup (engine/_taskstate.py).
+from ._outcome import OutcomeStatus, TriggerOutcome
+from ._supervisor import TriggerSupervisor
 from ._taskstate import (
     FAIL_METHOD,
     HOLDING_STATES,
@@ -103,46 +58,78 @@ from ._taskstate import (
     Verdict,
     progress,
 )
+from ._trigger import (
+    BaseTaskEndEvent,
+    BaseTrigger,
+    TaskFailedEvent,
+    TaskFailureEvent,
+    TaskSkippedEvent,
+    TaskSuccessEvent,
+    TimerSpec,
+    TriggerEvent,
+)
+from ._watchdog import BlockedLoop
 
-__all__ += [
+__all__ = [
     "FAIL_METHOD",
     "HOLDING_STATES",
     "TERMINAL_STATES",
-    "Emit",
-    "Pools",
-    "TableCounters",
-    "TaskTable",
-    "Verdict",
-    "progress",
-]
-
-# Operator API (engine/_operator.py).
-__all__ += [
+    "AirflowDatabaseUnavailable",
     "BaseOperator",
     "BaseSensorOperator",
+    "BaseTaskEndEvent",
+    "BaseTrigger",
+    "BlockedLoop",
     "Context",
     "Deferred",
+    "Emit",
     "Failed",
+    "LagHistogram",
     "OperatorError",
     "OperatorImportError",
     "OperatorKwargsError",
     "OperatorLoadError",
     "OperatorNotAllowed",
     "OperatorResult",
+    "OutcomeStatus",
+    "Pools",
     "SensorTimeout",
     "SerializableTrigger",
     "SerializedTrigger",
     "Skipped",
     "StartTriggerArgs",
     "Succeeded",
+    "SupervisorError",
+    "SupervisorMetrics",
+    "TableCounters",
     "TaskDeferralError",
     "TaskDeferralTimeout",
     "TaskDeferred",
+    "TaskFailedEvent",
+    "TaskFailureEvent",
     "TaskSkipped",
+    "TaskSkippedEvent",
+    "TaskSuccessEvent",
+    "TaskTable",
+    "TimerSpec",
+    "TriggerEvent",
+    "TriggerImportError",
+    "TriggerKwargsError",
+    "TriggerLoadError",
+    "TriggerNotAllowed",
+    "TriggerOutcome",
+    "TriggerSupervisor",
+    "Verdict",
     "deferral_records",
     "import_operator",
+    "is_allowed",
     "load_operator",
+    "load_trigger",
     "make_context",
+    "preload_airflow",
+    "prepare_airflow_import",
+    "progress",
+    "resolve_trigger_class",
     "run_operator",
     "start_deferral",
 ]
