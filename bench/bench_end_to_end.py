@@ -9,7 +9,7 @@ span and its peak RSS. The same method as Airflow's figure in ANCHORS.md.
 ``--deferline`` picks the executable (another checkout's, for before/after figures):
 
     .venv/bin/python -m bench.bench_end_to_end --backend kafka --n 1000 10000 100000
-    .venv/bin/python -m bench.bench_end_to_end --deferline /work/main/.venv/bin/deferline
+    .venv/bin/python -m bench.bench_end_to_end --deferline <checkout of f32118c>/.venv/bin/deferline
 """
 
 from __future__ import annotations
