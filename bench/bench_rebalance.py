@@ -11,7 +11,8 @@ Several builds can be measured back to back on one broker (``--variant NAME=PATH
 path of a ``deferline`` executable), e.g. the base checkout against this one::
 
     .venv/bin/python bench/bench_rebalance.py --backend kafka \\
-        --variant before=<checkout of f32118c>/.venv/bin/deferline --variant after=.venv/bin/deferline
+        --variant before=<checkout of f32118c>/.venv/bin/deferline \\
+        --variant after=.venv/bin/deferline
 """
 
 from __future__ import annotations
