@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deferline.runners._triggerer_lane import RebalanceSummary
 from deferline.runners.triggerer import Triggerer, TriggererOptions
+from deferline.runners.triggerer._lane import RebalanceSummary
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
 from tests.integration._triggerer_help import (

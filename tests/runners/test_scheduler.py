@@ -10,9 +10,9 @@ from aiokafka import TopicPartition
 from aiokafka.errors import ProducerFenced
 from click.testing import CliRunner
 from deferline.engine import Emit, Pools
-from deferline.runners import _scheduler_cli
-from deferline.runners import scheduler as scheduler_module
 from deferline.runners.scheduler import Scheduler, scheduler_command
+from deferline.runners.scheduler import _cli as _scheduler_cli
+from deferline.runners.scheduler import _scheduler as scheduler_module
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,

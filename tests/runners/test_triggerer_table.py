@@ -6,13 +6,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from deferline.runners._checkpoint import (
+from deferline.runners.triggerer._checkpoint import (
     CheckpointError,
     CheckpointStore,
     MemoryCheckpointStore,
     RocksCheckpointStore,
 )
-from deferline.runners._partition_table import ActiveTriggerTable
+from deferline.runners.triggerer._partition_table import ActiveTriggerTable
 
 TOPIC = "p.defer"
 

@@ -15,15 +15,15 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from deferline.engine.triggers import DateTimeTrigger
 from deferline.runners._logging import JsonFormatter, TextFormatter
 from deferline.runners._metrics import MetricsServer
-from deferline.runners._triggerer_emitter import Emission, Emitter, Send
-from deferline.runners._triggerer_input import (
+from deferline.runners.triggerer._emitter import Emission, Emitter, Send
+from deferline.runners.triggerer._input import (
     BadRecord,
     CancelTrigger,
     StartTrigger,
     interpret,
 )
-from deferline.runners._triggerer_metrics import TriggererMetrics
-from deferline.runners.triggerer import TriggererOptions, _normalise_queues
+from deferline.runners.triggerer._metrics import TriggererMetrics
+from deferline.runners.triggerer._triggerer import TriggererOptions, _normalise_queues
 from deferline.schemas import (
     CancelRequest,
     DeferRequest,
@@ -401,7 +401,7 @@ def test_queue_names_are_normalised() -> None:
     [None, {"moment": MOMENT, "n": 1, "d": dt.timedelta(seconds=3)}, [1, "x", {"set": {1, 2}}]],
 )
 def test_fast_event_encoding_matches_the_record(payload: Any) -> None:
-    from deferline.runners._triggerer_events import encode_event, request_fields
+    from deferline.runners.triggerer._events import encode_event, request_fields
     from deferline.schemas import TriggerEventRecord, decode, make_event_id
 
     stored = encode(request(defer_seq=3))

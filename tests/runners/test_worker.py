@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from deferline.engine import BaseOperator, Context
 from deferline.engine.triggers import TimeDeltaTrigger
-from deferline.runners._worker_state import (
+from deferline.runners.worker import TaskRunner
+from deferline.runners.worker._state import (
     AttemptProgress,
     OffsetTracker,
     SlotPool,
     run_progress,
 )
-from deferline.runners.worker import TaskRunner
 from deferline.schemas import (
     DeferRequest,
     KwargsCipher,

@@ -34,18 +34,18 @@ from deferline.topics import (
 )
 from prometheus_client import CollectorRegistry
 
+from .._metrics import MetricsServer
+from .._options import connection_options, logging_options
 from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
-from ._metrics import MetricsServer
-from ._options import connection_options, logging_options
-from ._triggerer_emitter import Emitter
-from ._triggerer_lane import (
+from ._emitter import Emitter
+from ._lane import (
     BootstrapError,
     LaneOptions,
     TriggererError,
     TriggerLane,
     TriggerRef,
 )
-from ._triggerer_metrics import TriggererMetrics
+from ._metrics import TriggererMetrics
 
 __all__ = [
     "DEFAULT_CAPACITY",

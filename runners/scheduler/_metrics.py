@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
+    from ._scheduler import Scheduler
 
 __all__ = ["SchedulerCollector"]
 

@@ -45,12 +45,12 @@ from deferline.schemas import (
 from deferline.topics import Settings, TopicNames, make_consumer
 
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
+from ._emitter import Emission, Emitter, Send
+from ._events import encode_event, request_fields
+from ._input import BadRecord, CancelTrigger, StartTrigger, interpret, peek_identity
+from ._metrics import TriggererMetrics
 from ._partition_table import ActiveTriggerTable
 from ._sticky_assignor import StickyAssignor
-from ._triggerer_emitter import Emission, Emitter, Send
-from ._triggerer_events import encode_event, request_fields
-from ._triggerer_input import BadRecord, CancelTrigger, StartTrigger, interpret, peek_identity
-from ._triggerer_metrics import TriggererMetrics
 
 __all__ = [
     "BootstrapError",

@@ -73,9 +73,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ._metrics import MetricsServer
-from ._options import connection_options, logging_options
-from ._worker_state import AttemptProgress, OffsetTracker, SlotPool, WorkerMetrics
+from .._metrics import MetricsServer
+from .._options import connection_options, logging_options
+from ._state import AttemptProgress, OffsetTracker, SlotPool, WorkerMetrics
 
 __all__ = ["RecordSink", "TaskRunner", "Worker", "WorkerError", "worker_command"]
 

@@ -26,7 +26,7 @@ from deferline.schemas import (
 )
 from deferline.topics import TopicNames
 
-from ._scheduler_lease import Outgoing
+from ._lease import Outgoing
 
 __all__ = ["committable", "dead_letter", "read_as", "waves"]
 

@@ -9,13 +9,13 @@ It reads two streams into one :class:`~deferline.engine.TaskTable`:
   name), with offsets kept in the consumer group ``<prefix>scheduler``: committed only once
   what they caused is published, and never past an event still held pending.
 
-Any number of schedulers may run; one is active (see :mod:`._scheduler_lease`): it holds
+Any number of schedulers may run; one is active (see :mod:`._lease`): it holds
 partition 0 of the lease topic in the group ``<prefix>scheduler``. Standbys fold the tasks
 topic as it grows and read no events; on takeover a standby starts the fenced producer,
 folds the tasks topic's tail, takes the decisions the state calls for, and reads the resume
 topics from the committed offsets.
 
-Decisions go out in batches (see :mod:`._scheduler_records` for where each record goes).
+Decisions go out in batches (see :mod:`._records` for where each record goes).
 
 Plain aiokafka rather than faust tables: the tasks topic is written by several parties and is
 already the changelog; pools are global (admission needs every task of a pool in one place);
@@ -53,11 +53,11 @@ from deferline.topics import (
 )
 from prometheus_client import CollectorRegistry
 
-from ._metrics import MetricsServer
-from ._scheduler_cli import scheduler_command
-from ._scheduler_lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
-from ._scheduler_metrics import SchedulerCollector
-from ._scheduler_records import committable, dead_letter, read_as, waves
+from .._metrics import MetricsServer
+from ._cli import scheduler_command
+from ._lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
+from ._metrics import SchedulerCollector
+from ._records import committable, dead_letter, read_as, waves
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
 

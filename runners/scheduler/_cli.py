@@ -13,14 +13,14 @@ from deferline.engine import Pools
 from deferline.schemas import DeferlineError
 from deferline.topics import Settings
 
-from ._options import connection_options, layout_options, logging_options
+from .._options import connection_options, layout_options, logging_options
 
 __all__ = ["scheduler_command"]
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
+    from ._scheduler import Scheduler
 
-logger = logging.getLogger("deferline.runners.scheduler")
+logger = logging.getLogger(__name__)
 
 
 def _parse_pools(values: Iterable[str]) -> dict[str, int]:
@@ -113,7 +113,7 @@ def scheduler_command(
         default = int(default_pool_slots)
     else:
         raise click.BadParameter("a number or 'unlimited'", param_hint="--default-pool-slots")
-    from .scheduler import Scheduler
+    from ._scheduler import Scheduler
 
     scheduler = Scheduler(
         settings,
