@@ -1,4 +1,5 @@
-"""Reusable click options: connection flags that build a Settings (flags override env)."""
+"""Reusable click options: connection flags that build a Settings (flags override env), and
+the metrics, group-timing and logging flags every process shares."""
 
 from __future__ import annotations
 
@@ -154,3 +155,24 @@ def logging_options(func: F) -> F:
         show_default=True,
         type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     )(command)
+
+
+def metrics_options(func: F) -> F:
+    """Add ``--metrics-port`` and ``--metrics-host`` (a Prometheus endpoint, off by default)."""
+    func = click.option("--metrics-host", default="0.0.0.0", show_default=True)(func)
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(min=0, max=65535),
+        default=None,
+        help="Serve Prometheus metrics on this port (0: any free port).",
+    )(func)
+
+
+def group_timing_options(func: F) -> F:
+    """Add ``--session-timeout-ms`` and ``--heartbeat-interval-ms`` (consumer-group liveness)."""
+    func = click.option(
+        "--heartbeat-interval-ms", type=click.IntRange(min=100), default=1_000, show_default=True
+    )(func)
+    return click.option(
+        "--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True
+    )(func)

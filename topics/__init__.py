@@ -28,6 +28,7 @@ from ._errors import (
     TopicLayoutError,
     access_error,
 )
+from ._lifecycle import Lifecycle
 from ._names import TopicNames, validate_queue_name
 from ._partitioner import Murmur2Partitioner, murmur2, partition_for
 from ._settings import Settings
@@ -49,6 +50,8 @@ __all__ = [
     # Local brokers
     "KRaftBroker",
     "KRaftCluster",
+    # Lifecycle of long-lived components
+    "Lifecycle",
     # Partitioning
     "Murmur2Partitioner",
     "Role",

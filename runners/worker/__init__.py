@@ -1,12 +1,9 @@
 """The worker process: runs operators, defers them, and resumes them."""
 
-from ._worker import (
-    RecordSink,
-    TaskRunner,
-    Worker,
-    WorkerError,
-    worker_command,
-)
+from ._command import worker_command
+from ._errors import WorkerError
+from ._runner import RecordSink, TaskRunner
+from ._worker import Worker
 
 __all__ = [
     "RecordSink",
