@@ -12,7 +12,6 @@ import datetime as dt
 import importlib
 import logging
 from collections.abc import Iterable, Mapping
-from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -43,6 +42,7 @@ from deferline.schemas import (
     seal,
 )
 from deferline.topics import (
+    Lifecycle,
     Settings,
     TopicNames,
     describe_topics,
@@ -90,7 +90,7 @@ def _classpath(operator: str | type[BaseOperator]) -> str:
     return f"{operator.__module__}.{operator.__qualname__}"
 
 
-class Client:
+class Client(Lifecycle):
     """Talks to deferline through its topics. Use ``async with Client(settings) as client``.
 
     Args:
@@ -130,18 +130,6 @@ class Client:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()
-
-    async def __aenter__(self) -> Client:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # -- writing -----------------------------------------------------------------------------
 

@@ -9,10 +9,10 @@ time, so they may read the runner's state without locks.
 from __future__ import annotations
 
 import logging
-from types import TracebackType
 
 from aiohttp import web
 from deferline.schemas import DeferlineError
+from deferline.topics import Lifecycle
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 __all__ = ["MetricsServer", "MetricsServerError"]
@@ -24,7 +24,7 @@ class MetricsServerError(DeferlineError):
     """The metrics endpoint could not be started."""
 
 
-class MetricsServer:
+class MetricsServer(Lifecycle):
     """Serve ``registry`` at ``http://host:port/metrics`` (port 0 picks a free port).
 
     Args:
@@ -77,15 +77,3 @@ class MetricsServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
-
-    async def __aenter__(self) -> MetricsServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()

@@ -8,7 +8,7 @@ import signal
 
 from deferline.topics import Lifecycle
 
-__all__ = ["run_until_signal"]
+__all__ = ["STOP_SIGNALS", "run_until_signal"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -13,7 +12,8 @@ from deferline.engine import Pools
 from deferline.schemas import DeferlineError
 from deferline.topics import Settings
 
-from .._options import connection_options, layout_options, logging_options
+from .._options import connection_options, layout_options, logging_options, metrics_options
+from .._signals import run_until_signal
 
 __all__ = ["scheduler_command"]
 
@@ -56,13 +56,7 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     help="Worker queue whose topics are created at start (repeatable).",
 )
 @click.option("--group-id", default=None, help="Consumer group [<prefix>scheduler].")
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(min=0, max=65535),
-    default=None,
-    help="Serve Prometheus metrics on this port (0: any free port).",
-)
-@click.option("--metrics-host", default="0.0.0.0", show_default=True)
+@metrics_options
 @click.option(
     "--orphan-check-interval",
     type=click.FloatRange(min=0.1),
@@ -134,17 +128,5 @@ def scheduler_command(
 
 
 async def _serve(scheduler: Scheduler) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with scheduler:
-        runner = asyncio.ensure_future(scheduler.wait())
-        stopper = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if runner in done:
-            runner.result()
-        else:
-            runner.cancel()
+    await run_until_signal(scheduler)
     logger.info("scheduler stopped")

@@ -30,7 +30,6 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -45,6 +44,7 @@ from deferline.schemas import (
     TriggerEventRecord,
 )
 from deferline.topics import (
+    Lifecycle,
     Settings,
     TopicNames,
     ensure_topics,
@@ -68,7 +68,7 @@ class SchedulerError(DeferlineError):
     """The scheduler could not read or publish (broker unreachable, topic missing...)."""
 
 
-class Scheduler:
+class Scheduler(Lifecycle):
     """Fold the tasks and resume topics into task state; publish decisions while active.
 
     Args:
@@ -160,18 +160,6 @@ class Scheduler:
         self.lag: dict[str, int] = {"tasks": 0, "events": 0}
 
     # -- lifecycle ------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Scheduler:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def metrics_port(self) -> int | None:

@@ -13,19 +13,18 @@ import contextlib
 import gc
 import logging
 import os
-import signal
 import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import click
 from deferline.engine import TriggerOutcome, TriggerSupervisor, preload_airflow
 from deferline.schemas import DeferlineError, KwargsCipher
 from deferline.topics import (
+    Lifecycle,
     Settings,
     ensure_topics,
     make_producer,
@@ -35,7 +34,13 @@ from deferline.topics import (
 from prometheus_client import CollectorRegistry
 
 from .._metrics import MetricsServer
-from .._options import connection_options, logging_options
+from .._options import (
+    connection_options,
+    group_timing_options,
+    logging_options,
+    metrics_options,
+)
+from .._signals import STOP_SIGNALS, run_until_signal
 from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
 from ._emitter import Emitter
 from ._lane import (
@@ -150,7 +155,7 @@ def _normalise_queues(queues: Sequence[str | None]) -> tuple[str | None, ...]:
     return tuple(seen)
 
 
-class Triggerer:
+class Triggerer(Lifecycle):
     """A triggerer process: ``async with Triggerer(settings, options): ...`` or :meth:`run`.
 
     Stopping (``stop()``, or SIGTERM/SIGINT under :meth:`run`) stops fetching, cancels the
@@ -356,37 +361,9 @@ class Triggerer:
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Run until SIGTERM/SIGINT (or :meth:`request_stop`); raise if something was fatal."""
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        if handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.add_signal_handler(sig, self.request_stop)
-                    installed.append(sig)
-        try:
-            async with self:
-                await self.wait()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+        await run_until_signal(self, signals=STOP_SIGNALS if handle_signals else ())
         if self._fatal is not None:
             raise TriggererError(str(self._fatal)) from self._fatal
-
-    async def __aenter__(self) -> Triggerer:
-        try:
-            await self.start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # -- callbacks ------------------------------------------------------------------------------
 
@@ -441,13 +418,7 @@ def _split(value: str | None) -> tuple[str, ...]:
     metavar="A,B",
     help="Trigger queues to serve (comma-separated); default: the default queue only.",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(min=0, max=65535),
-    default=None,
-    help="Serve Prometheus metrics on this port (0: any free port).",
-)
-@click.option("--metrics-host", default="0.0.0.0", show_default=True)
+@metrics_options
 @click.option("--member", default=None, help="Member name in events and logs [hostname-pid].")
 @click.option(
     "--static",
@@ -484,12 +455,7 @@ def _split(value: str | None) -> tuple[str, ...]:
     show_default=True,
     help="Hold due timers while this many events wait for the producer (bounds burst memory).",
 )
-@click.option(
-    "--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True
-)
-@click.option(
-    "--heartbeat-interval-ms", type=click.IntRange(min=100), default=1_000, show_default=True
-)
+@group_timing_options
 @click.option(
     "--fetch-max-wait-ms",
     type=click.IntRange(min=0),
