@@ -2,40 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import signal
-import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from aiokafka import TopicPartition
 from deferline.schemas import ResumeTarget, TaskKey
 from deferline.topics import Settings, make_consumer
 
+from tests.integration._process import DeferlineProcess
 from tests.integration._taskflow import TaskFlow
-from tests.integration._triggerer_help import DEFERLINE
 
 TARGET = ResumeTarget(operator="pkg.Op")
 LEASE_TIMEOUT = "6"  # Apache Kafka's smallest group session timeout by default
 
 
-class SchedulerProcess:
+class SchedulerProcess(DeferlineProcess):
     """A ``deferline scheduler`` subprocess with JSON logs captured to a file."""
 
     def __init__(self, settings: Settings, name: str, workdir: Path, *extra: str) -> None:
         self.name = name
-        self.log_path = workdir / f"{name}.log"
-        args = [
-            DEFERLINE,
+        super().__init__(
+            settings,
             "scheduler",
-            "--bootstrap-servers",
-            settings.bootstrap_servers,
-            "--topic-prefix",
-            settings.topic_prefix,
+            workdir / f"{name}.log",
             "--default-pool-slots",
             "unlimited",
             "--lease-timeout",
@@ -45,24 +36,7 @@ class SchedulerProcess:
             "--log-format",
             "json",
             *extra,
-        ]
-        env = {**os.environ, "DEFERLINE_PARTITIONS": str(settings.partitions)}
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-
-    def lines(self) -> list[dict[str, Any]]:
-        out = []
-        for raw in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(raw))
-        return out
-
-    def find(self, message: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines() if line.get("message", "").startswith(message)]
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
+        )
 
     @property
     def active(self) -> bool:
@@ -76,13 +50,6 @@ class SchedulerProcess:
 
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self._log.close()
 
 
 def the_active(processes: Sequence[SchedulerProcess]) -> SchedulerProcess | None:

@@ -5,12 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +29,9 @@ from deferline.schemas import (
 )
 from deferline.topics import Settings, TopicNames, make_consumer, partition_for
 
+from tests.integration._process import DeferlineProcess
+
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"
-DEFERLINE = str(Path(sys.executable).with_name("deferline"))
 FAILOVER_FLAGS = ("--session-timeout-ms", "6000", "--heartbeat-interval-ms", "1000")
 
 
@@ -152,7 +149,7 @@ class TopicReader:
 # -- triggerer processes ----------------------------------------------------------------------
 
 
-class TriggererProcess:
+class TriggererProcess(DeferlineProcess):
     """A ``deferline triggerer`` subprocess with JSON logs captured to a file."""
 
     def __init__(
@@ -163,15 +160,11 @@ class TriggererProcess:
         *extra: str,
     ) -> None:
         self.member = member
-        self.log_path = workdir / f"{member}.log"
         self.state_dir = workdir / f"{member}-state"
-        args = [
-            DEFERLINE,
+        super().__init__(
+            settings,
             "triggerer",
-            "--bootstrap-servers",
-            settings.bootstrap_servers,
-            "--topic-prefix",
-            settings.topic_prefix,
+            workdir / f"{member}.log",
             "--member",
             member,
             "--state-dir",
@@ -184,21 +177,8 @@ class TriggererProcess:
             "json",
             "--no-create-topics",
             *extra,
-        ]
-        env = {**os.environ, "DEFERLINE_PARTITIONS": str(settings.partitions)}
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        )
         self.port: int | None = None
-
-    def lines(self) -> list[dict[str, Any]]:
-        out = []
-        for raw in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(raw))
-        return out
-
-    def find(self, message: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines() if line.get("message", "").startswith(message)]
 
     async def metrics(self) -> dict[str, float]:
         """Scrape the process's metrics into ``{name{labels}: value}``."""
@@ -250,12 +230,6 @@ class TriggererProcess:
 
     def wait(self, timeout: float = 30.0) -> int:
         return self.proc.wait(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self._log.close()
 
 
 async def owners(processes: Sequence[TriggererProcess]) -> dict[int, str]:
