@@ -1,6 +1,6 @@
 """The end-to-end demo: every process on the embedded broker, with a live view."""
 
-from ._command import demo_command
+from ._cli import demo_command
 from ._plan import DemoOptions
 from ._run import run_demo
 from ._summary import DemoSummary

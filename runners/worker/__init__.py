@@ -1,6 +1,6 @@
 """The worker process: runs operators, defers them, and resumes them."""
 
-from ._command import worker_command
+from ._cli import worker_command
 from ._errors import WorkerError
 from ._runner import RecordSink, TaskRunner
 from ._worker import Worker
