@@ -56,7 +56,7 @@ from deferline.topics import (
     partition_for,
     topic_specs,
 )
-from deferline.topics._brokers import free_port
+from deferline.topics._process import free_port
 
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"
 PARTITIONS = 12

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from deferline.topics import BrokerStartError, KRaftBroker, Settings, TansuBroker, describe_topics
-from deferline.topics._brokers import _metadata_has_broker, free_port
+from deferline.topics._process import _metadata_has_broker, free_port
 
 from tests.integration._util import wait_until
 
@@ -92,7 +92,7 @@ _START = textwrap.dedent(
     """
     import asyncio, sys
     from deferline.topics import TansuBroker
-    from deferline.topics._brokers import _LIVE
+    from deferline.topics._process import _LIVE
     asyncio.run(TansuBroker().start())
     pid, (_, workdir) = next(iter(_LIVE.items()))
     print(pid, workdir, flush=True)
@@ -122,7 +122,7 @@ async def test_sigterm_to_pytest_stops_the_session_brokers(tmp_path):
             """
             import time
             import pytest
-            from deferline.topics._brokers import _LIVE
+            from deferline.topics._process import _LIVE
 
             @pytest.mark.integration
             def test_wait(broker):
