@@ -46,6 +46,7 @@ from deferline.schemas import (
     decode,
 )
 from deferline.topics import (
+    KRaftBroker,
     Settings,
     TansuBroker,
     TopicNames,
@@ -103,6 +104,7 @@ class DemoOptions:
         live: draw the live view (else print a line every few seconds).
         session_timeout_ms: triggerers' consumer-group session timeout (failover bound).
         topic_prefix: topic prefix (default: a fresh ``demo-<hex>.``).
+        broker: ``tansu`` (embedded) or ``kafka`` (Apache Kafka from its jars).
     """
 
     tasks: int = 2000
@@ -115,6 +117,7 @@ class DemoOptions:
     live: bool = True
     session_timeout_ms: int = 6000
     topic_prefix: str | None = None
+    broker: str = "tansu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -748,10 +751,12 @@ async def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
     keep_logs = False
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(lambda: None if keep_logs else shutil.rmtree(workdir, ignore_errors=True))
+        kafka = options.broker == "kafka"
         console.print(
-            f"[bold]deferline demo[/]: {options.tasks} tasks, starting the embedded broker..."
+            f"[bold]deferline demo[/]: {options.tasks} tasks, starting "
+            + ("Apache Kafka (KRaft)..." if kafka else "the embedded broker...")
         )
-        broker = TansuBroker()
+        broker = KRaftBroker() if kafka else TansuBroker()
         await broker.start()
         stack.push_async_callback(broker.stop)
         settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=prefix, partitions=12)
@@ -1000,6 +1005,13 @@ def print_summary(summary: DemoSummary, console: Console) -> None:
 @click.option("--plain", is_flag=True, help="Print progress lines instead of the live view.")
 @click.option("--topic-prefix", default=None, help="Topic prefix [demo-<random>.].")
 @click.option(
+    "--broker",
+    type=click.Choice(["tansu", "kafka"]),
+    default="tansu",
+    show_default=True,
+    help="Embedded Tansu, or Apache Kafka (KRaft) from its jars (needs Java 17+).",
+)
+@click.option(
     "--summary-json",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -1014,6 +1026,7 @@ def demo_command(
     kill_scheduler: bool,
     plain: bool,
     topic_prefix: str | None,
+    broker: str,
     summary_json: Path | None,
 ) -> None:
     """Run the end-to-end demo on the embedded broker."""
@@ -1027,6 +1040,7 @@ def demo_command(
         kill_scheduler=kill_scheduler,
         live=not plain and console.is_terminal,
         topic_prefix=topic_prefix,
+        broker=broker,
     )
     try:
         summary = asyncio.run(_main(options, console))

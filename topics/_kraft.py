@@ -32,6 +32,9 @@ class KRaftBroker(_BrokerProcess):
     The jars are resolved once through Maven (``org.apache.kafka:kafka_2.13:<version>``) into
     ``<cache_dir>/kafka-<version>/lib`` (default cache dir ``~/.cache/deferline``); later
     starts need neither Maven nor the network. Needs Java 17+.
+
+    ``data_dir``: keep the configuration, log and data there, and start from that data again
+    next time (formatted on first use only); default a temporary folder removed on stop.
     """
 
     name = "kafka"
@@ -46,8 +49,9 @@ class KRaftBroker(_BrokerProcess):
         startup_timeout: float = 90.0,
         heap: str = "768m",
         security: BrokerSecurity | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(host=host, port=port, startup_timeout=startup_timeout)
+        super().__init__(host=host, port=port, startup_timeout=startup_timeout, data_dir=data_dir)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.version = version
         self.heap = heap
@@ -158,7 +162,8 @@ class KRaftBroker(_BrokerProcess):
             scram = _scram_arguments(self.security)
         properties.write_text(text)
         jvm = self._jvm = _jvm(java, lib, workdir, self.heap)
-        await _format_storage(jvm, properties, _new_cluster_id(), scram)
+        if not (workdir / "data" / "meta.properties").exists():
+            await _format_storage(jvm, properties, _new_cluster_id(), scram)
         return [*jvm, "kafka.Kafka", str(properties)]
 
 

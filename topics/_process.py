@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import ctypes
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -70,8 +71,18 @@ class _BrokerProcess:
 
     name = "broker"
 
-    def __init__(self, *, host: str, port: int | None, startup_timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int | None,
+        startup_timeout: float,
+        data_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.host = host
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        """Where the broker works and keeps its data across starts; None: a temporary folder
+        removed on stop."""
         self._port = port
         self.startup_timeout = startup_timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -89,7 +100,7 @@ class _BrokerProcess:
 
     @property
     def log_path(self) -> Path | None:
-        """Where the broker's own output goes (removed on stop)."""
+        """Where the broker's own output goes (removed on stop unless ``data_dir`` is set)."""
         return None if self._workdir is None else self._workdir / "broker.log"
 
     async def start(self) -> None:
@@ -97,8 +108,12 @@ class _BrokerProcess:
         if self._proc is not None:
             return
         began = time.monotonic()
-        self._workdir = Path(tempfile.mkdtemp(prefix=f"deferline-{self.name}-"))
+        if self.data_dir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"deferline-{self.name}-"))
+        else:
+            self._workdir = self.data_dir
         try:
+            self._workdir.mkdir(parents=True, exist_ok=True)
             if self._port is None:
                 self._port = free_port(self.host)
             else:
@@ -115,7 +130,7 @@ class _BrokerProcess:
                 start_new_session=True,  # Ctrl-C in a terminal is ours to handle, not its.
                 preexec_fn=_die_with_parent,
             )
-            _LIVE[self._proc.pid] = (self._proc, self._workdir)
+            _LIVE[self._proc.pid] = (self._proc, self._temporary_workdir())
             await self._wait_ready()
         except BaseException:
             await self.stop()
@@ -130,7 +145,7 @@ class _BrokerProcess:
         )
 
     async def stop(self, *, grace: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; remove the work dir. Idempotent."""
+        """SIGTERM, then SIGKILL after ``grace`` s; remove a temporary work dir. Idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
             _LIVE.pop(proc.pid, None)
@@ -138,9 +153,9 @@ class _BrokerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
+        temporary, self._workdir = self._temporary_workdir(), None
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
 
     async def wait(self) -> int:
         """Wait until the broker process exits on its own; return its exit code."""
@@ -159,6 +174,9 @@ class _BrokerProcess:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+    def _temporary_workdir(self) -> Path | None:
+        return self._workdir if self.data_dir is None else None
 
     async def _prepare(self, workdir: Path) -> list[str]:
         """Write whatever the broker needs into ``workdir``; return its command line."""
