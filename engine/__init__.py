@@ -47,14 +47,14 @@ from ._operator import (
 )
 from ._outcome import OutcomeStatus, TriggerOutcome
 from ._supervisor import TriggerSupervisor
-from ._taskstate import (
+from ._task_pools import Pools
+from ._taskstate import TaskTable
+from ._taskstate_values import (
     FAIL_METHOD,
     HOLDING_STATES,
     TERMINAL_STATES,
     Emit,
-    Pools,
     TableCounters,
-    TaskTable,
     Verdict,
     progress,
 )

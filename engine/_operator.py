@@ -30,7 +30,7 @@ from deferline.schemas import (
 
 from ._airflow import prepare_airflow_import
 from ._loader import is_allowed
-from ._taskstate import FAIL_METHOD
+from ._taskstate_values import FAIL_METHOD
 from ._trigger import BaseTrigger, TriggerEvent
 
 __all__ = [
