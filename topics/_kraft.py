@@ -285,15 +285,8 @@ async def _wait_admin_ready(
         await asyncio.sleep(0.25)
 
 
-_SERVER_PROPERTIES = """\
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@{host}:{controller_port}
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
-advertised.listeners=PLAINTEXT://{host}:{port}
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+# What every single-node broker shares: data, internal topics with one replica, quick groups.
+_STORAGE_PROPERTIES = """\
 log.dirs={data}
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -307,10 +300,25 @@ group.initial.rebalance.delay.ms=0
 log.cleaner.backoff.ms=500
 """
 
+_SERVER_PROPERTIES = (
+    """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@{host}:{controller_port}
+listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
+advertised.listeners=PLAINTEXT://{host}:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+"""
+    + _STORAGE_PROPERTIES
+)
+
 
 # Three listeners: clients authenticate with SASL/SCRAM over TLS; brokers and controllers
 # talk over mutual TLS as User:CN=broker (a super user), so no broker secret is a password.
-_SECURED_PROPERTIES = """\
+_SECURED_PROPERTIES = (
+    """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@{host}:{controller_port}
@@ -334,15 +342,6 @@ authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 allow.everyone.if.no.acl.found=false
 super.users=User:{admin};User:CN=broker
 auto.create.topics.enable=false
-log.dirs={data}
-num.partitions=1
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=8
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=8
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-log.cleaner.backoff.ms=500
 """
+    + _STORAGE_PROPERTIES
+)
