@@ -48,6 +48,11 @@ def broker(
             raise click.UsageError("--advertised-host is for Tansu; Kafka advertises --host")
         if host in ("", "0.0.0.0", "::"):
             raise click.UsageError("--kafka needs a --host clients can connect to, not " + host)
+        if data_dir is not None and not _ours_or_empty(data_dir):
+            raise click.UsageError(
+                f"--data-dir {data_dir} is not empty and holds no broker's data: "
+                "name a new or empty directory, or one used with --data-dir before"
+            )
         server = KRaftBroker(host=host, port=port, data_dir=data_dir)
     elif data_dir is not None:
         raise click.UsageError("--data-dir needs --kafka: Tansu keeps its data in memory")
@@ -57,6 +62,13 @@ def broker(
         asyncio.run(_serve(server))
     except BrokerStartError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _ours_or_empty(folder: Path) -> bool:
+    """Whether ``folder`` may hold the broker's files: new, empty, or a previous data dir."""
+    if not folder.exists():
+        return True
+    return not any(folder.iterdir()) or (folder / "server.properties").exists()
 
 
 def _describe(server: TansuBroker | KRaftBroker) -> str:
