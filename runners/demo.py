@@ -994,9 +994,9 @@ def print_summary(summary: DemoSummary, console: Console) -> None:
 @click.option(
     "--deadline",
     type=click.FloatRange(min=10.0),
-    default=105.0,
-    show_default=True,
-    help="Give up (and fail) after this many seconds.",
+    default=None,
+    help="Give up (and fail) after this many seconds [105; 240 with --broker kafka, a JVM "
+    "sharing the machine].",
 )
 @click.option("--no-kill", is_flag=True, help="Do not SIGKILL a triggerer halfway.")
 @click.option(
@@ -1021,7 +1021,7 @@ def demo_command(
     tasks: int,
     duration: float,
     seed: int,
-    deadline: float,
+    deadline: float | None,
     no_kill: bool,
     kill_scheduler: bool,
     plain: bool,
@@ -1029,13 +1029,13 @@ def demo_command(
     broker: str,
     summary_json: Path | None,
 ) -> None:
-    """Run the end-to-end demo on the embedded broker."""
+    """Run the end-to-end demo on the embedded broker (Apache Kafka with --broker kafka)."""
     console = Console()
     options = DemoOptions(
         tasks=tasks,
         duration=duration,
         seed=seed,
-        deadline=deadline,
+        deadline=deadline if deadline is not None else (240.0 if broker == "kafka" else 105.0),
         kill=not no_kill,
         kill_scheduler=kill_scheduler,
         live=not plain and console.is_terminal,
