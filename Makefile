@@ -33,8 +33,10 @@ integration: install
 	$(BIN)/pytest -m integration
 
 # The whole loop on the embedded broker: ~2,000 tasks, a triggerer killed halfway (< 2 min).
+# BROKER=kafka runs it on Apache Kafka (KRaft) from its jars instead (needs Java 17+).
+BROKER ?= tansu
 demo: install
-	$(BIN)/deferline demo
+	$(BIN)/deferline demo --broker $(BROKER)
 
 # Apache Kafka's jars for the real-Kafka test broker (cached in ~/.cache/deferline; needs Maven once).
 kafka-jars: install

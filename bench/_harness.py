@@ -1,22 +1,27 @@
-"""Shared harness of the engine benchmarks: each case runs in a fresh subprocess.
+"""Shared harness of the benchmarks: cases in fresh subprocesses, a local broker, process figures.
 
-A benchmark module gives ``measure(case, n)`` (a coroutine returning one dict of figures)
-and ``report(run)``, which prints its table, calling ``run(case, n)`` for each case it wants.
-``main()`` turns that into the command line: with ``--case`` it measures in this process and
-prints one JSON line; without, it prints the machine line and the table, each case measured
-in a subprocess of its own so one case cannot inflate the next.
+An engine benchmark module gives ``measure(case, n)`` (a coroutine returning one dict of
+figures) and ``report(run)``, which prints its table, calling ``run(case, n)`` for each case
+it wants. ``main()`` turns that into the command line: with ``--case`` it measures in this
+process and prints one JSON line; without, it prints the machine line and the table, each
+case measured in a subprocess of its own so one case cannot inflate the next.
+
+The broker benchmarks share :func:`local_broker` (a broker for the run, or one already
+running) and the per-process figures :func:`cpu_seconds`, :func:`rss_mb`, :func:`peak_rss_mb`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 Figures = dict[str, Any]
@@ -42,15 +47,56 @@ def run_case_in_subprocess(module: str, case: str, n: int) -> Figures:
     return result
 
 
+@contextlib.asynccontextmanager
+async def local_broker(backend: str = "tansu", bootstrap: str | None = None) -> AsyncIterator[str]:
+    """Yield ``bootstrap`` when given, else start a broker for the run and yield its address.
+
+    ``backend``: ``tansu`` (embedded) or ``kafka`` (Apache Kafka from its jars); the broker
+    is stopped when the block ends.
+    """
+    if bootstrap:
+        yield bootstrap
+        return
+    from deferline.topics import KRaftBroker, TansuBroker
+
+    broker: TansuBroker | KRaftBroker = TansuBroker() if backend == "tansu" else KRaftBroker()
+    async with broker:
+        yield broker.bootstrap
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds used so far by process ``pid``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of process ``pid`` now, in MiB."""
+    return _status_mb(pid, "VmRSS:")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident set size of process ``pid`` so far, in MiB."""
+    return _status_mb(pid, "VmHWM:")
+
+
+def _status_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def main(
     *,
-    module: str,
-    doc: str,
     cases: Sequence[str],
     measure: Callable[[str, int], Coroutine[Any, Any, Figures]],
     report: Callable[[RunCase], None],
 ) -> None:
-    """Command line of one benchmark module (see the module docstring)."""
+    """Command line of the benchmark module that defines ``measure`` (see its docstring)."""
+    caller = sys.modules[measure.__module__]
+    module = caller.__spec__.name if caller.__spec__ is not None else measure.__module__
+    doc = caller.__doc__ or module
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--case", choices=list(cases))
     parser.add_argument("--n", type=int, default=100_000)

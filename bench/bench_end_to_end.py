@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiokafka import TopicPartition
@@ -38,15 +37,15 @@ from deferline.schemas import (
     make_trigger_id,
 )
 from deferline.topics import (
-    KRaftBroker,
     Settings,
-    TansuBroker,
     TopicNames,
     ensure_topics,
     make_consumer,
     make_producer,
     topic_specs,
 )
+
+from bench._harness import cpu_seconds, local_broker, peak_rss_mb
 
 DEFERLINE = str(Path(sys.executable).with_name("deferline"))
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"
@@ -76,16 +75,6 @@ class Process:
                     return True
         return False
 
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
-
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -94,19 +83,6 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-@contextlib.asynccontextmanager
-async def cluster(backend: str, bootstrap: str | None) -> AsyncIterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    broker: TansuBroker | KRaftBroker = TansuBroker() if backend == "tansu" else KRaftBroker()
-    await broker.start()
-    try:
-        yield broker.bootstrap
-    finally:
-        await broker.stop()
 
 
 async def wait_said(process: Process, messages: tuple[str, ...], within: float = 120) -> None:
@@ -187,7 +163,7 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
                             deferred.discard(message.key)
                 now = dt.datetime.now(dt.UTC)
                 if cpu_at_due is None and now >= due:
-                    cpu_at_due = scheduler.cpu_seconds()
+                    cpu_at_due = cpu_seconds(scheduler.proc.pid)
                 if seen >= n and not deferred and cpu_at_due is not None:
                     elapsed = (now - due).total_seconds()
                     break
@@ -198,8 +174,8 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
         return {
             "n": n,
             "due_to_none_deferred_s": elapsed,
-            "scheduler_cpu_s": scheduler.cpu_seconds() - cpu_at_due,
-            "scheduler_peak_rss_mb": scheduler.peak_rss_mb(),
+            "scheduler_cpu_s": cpu_seconds(scheduler.proc.pid) - cpu_at_due,
+            "scheduler_peak_rss_mb": peak_rss_mb(scheduler.proc.pid),
         }
     finally:
         scheduler.stop()
@@ -213,7 +189,7 @@ async def main() -> None:
     parser.add_argument("--deferline", default=DEFERLINE, help="the executable to run")
     parser.add_argument("--n", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     args = parser.parse_args()
-    async with cluster(args.backend, args.bootstrap) as bootstrap:
+    async with local_broker(args.backend, args.bootstrap) as bootstrap:
         with tempfile.TemporaryDirectory(prefix="deferline-e2e-") as tmp:
             for n in args.n:
                 result = await run_one(args.deferline, bootstrap, n, Path(tmp))

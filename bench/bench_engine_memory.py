@@ -124,10 +124,4 @@ def report(run: RunCase) -> None:
 
 
 if __name__ == "__main__":
-    main(
-        module="bench.bench_engine_memory",
-        doc=__doc__ or "",
-        cases=("timers", "coroutines"),
-        measure=measure,
-        report=report,
-    )
+    main(cases=("timers", "coroutines"), measure=measure, report=report)

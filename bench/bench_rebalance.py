@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,7 @@ from deferline.schemas import (
     utcnow,
 )
 from deferline.topics import (
-    KRaftBroker,
     Settings,
-    TansuBroker,
     TopicNames,
     ensure_topics,
     make_consumer,
@@ -56,7 +54,9 @@ from deferline.topics import (
     partition_for,
     topic_specs,
 )
-from deferline.topics._brokers import free_port
+from deferline.topics._process import free_port
+
+from bench._harness import local_broker, rss_mb
 
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"
 PARTITIONS = 12
@@ -145,12 +145,6 @@ class Member:
         )
         return {int(n) for n in found}
 
-    def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
-
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -217,7 +211,7 @@ async def scenario(
         b = Member(exe, settings, "b", workdir)
         try:
             seconds = await settle(session, [a, b], timers, 900)
-            print(f"  two members settled in {seconds:.1f} s; RSS a {a.rss_mb():.0f} MB")
+            print(f"  two members settled in {seconds:.1f} s; RSS a {rss_mb(a.proc.pid):.0f} MB")
             stop_probes = asyncio.Event()
 
             async def probe() -> None:
@@ -329,19 +323,6 @@ async def scenario(
     return result
 
 
-@contextlib.asynccontextmanager
-async def cluster(backend: str, bootstrap: str | None) -> AsyncIterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    broker: TansuBroker | KRaftBroker = TansuBroker() if backend == "tansu" else KRaftBroker()
-    await broker.start()
-    try:
-        yield broker.bootstrap
-    finally:
-        await broker.stop()
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backend", choices=["tansu", "kafka"], default="tansu")
@@ -365,7 +346,7 @@ async def main() -> None:
         f"{args.probe_rate:.0f}/s, {args.window:.0f} s windows; {os.cpu_count()} cores"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        async with cluster(args.backend, args.bootstrap) as bootstrap:
+        async with local_broker(args.backend, args.bootstrap) as bootstrap:
             for name, exe in variants:
                 print(f"\n== {name}: {exe} ==")
                 await scenario(exe, bootstrap, args.timers, args.probe_rate, args.window, Path(tmp))

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 from deferline.engine import Pools, TaskTable
 from deferline.runners.scheduler import Scheduler
@@ -35,7 +33,9 @@ from deferline.schemas import (
     make_event_id,
     make_trigger_id,
 )
-from deferline.topics import Settings, TansuBroker, TopicNames, make_producer
+from deferline.topics import Settings, TopicNames, make_producer
+
+from bench._harness import local_broker
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 TARGET = ResumeTarget(operator="pkg.Op")
@@ -101,19 +101,9 @@ def bench_fold(n: int) -> None:
     )
 
 
-@contextlib.asynccontextmanager
-async def cluster() -> AsyncIterator[str]:
-    external = os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")
-    if external:
-        yield external
-        return
-    async with TansuBroker() as broker:
-        yield broker.bootstrap
-
-
 async def bench_broker(n: int) -> None:
     states, events = life(n)
-    async with cluster() as bootstrap:
+    async with local_broker("tansu", os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
         settings = Settings(
             bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
         )

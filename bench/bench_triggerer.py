@@ -57,7 +57,7 @@ from deferline.topics import (
     partition_for,
     topic_specs,
 )
-from deferline.topics._brokers import free_port
+from deferline.topics._process import free_port
 
 DEFERLINE = str(Path(sys.executable).with_name("deferline"))
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"

@@ -20,41 +20,43 @@ from ._operator import (
     BaseOperator,
     BaseSensorOperator,
     Context,
-    Deferred,
-    Failed,
     OperatorError,
     OperatorImportError,
     OperatorKwargsError,
     OperatorLoadError,
     OperatorNotAllowed,
-    OperatorResult,
     SensorTimeout,
     SerializableTrigger,
     SerializedTrigger,
-    Skipped,
     StartTriggerArgs,
-    Succeeded,
     TaskDeferralError,
     TaskDeferralTimeout,
     TaskDeferred,
     TaskSkipped,
+    make_context,
+)
+from ._operator_run import (
+    Deferred,
+    Failed,
+    OperatorResult,
+    Skipped,
+    Succeeded,
     deferral_records,
     import_operator,
     load_operator,
-    make_context,
     run_operator,
     start_deferral,
 )
 from ._outcome import OutcomeStatus, TriggerOutcome
 from ._supervisor import TriggerSupervisor
-from ._taskstate import (
+from ._task_pools import Pools
+from ._taskstate import TaskTable
+from ._taskstate_values import (
     FAIL_METHOD,
     HOLDING_STATES,
     TERMINAL_STATES,
     Emit,
-    Pools,
     TableCounters,
-    TaskTable,
     Verdict,
     progress,
 )

@@ -34,154 +34,35 @@ import datetime as dt
 import heapq
 import logging
 from collections import deque
-from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from collections.abc import Hashable, Iterator
+from typing import Any
 
 from deferline.schemas import (
     CancelRequest,
-    ResumeTarget,
     RunTask,
     TaskStateRecord,
     TriggerEventRecord,
 )
 
-__all__ = [
-    "FAIL_METHOD",
-    "HOLDING_STATES",
-    "TERMINAL_STATES",
-    "Emit",
-    "Pools",
-    "TableCounters",
-    "TaskTable",
-    "Verdict",
-    "progress",
-]
+from ._task_pools import Pools, _holds, _PoolAdmission
+from ._taskstate_values import (
+    _EPOCH,
+    _FINISHED,
+    FAIL_METHOD,
+    Emit,
+    TableCounters,
+    Verdict,
+    _Pending,
+    _View,
+    progress,
+)
+
+__all__ = ["TaskTable"]
 
 logger = logging.getLogger(__name__)
 
-FAIL_METHOD: Final = "__fail__"
-"""``next_method`` of a task whose trigger failed or timed out: the worker fails the task."""
 
-HOLDING_STATES: Final = frozenset({"queued", "running", "deferred"})
-"""States that hold a pool slot."""
-
-TERMINAL_STATES: Final = frozenset({"success", "failed", "skipped", "up_for_retry", "removed"})
-"""States that end an attempt."""
-
-_FINISHED: Final = frozenset({"success", "failed", "skipped", "removed"})
-_END: Final = 1 << 40  # progress of a finished attempt, beyond any deferral
-_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_STEP: Final[Mapping[str, int]] = {"scheduled": 0, "queued": 1, "running": 2}
-
-Progress = tuple[int, int, int]
-Verdict = Literal["applied", "echo", "stale", "pending", "duplicate", "direct", "cancelled"]
-"""What folding one record did.
-
-``applied``: the state moved; ``echo``: the record repeats the current state; ``stale``: a
-task record behind the current state; ``pending``: an event held until its deferral is seen;
-``duplicate``: an event for a deferral already resolved (or never matching); ``direct``: the
-first event of a deferral the triggerer already resumed directly, seen after the worker moved
-on; ``cancelled``: the expected ``cancelled`` event of a trigger whose task was cleared.
-"""
-
-
-def progress(record: TaskStateRecord) -> Progress:
-    """Where a record sits in its task's life: (try number, deferral, step).
-
-    Within a try: ``scheduled`` < ``queued`` < ``running`` < ``deferred`` #0 < ``scheduled`` /
-    ``queued`` / ``running`` after resume #0 (records naming the trigger) < ``deferred`` #1 <
-    ... < the end of the try. ``removed`` is after every other end: a cleared attempt stays
-    cleared.
-    """
-    try_number = record.task.try_number
-    state = record.state
-    if state == "removed":
-        return (try_number, _END, 1)
-    if state in TERMINAL_STATES:
-        return (try_number, _END, 0)
-    if state == "deferred":
-        return (try_number, record.defer_seq + 1, 0)
-    step = _STEP[state]
-    if record.trigger_id is None:
-        return (try_number, 0, step)
-    return (try_number, record.defer_seq + 1, step + 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Pools:
-    """Slot counts per pool; a pool not listed has ``default_slots`` slots.
-
-    ``default_slots=None`` makes unlisted pools unlimited.
-    """
-
-    slots: Mapping[str, int] = field(default_factory=lambda: {"default_pool": 128})
-    default_slots: int | None = 128
-
-    def size(self, pool: str) -> int | None:
-        """Slots of ``pool``; None means unlimited."""
-        if pool in self.slots:
-            return self.slots[pool]
-        return self.default_slots
-
-
-@dataclass(frozen=True, slots=True)
-class Emit:
-    """A record the table decided to publish.
-
-    ``queue`` is the trigger queue of a CancelRequest (its topic is ``defer.<queue>``); the
-    other records name their destination themselves (``RunTask.worker_queue`` and ``mode``,
-    the tasks topic for a TaskStateRecord).
-    """
-
-    record: TaskStateRecord | RunTask | CancelRequest
-    queue: str | None = None
-
-
-@dataclass(slots=True)
-class TableCounters:
-    """Running totals of what the table did (exported as metrics)."""
-
-    states_applied: int = 0
-    states_stale: int = 0
-    events_applied: int = 0
-    events_duplicate: int = 0
-    events_direct: int = 0
-    events_cancelled: int = 0
-    events_orphaned: int = 0
-    resumes: int = 0
-    starts: int = 0
-    ended_by_trigger: int = 0
-    retries: int = 0
-    cancels: int = 0
-    repairs: int = 0
-
-
-@dataclass(slots=True)
-class _View:
-    record: TaskStateRecord
-    at: Progress
-    target: ResumeTarget | None
-    holds: tuple[str, int] | None = None
-    needs_repair: bool = False
-    inflight: list[TaskStateRecord] = field(default_factory=list)  # own writes not read back
-    resolved: set[str] = field(default_factory=set)  # trigger ids whose event is accounted for
-
-
-@dataclass(slots=True)
-class _Pending:
-    event: TriggerEventRecord
-    generation: int
-    ref: Hashable | None
-
-
-def _holds(record: TaskStateRecord, target: ResumeTarget | None) -> tuple[str, int] | None:
-    if target is None or record.state not in HOLDING_STATES:
-        return None
-    return (target.pool, target.pool_slots)
-
-
-class TaskTable:
+class TaskTable(_PoolAdmission):
     """State of every task instance, folded from the tasks and resume topics. No I/O.
 
     Feed records with :meth:`apply`; collect what to publish with :meth:`drain`.
@@ -660,60 +541,3 @@ class TaskTable:
         )
         self.counters.retries += 1
         self._own(key, view, state)
-
-    def _admit(self, pool: str) -> None:
-        heap = self._ready[pool]
-        size = self.pools.size(pool)
-        held: list[tuple[int, dt.datetime, str, int]] = []
-        while heap:
-            free = None if size is None else size - self._used.get(pool, 0)
-            if free is not None and free <= 0:
-                break
-            entry = heapq.heappop(heap)
-            view = self._views.get(entry[2])
-            if (
-                view is None
-                or view.record.state != "scheduled"
-                or view.record.next_method is not None
-                or view.record.task.try_number != entry[3]
-                or view.target is None
-                or view.target.pool != pool
-            ):
-                continue  # superseded entry
-            if free is not None and view.target.pool_slots > free:
-                held.append(entry)
-                continue
-            self._start(entry[2], view, view.target)
-        for entry in held:
-            heapq.heappush(heap, entry)
-        if not heap:
-            del self._ready[pool]
-
-    def _start(self, key: str, view: _View, target: ResumeTarget) -> None:
-        scheduled = view.record
-        now = self._clock
-        state = TaskStateRecord(
-            task=scheduled.task,
-            state="queued",
-            updated_at=now,
-            source="scheduler",
-            resume=target,
-        )
-        self._own(key, view, state)
-        self._outbox.append(
-            Emit(
-                RunTask(
-                    task=scheduled.task,
-                    mode="start",
-                    operator=target.operator,
-                    op_kwargs=target.op_kwargs,
-                    worker_queue=target.worker_queue,
-                    pool=target.pool,
-                    pool_slots=target.pool_slots,
-                    priority_weight=target.priority_weight,
-                    retries=target.retries,
-                    enqueued_at=now,
-                )
-            )
-        )
-        self.counters.starts += 1

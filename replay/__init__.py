@@ -7,6 +7,7 @@ never picked up, and whether the scheduler applied or dropped its event.
 
 from ._collect import ReplaySession, StuckReport, StuckScan, WaitingTask, subject_filter
 from ._errors import BadSubject, RedriveRefused, ReplayError, TopicsNotFound
+from ._explain import explain, explain_task, explain_trigger
 from ._fold import OwnerGuess, OwnershipLog, ReplayIndex, TaskHistory, TriggerHistory
 from ._html import ReportItem, render_html
 from ._live import GroupHints, GroupView, LiveView, MemberView, read_live_view
@@ -16,18 +17,8 @@ from ._run import LocalRun, run_trigger
 from ._source import NullProgress, ProgressSink, ReadBounds, TopicReader
 from ._timeline import TimelineEntry, build_timeline
 from ._topics import TopicInfo, TopicRole, classify_topic
-from ._verdict import (
-    Evidence,
-    ReplayContext,
-    Subject,
-    Verdict,
-    VerdictKind,
-    explain,
-    explain_task,
-    explain_trigger,
-    parse_subject,
-    scheduler_decisions,
-)
+from ._verdict import Evidence, ReplayContext, Subject, Verdict, VerdictKind, parse_subject
+from ._verdict_progress import scheduler_decisions
 
 __all__ = [
     "REDRIVE_HEADER",

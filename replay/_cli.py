@@ -19,6 +19,7 @@ from rich.console import Console
 
 from ._collect import ReplaySession, StuckReport
 from ._errors import ReplayError
+from ._explain import explain
 from ._html import ReportItem, render_html
 from ._live import GroupHints
 from ._redrive import plan_redrive, publish_redrives
@@ -33,7 +34,7 @@ from ._render import (
 from ._run import enable_asyncio_debug, run_trigger
 from ._source import ReadBounds
 from ._timeline import build_timeline
-from ._verdict import Subject, explain, parse_subject
+from ._verdict import Subject, parse_subject
 
 __all__ = ["parse_duration", "parse_time", "replay"]
 

@@ -22,13 +22,14 @@ import orjson
 from deferline.schemas import KwargsCipher, TaskKey
 from deferline.topics import Settings
 
+from ._explain import explain, explain_task
 from ._fold import ReplayIndex
 from ._live import GroupHints, LiveView, read_live_view
 from ._records import RawRecord, decode_raw
 from ._source import ProgressSink, ReadBounds, TopicReader
 from ._timeline import TimelineEntry, build_timeline, subject_ids
 from ._topics import TopicInfo, TopicRole
-from ._verdict import ReplayContext, Subject, Verdict, explain, explain_task
+from ._verdict import ReplayContext, Subject, Verdict
 
 __all__ = ["ReplaySession", "StuckReport", "StuckScan", "WaitingTask", "subject_filter"]
 

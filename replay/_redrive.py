@@ -20,9 +20,10 @@ from deferline.schemas import DeferRequest, encode
 from deferline.topics import Settings, make_producer
 
 from ._errors import ReplayError
+from ._explain import explain_trigger
 from ._fold import ReplayIndex
 from ._records import REDRIVE_HEADER
-from ._verdict import ReplayContext, Verdict, VerdictKind, explain_trigger
+from ._verdict import ReplayContext, Verdict, VerdictKind
 
 __all__ = ["RedrivePlan", "plan_redrive", "publish_redrives"]
 

@@ -11,7 +11,8 @@ from deferline.schemas import DeadLetter, TriggerEventRecord
 from ._fold import ReplayIndex
 from ._records import Position, ReplayRecord, describe
 from ._topics import TopicRole
-from ._verdict import Subject, scheduler_decisions
+from ._verdict import Subject
+from ._verdict_progress import scheduler_decisions
 
 __all__ = ["TimelineEntry", "build_timeline", "subject_ids"]
 

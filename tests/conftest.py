@@ -36,8 +36,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from deferline.topics import BrokerError, KRaftBroker, Settings, TansuBroker, _brokers
-from deferline.topics._brokers import BrokerSecurity, KRaftCluster
+from deferline.topics import BrokerError, KRaftBroker, Settings, TansuBroker, _process
+from deferline.topics._kraft import BrokerSecurity
+from deferline.topics._kraft_cluster import KRaftCluster
 
 from tests.integration._util import KafkaClients
 
@@ -254,7 +255,7 @@ _PREVIOUS_SIGTERM: Any = None
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _brokers.terminate_all(grace=5.0)
+    _process.terminate_all(grace=5.0)
     signal.signal(signum, _PREVIOUS_SIGTERM or signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -268,7 +269,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     _EXTRA.close()
     _POOL.close()
-    _brokers.terminate_all()
+    _process.terminate_all()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

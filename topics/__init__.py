@@ -2,15 +2,6 @@
 
 from ._acls import ROLES, AclBinding, Role, SchedulerResources, acl_bindings, parse_role_principals
 from ._admin import TopicDescription, describe_topics, ensure_acls, ensure_topics
-from ._brokers import (
-    KAFKA_VERSION,
-    BrokerSecurity,
-    KRaftBroker,
-    KRaftCluster,
-    TansuBroker,
-    ThrowawayTLS,
-    fetch_kafka_jars,
-)
 from ._clients import (
     make_admin,
     make_consumer,
@@ -28,11 +19,16 @@ from ._errors import (
     TopicLayoutError,
     access_error,
 )
+from ._kafka_runtime import KAFKA_VERSION, fetch_kafka_jars
+from ._kraft import BrokerSecurity, KRaftBroker
+from ._kraft_cluster import KRaftCluster
 from ._lifecycle import Lifecycle
 from ._names import TopicNames, validate_queue_name
 from ._partitioner import Murmur2Partitioner, murmur2, partition_for
 from ._settings import Settings
 from ._specs import TopicSpec, topic_specs
+from ._tansu import TansuBroker
+from ._tls import ThrowawayTLS
 
 __all__ = [
     "KAFKA_VERSION",

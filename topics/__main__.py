@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._brokers import KAFKA_VERSION, fetch_kafka_jars
 from ._errors import BrokerStartError
+from ._kafka_runtime import KAFKA_VERSION, fetch_kafka_jars
 
 
 def main(argv: list[str] | None = None) -> int:

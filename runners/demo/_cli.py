@@ -32,9 +32,9 @@ __all__ = ["demo_command"]
 @click.option(
     "--deadline",
     type=click.FloatRange(min=10.0),
-    default=105.0,
-    show_default=True,
-    help="Give up (and fail) after this many seconds.",
+    default=None,
+    help="Give up (and fail) after this many seconds [105; 240 with --broker kafka, a JVM "
+    "sharing the machine].",
 )
 @click.option("--no-kill", is_flag=True, help="Do not SIGKILL a triggerer halfway.")
 @click.option(
@@ -42,6 +42,13 @@ __all__ = ["demo_command"]
 )
 @click.option("--plain", is_flag=True, help="Print progress lines instead of the live view.")
 @click.option("--topic-prefix", default=None, help="Topic prefix [demo-<random>.].")
+@click.option(
+    "--broker",
+    type=click.Choice(["tansu", "kafka"]),
+    default="tansu",
+    show_default=True,
+    help="Embedded Tansu, or Apache Kafka (KRaft) from its jars (needs Java 17+).",
+)
 @click.option(
     "--summary-json",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -52,24 +59,26 @@ def demo_command(
     tasks: int,
     duration: float,
     seed: int,
-    deadline: float,
+    deadline: float | None,
     no_kill: bool,
     kill_scheduler: bool,
     plain: bool,
     topic_prefix: str | None,
+    broker: str,
     summary_json: Path | None,
 ) -> None:
-    """Run the end-to-end demo on the embedded broker."""
+    """Run the end-to-end demo on the embedded broker (Apache Kafka with --broker kafka)."""
     console = Console()
     options = DemoOptions(
         tasks=tasks,
         duration=duration,
         seed=seed,
-        deadline=deadline,
+        deadline=deadline if deadline is not None else (240.0 if broker == "kafka" else 105.0),
         kill=not no_kill,
         kill_scheduler=kill_scheduler,
         live=not plain and console.is_terminal,
         topic_prefix=topic_prefix,
+        broker=broker,
     )
     try:
         summary = asyncio.run(_main(options, console))

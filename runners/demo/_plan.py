@@ -28,6 +28,7 @@ class DemoOptions:
         live: draw the live view (else print a line every few seconds).
         session_timeout_ms: triggerers' consumer-group session timeout (failover bound).
         topic_prefix: topic prefix (default: a fresh ``demo-<hex>.``).
+        broker: ``tansu`` (embedded) or ``kafka`` (Apache Kafka from its jars).
     """
 
     tasks: int = 2000
@@ -40,6 +41,7 @@ class DemoOptions:
     live: bool = True
     session_timeout_ms: int = 6000
     topic_prefix: str | None = None
+    broker: str = "tansu"
 
 
 @dataclasses.dataclass(frozen=True)

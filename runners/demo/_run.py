@@ -25,7 +25,14 @@ from typing import Any
 
 from deferline.client import Client
 from deferline.schemas import DeferlineError
-from deferline.topics import Settings, TansuBroker, TopicSpec, ensure_topics, topic_specs
+from deferline.topics import (
+    KRaftBroker,
+    Settings,
+    TansuBroker,
+    TopicSpec,
+    ensure_topics,
+    topic_specs,
+)
 from rich.console import Console
 from rich.live import Live
 
@@ -54,10 +61,12 @@ async def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
     keep_logs = False
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(lambda: None if keep_logs else shutil.rmtree(workdir, ignore_errors=True))
+        kafka = options.broker == "kafka"
         console.print(
-            f"[bold]deferline demo[/]: {options.tasks} tasks, starting the embedded broker..."
+            f"[bold]deferline demo[/]: {options.tasks} tasks, starting "
+            + ("Apache Kafka (KRaft)..." if kafka else "the embedded broker...")
         )
-        broker = TansuBroker()
+        broker = KRaftBroker() if kafka else TansuBroker()
         await broker.start()
         stack.push_async_callback(broker.stop)
         settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix=prefix, partitions=12)

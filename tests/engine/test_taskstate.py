@@ -7,13 +7,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from deferline.engine._taskstate import (
-    FAIL_METHOD,
-    Emit,
-    Pools,
-    TaskTable,
-    progress,
-)
+from deferline.engine._task_pools import Pools
+from deferline.engine._taskstate import TaskTable
+from deferline.engine._taskstate_values import FAIL_METHOD, Emit, progress
 from deferline.schemas import (
     CancelRequest,
     ResumeTarget,

@@ -271,7 +271,7 @@ async def test_timers_added_from_on_event_into_the_firing_bucket_are_not_lost() 
 async def test_cancelled_timers_do_not_linger_in_the_heap(
     sup: TriggerSupervisor, sink: Sink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import deferline.engine._supervisor as supervisor_module
+    import deferline.engine._timer_heap as supervisor_module
 
     monkeypatch.setattr(supervisor_module, "_COMPACT_MIN", 10)
     far = dt.datetime.now(dt.UTC) + dt.timedelta(days=30)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from deferline.topics import BrokerStartError, KRaftBroker, Settings, TansuBroker, describe_topics
-from deferline.topics._brokers import _metadata_has_broker, free_port
+from deferline.topics._process import _metadata_has_broker, free_port
 
 from tests.integration._util import wait_until
 
@@ -92,7 +92,7 @@ _START = textwrap.dedent(
     """
     import asyncio, sys
     from deferline.topics import TansuBroker
-    from deferline.topics._brokers import _LIVE
+    from deferline.topics._process import _LIVE
     asyncio.run(TansuBroker().start())
     pid, (_, workdir) = next(iter(_LIVE.items()))
     print(pid, workdir, flush=True)
@@ -122,7 +122,7 @@ async def test_sigterm_to_pytest_stops_the_session_brokers(tmp_path):
             """
             import time
             import pytest
-            from deferline.topics._brokers import _LIVE
+            from deferline.topics._process import _LIVE
 
             @pytest.mark.integration
             def test_wait(broker):
@@ -172,3 +172,92 @@ async def test_deferline_broker_command_prints_bootstrap_and_stops_on_sigterm():
     assert proc.returncode == 0, rest.decode()
     for child in children:
         assert not _alive(child)
+
+
+def _kafka_selected() -> None:
+    from tests.conftest import selected_backends
+
+    if "kafka" not in selected_backends():
+        pytest.skip("the kafka backend is not selected")
+
+
+async def _broker_command(*args: str, tmpdir: Path) -> tuple[asyncio.subprocess.Process, str]:
+    """Start ``deferline broker --kafka ARGS`` (temp dirs in ``tmpdir``); wait for its address."""
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "deferline"), "broker", "--kafka", *args,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmpdir)},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    output = b""
+    while b"bootstrap: " not in output:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=180)
+        if not line:
+            await proc.wait()
+            from tests.conftest import unavailable
+
+            unavailable("kafka", output.decode(errors="replace"))
+        output += line
+    bootstrap = output.decode().split("bootstrap: ")[1].split()[0]
+    return proc, bootstrap
+
+
+def _java_children(pid: int) -> list[int]:
+    return [
+        child
+        for child in _children(pid)
+        if b"kafka.Kafka" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
+
+
+async def _stop_command(proc: asyncio.subprocess.Process, sig: signal.Signals) -> str:
+    proc.send_signal(sig)
+    rest, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 0, rest.decode()
+    return rest.decode()
+
+
+async def test_broker_command_kafka_serves_topics_and_stops_on_sigint(tmp_path):
+    _kafka_selected()
+    port = free_port()
+    proc, bootstrap = await _broker_command("--port", str(port), tmpdir=tmp_path)
+    try:
+        assert bootstrap == f"127.0.0.1:{port}"
+        java = _java_children(proc.pid)
+        assert len(java) == 1, "Apache Kafka should run as one java child of the command"
+        (workdir,) = tmp_path.glob("deferline-kafka-*")
+        settings = Settings(bootstrap_servers=bootstrap, topic_prefix="cmd.", partitions=3)
+        from deferline.topics import ensure_topics, topic_specs
+
+        await ensure_topics(settings, topic_specs(settings))
+        (described,) = await describe_topics(settings, ["cmd.tasks"])
+        assert described.partitions == 3
+    finally:
+        rest = await _stop_command(proc, signal.SIGINT)
+    assert "stopped" in rest
+    assert not _alive(java[0])
+    assert not workdir.exists()
+
+
+async def test_broker_command_kafka_keeps_data_in_data_dir(tmp_path):
+    _kafka_selected()
+    data = tmp_path / "kafka-data"
+    from deferline.topics import ensure_topics, topic_specs
+
+    proc, bootstrap = await _broker_command("--port", str(free_port()), "--data-dir", str(data),
+                                            tmpdir=tmp_path)  # fmt: skip
+    try:
+        settings = Settings(bootstrap_servers=bootstrap, topic_prefix="kept.", partitions=2)
+        await ensure_topics(settings, topic_specs(settings))
+    finally:
+        await _stop_command(proc, signal.SIGTERM)
+    assert (data / "data" / "meta.properties").exists()
+
+    proc, bootstrap = await _broker_command("--port", str(free_port()), "--data-dir", str(data),
+                                            tmpdir=tmp_path)  # fmt: skip
+    try:
+        settings = Settings(bootstrap_servers=bootstrap, topic_prefix="kept.", partitions=2)
+        (described,) = await describe_topics(settings, ["kept.tasks"])
+        assert described.partitions == 2
+    finally:
+        await _stop_command(proc, signal.SIGTERM)
+    assert data.exists()

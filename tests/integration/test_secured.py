@@ -21,7 +21,7 @@ from deferline.runners.scheduler import Scheduler
 from deferline.runners.triggerer import Triggerer, TriggererOptions
 from deferline.runners.worker import Worker
 from deferline.topics import ROLES, TopicNames, make_producer
-from deferline.topics._brokers import ThrowawayTLS
+from deferline.topics._tls import ThrowawayTLS
 
 from tests.conftest import SecuredKafka
 

@@ -25,7 +25,7 @@ from deferline.topics import (
     make_producer,
     topic_specs,
 )
-from deferline.topics._brokers import BrokerSecurity
+from deferline.topics._kraft import BrokerSecurity
 
 from tests.conftest import SECURED_USERS, selected_backends
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from deferline.topics import BrokerStartError, KRaftBroker, TansuBroker, fetch_kafka_jars
-from deferline.topics._brokers import free_port
+from deferline.topics._process import free_port
 
 
 async def test_kraft_without_java_says_so(monkeypatch, tmp_path):
@@ -78,7 +78,7 @@ def test_throwaway_tls_makes_a_ca_and_a_broker_certificate_it_signed(tmp_path: P
 
 def test_secured_properties_enforce_acls_and_authenticate_every_listener(tmp_path: Path) -> None:
     from deferline.topics import BrokerSecurity, ThrowawayTLS
-    from deferline.topics._brokers import _scram_arguments, _secured_properties
+    from deferline.topics._kraft import _scram_arguments, _secured_properties
 
     security = BrokerSecurity(users={"admin": "a", "worker": "w"}, reauth_ms=5000)
     text = _secured_properties(

@@ -1,0 +1,114 @@
+"""The values the task table works with: where a record sits in its task's life, what
+folding it did, the records it emits, its counters and its per-task view."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from deferline.schemas import (
+    CancelRequest,
+    ResumeTarget,
+    RunTask,
+    TaskStateRecord,
+    TriggerEventRecord,
+)
+
+FAIL_METHOD: Final = "__fail__"
+"""``next_method`` of a task whose trigger failed or timed out: the worker fails the task."""
+
+HOLDING_STATES: Final = frozenset({"queued", "running", "deferred"})
+"""States that hold a pool slot."""
+
+TERMINAL_STATES: Final = frozenset({"success", "failed", "skipped", "up_for_retry", "removed"})
+"""States that end an attempt."""
+
+_FINISHED: Final = frozenset({"success", "failed", "skipped", "removed"})
+_END: Final = 1 << 40  # progress of a finished attempt, beyond any deferral
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_STEP: Final[Mapping[str, int]] = {"scheduled": 0, "queued": 1, "running": 2}
+
+Progress = tuple[int, int, int]
+Verdict = Literal["applied", "echo", "stale", "pending", "duplicate", "direct", "cancelled"]
+"""What folding one record did.
+
+``applied``: the state moved; ``echo``: the record repeats the current state; ``stale``: a
+task record behind the current state; ``pending``: an event held until its deferral is seen;
+``duplicate``: an event for a deferral already resolved (or never matching); ``direct``: the
+first event of a deferral the triggerer already resumed directly, seen after the worker moved
+on; ``cancelled``: the expected ``cancelled`` event of a trigger whose task was cleared.
+"""
+
+
+def progress(record: TaskStateRecord) -> Progress:
+    """Where a record sits in its task's life: (try number, deferral, step).
+
+    Within a try: ``scheduled`` < ``queued`` < ``running`` < ``deferred`` #0 < ``scheduled`` /
+    ``queued`` / ``running`` after resume #0 (records naming the trigger) < ``deferred`` #1 <
+    ... < the end of the try. ``removed`` is after every other end: a cleared attempt stays
+    cleared.
+    """
+    try_number = record.task.try_number
+    state = record.state
+    if state == "removed":
+        return (try_number, _END, 1)
+    if state in TERMINAL_STATES:
+        return (try_number, _END, 0)
+    if state == "deferred":
+        return (try_number, record.defer_seq + 1, 0)
+    step = _STEP[state]
+    if record.trigger_id is None:
+        return (try_number, 0, step)
+    return (try_number, record.defer_seq + 1, step + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """A record the table decided to publish.
+
+    ``queue`` is the trigger queue of a CancelRequest (its topic is ``defer.<queue>``); the
+    other records name their destination themselves (``RunTask.worker_queue`` and ``mode``,
+    the tasks topic for a TaskStateRecord).
+    """
+
+    record: TaskStateRecord | RunTask | CancelRequest
+    queue: str | None = None
+
+
+@dataclass(slots=True)
+class TableCounters:
+    """Running totals of what the table did (exported as metrics)."""
+
+    states_applied: int = 0
+    states_stale: int = 0
+    events_applied: int = 0
+    events_duplicate: int = 0
+    events_direct: int = 0
+    events_cancelled: int = 0
+    events_orphaned: int = 0
+    resumes: int = 0
+    starts: int = 0
+    ended_by_trigger: int = 0
+    retries: int = 0
+    cancels: int = 0
+    repairs: int = 0
+
+
+@dataclass(slots=True)
+class _View:
+    record: TaskStateRecord
+    at: Progress
+    target: ResumeTarget | None
+    holds: tuple[str, int] | None = None
+    needs_repair: bool = False
+    inflight: list[TaskStateRecord] = field(default_factory=list)  # own writes not read back
+    resolved: set[str] = field(default_factory=set)  # trigger ids whose event is accounted for
+
+
+@dataclass(slots=True)
+class _Pending:
+    event: TriggerEventRecord
+    generation: int
+    ref: Hashable | None

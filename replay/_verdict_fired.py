@@ -1,0 +1,101 @@
+"""Verdicts of a trigger that emitted events: fired, applied, resumed, or waiting on a consumer."""
+
+from __future__ import annotations
+
+from ._fold import TriggerHistory
+from ._records import ReplayRecord
+from ._verdict import Verdict, VerdictKind, _ago, _Case, _event, _state_text
+from ._verdict_ended import _application_note
+from ._verdict_progress import _applied_state, _resume_check, _scheduler_lag, scheduler_decisions
+
+
+def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord]) -> Verdict:
+    first_rec = events[0]
+    first = _event(first_rec)
+    decisions = scheduler_decisions(case.task, [history])
+    applied = _applied_state(case, history)
+    case.add(f"event: {first.status} on {first.member or 'an unknown member'}", first_rec)
+    for extra in events[1:]:
+        decision = decisions.get(extra.position, "unknown")
+        note = (
+            "another event (dropped as a duplicate)"
+            if decision == "duplicate"
+            else (f"another event (scheduler: {decision})")
+        )
+        case.add(note, extra)
+    case.facts.update(
+        status=first.status,
+        event_id=first.event_id,
+        member=first.member,
+        fired_at=first.emitted_at,
+        events=len(events),
+    )
+    if first.due_at is not None:
+        case.facts["fire_lag_s"] = (first.emitted_at - first.due_at).total_seconds()
+    dups = sum(1 for e in events[1:] if decisions.get(e.position) == "duplicate")
+    if dups:
+        case.facts["duplicates_dropped"] = dups
+    if applied is not None:
+        case.add("the scheduler applied the event", applied)
+    status = first.status
+    at = _ago(case.ctx.now, first.emitted_at)
+    if status == "cancelled":
+        cancels = history.cancels.ordered()
+        if cancels:
+            case.add("cancel requested", cancels[-1])
+        return case.verdict(
+            VerdictKind.CANCELLED,
+            f"cancelled {at} ({first.error or 'cancelled'}) by {first.member or 'the triggerer'}"
+            + _application_note(case, events),
+            since=first.emitted_at,
+        )
+    if status == "timed_out":
+        request = history.defer_request
+        deadline = request.timeout_at if request else first.due_at
+        if deadline is not None:
+            case.facts["timeout_at"] = deadline
+        return case.verdict(
+            VerdictKind.TIMED_OUT,
+            f"timed out {at}"
+            + (f" (timeout_at {deadline.isoformat(timespec='seconds')})" if deadline else "")
+            + _application_note(case, events),
+            since=first.emitted_at,
+        )
+    if status == "failed":
+        if first.traceback:
+            case.facts["traceback"] = first.traceback
+        case.facts["error"] = first.error
+        return case.verdict(
+            VerdictKind.TRIGGER_FAILED,
+            f"the trigger failed {at}: {first.error or 'no error text'}"
+            + _application_note(case, events),
+            since=first.emitted_at,
+        )
+    # fired
+    if case.deferred_here:
+        lag_cause, text = _scheduler_lag(case, first_rec)
+        return case.verdict(
+            VerdictKind.FIRED_NOT_APPLIED,
+            f"fired {at} on {first.member or 'an unknown member'}, but the task is still "
+            f"deferred on it: {text}",
+            cause=lag_cause,
+            since=first.emitted_at,
+        )
+    state = case.state
+    if applied is None:
+        if first.resumed_directly:
+            return _resume_check(case, history, first_rec, state)
+        now_text = _state_text(state)
+        first_decision = decisions.get(first_rec.position)
+        cause = "stale"
+        if first_decision == "pending":
+            cause = "no_deferral"
+            now_text = "the task was never seen deferred on it"
+        return case.verdict(
+            VerdictKind.FIRED_NOT_APPLIED,
+            f"fired {at}, but the task is no longer deferred on this trigger ({now_text}): "
+            "the scheduler drops such an event as stale",
+            cause=cause,
+            since=first.emitted_at,
+        )
+    return _resume_check(case, history, first_rec, state)
