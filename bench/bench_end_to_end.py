@@ -134,31 +134,36 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
     try:
         await wait_said(scheduler, ("scheduler active", "scheduler ready"))
         await asyncio.sleep(1.0)  # the triggerer joins its group meanwhile
-        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8 + n * 600e-6)
+        # Records are encoded first (with a placeholder due time), so producing them is
+        # quick and the due time can be close to the end of producing.
+        placeholder = dt.datetime(2999, 1, 1, tzinfo=dt.UTC)
+        records: list[tuple[str, bytes, bytes]] = []
+        for i in range(n):
+            task = TaskKey(dag_id="e2e", task_id="wait", run_id=f"r{i}")
+            trigger_id = make_trigger_id(task, 0)
+            state = TaskStateRecord(
+                task=task,
+                state="deferred",
+                source="worker",
+                trigger_id=trigger_id,
+                next_method="execute_complete",
+                resume=TARGET,
+            )
+            records.append((names.tasks, task.ti_key.encode(), encode(state)))
+            request = DeferRequest(
+                trigger_id=trigger_id, task=task, classpath=DATETIME, kwargs={"moment": placeholder}
+            )
+            records.append((names.defer(), trigger_id.encode(), encode(request)))
+        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8 + n * 100e-6)
+        stamp = placeholder.isoformat().encode(), due.isoformat().encode()
         producer = make_producer(settings, linger_ms=20, max_batch_size=1 << 20)
         await producer.start()
         try:
-            for start in range(0, n, 5000):
-                futures = []
-                for i in range(start, min(n, start + 5000)):
-                    task = TaskKey(dag_id="e2e", task_id="wait", run_id=f"r{i}")
-                    trigger_id = make_trigger_id(task, 0)
-                    state = TaskStateRecord(
-                        task=task,
-                        state="deferred",
-                        source="worker",
-                        trigger_id=trigger_id,
-                        next_method="execute_complete",
-                        resume=TARGET,
-                    )
-                    key = task.ti_key.encode()
-                    futures.append(await producer.send(names.tasks, encode(state), key=key))
-                    request = DeferRequest(
-                        trigger_id=trigger_id, task=task, classpath=DATETIME, kwargs={"moment": due}
-                    )
-                    futures.append(
-                        await producer.send(names.defer(), encode(request), key=trigger_id.encode())
-                    )
+            for start in range(0, len(records), 10_000):
+                futures = [
+                    await producer.send(topic, value.replace(*stamp), key=key)
+                    for topic, key, value in records[start : start + 10_000]
+                ]
                 await asyncio.gather(*futures)
         finally:
             await producer.stop()
@@ -212,11 +217,14 @@ async def main() -> None:
     parser.add_argument("--bootstrap", default=os.environ.get("DEFERLINE_BENCH_BOOTSTRAP"))
     parser.add_argument("--deferline", default=DEFERLINE, help="the executable to run")
     parser.add_argument("--n", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--keep-logs", type=Path, help="write the processes' logs here")
     args = parser.parse_args()
     async with cluster(args.backend, args.bootstrap) as bootstrap:
         with tempfile.TemporaryDirectory(prefix="deferline-e2e-") as tmp:
+            workdir = args.keep_logs or Path(tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
             for n in args.n:
-                result = await run_one(args.deferline, bootstrap, n, Path(tmp))
+                result = await run_one(args.deferline, bootstrap, n, workdir)
                 airflow = AIRFLOW.get(n)
                 vs = f" (Airflow: {airflow} s)" if airflow else ""
                 print(
