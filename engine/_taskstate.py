@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import logging
+import sys
 from collections import deque
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from deferline.schemas import (
     CancelRequest,
     ResumeTarget,
     RunTask,
+    TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
 )
@@ -157,15 +159,99 @@ class TableCounters:
     repairs: int = 0
 
 
+class _Slim:
+    """A task's current state record, kept small (about a quarter of the pydantic model's
+    memory): fields in slots, the task key as its parts, dag and task ids interned, resume
+    targets shared (see :meth:`TaskTable._shared`). :meth:`full` gives the record back."""
+
+    __slots__ = (
+        "dag_id",
+        "defer_seq",
+        "event",
+        "event_id",
+        "map_index",
+        "next_kwargs",
+        "next_method",
+        "queue",
+        "reason",
+        "resume",
+        "run_id",
+        "source",
+        "state",
+        "task_id",
+        "timeout_at",
+        "trigger_id",
+        "try_number",
+        "updated_at",
+        "xcoms",
+    )
+
+    def __init__(self, record: TaskStateRecord, resume: ResumeTarget | None) -> None:
+        task = record.task
+        self.dag_id = sys.intern(task.dag_id)
+        self.task_id = sys.intern(task.task_id)
+        self.run_id = task.run_id
+        self.map_index = task.map_index
+        self.try_number = task.try_number
+        self.state = record.state
+        self.trigger_id = record.trigger_id
+        self.defer_seq = record.defer_seq
+        self.next_method = None if record.next_method is None else sys.intern(record.next_method)
+        self.next_kwargs = record.next_kwargs
+        self.event = record.event
+        self.event_id = record.event_id
+        self.reason = record.reason
+        self.updated_at = record.updated_at
+        self.source = record.source
+        self.resume = resume
+        self.timeout_at = record.timeout_at
+        self.queue = record.queue
+        self.xcoms = record.xcoms
+
+    @property
+    def task(self) -> TaskKey:
+        return TaskKey.model_construct(
+            dag_id=self.dag_id,
+            task_id=self.task_id,
+            run_id=self.run_id,
+            map_index=self.map_index,
+            try_number=self.try_number,
+        )
+
+    def full(self) -> TaskStateRecord:
+        """The record this was made from (an equal one)."""
+        return TaskStateRecord(
+            task=self.task,
+            state=self.state,
+            trigger_id=self.trigger_id,
+            defer_seq=self.defer_seq,
+            next_method=self.next_method,
+            next_kwargs=self.next_kwargs,
+            event=self.event,
+            event_id=self.event_id,
+            reason=self.reason,
+            updated_at=self.updated_at,
+            source=self.source,
+            resume=self.resume,
+            timeout_at=self.timeout_at,
+            queue=self.queue,
+            xcoms=self.xcoms,
+        )
+
+
 @dataclass(slots=True)
 class _View:
-    record: TaskStateRecord
+    record: _Slim
     at: Progress
     target: ResumeTarget | None
     holds: tuple[str, int] | None = None
     needs_repair: bool = False
     inflight: list[TaskStateRecord] = field(default_factory=list)  # own writes not read back
-    resolved: set[str] = field(default_factory=set)  # trigger ids whose event is accounted for
+    resolved: tuple[str, ...] = ()  # trigger ids whose event is accounted for (few: a tuple)
+
+    def resolve(self, trigger_id: str) -> None:
+        if trigger_id not in self.resolved:
+            self.resolved = (*self.resolved, trigger_id)
 
 
 @dataclass(slots=True)
@@ -175,7 +261,7 @@ class _Pending:
     ref: Hashable | None
 
 
-def _holds(record: TaskStateRecord, target: ResumeTarget | None) -> tuple[str, int] | None:
+def _holds(record: _Slim, target: ResumeTarget | None) -> tuple[str, int] | None:
     if target is None or record.state not in HOLDING_STATES:
         return None
     return (target.pool, target.pool_slots)
@@ -201,6 +287,7 @@ class TaskTable:
         self._cancel: dict[str, tuple[Emit, TaskStateRecord]] = {}  # cancel, the removal
         self._repair: set[str] = set()
         self._finished: deque[tuple[dt.datetime, str]] = deque()  # (finished at, key)
+        self._targets: dict[tuple[str, str, str, int, int, int], ResumeTarget] = {}
         self._clock = _EPOCH
 
     # -- reading ---------------------------------------------------------------------------
@@ -217,11 +304,11 @@ class TaskTable:
     def get(self, ti_key: str) -> TaskStateRecord | None:
         """The current state record of a task instance, or None if unknown."""
         view = self._views.get(ti_key)
-        return view.record if view is not None else None
+        return view.record.full() if view is not None else None
 
     def snapshot(self) -> dict[str, TaskStateRecord]:
         """Current state record of every task instance."""
-        return {key: view.record for key, view in self._views.items()}
+        return {key: view.record.full() for key, view in self._views.items()}
 
     def count_by_state(self) -> dict[str, int]:
         """How many task instances are in each state."""
@@ -345,8 +432,9 @@ class TaskTable:
         for key in sorted(self._repair):
             view = self._views[key]
             if view.needs_repair and not view.inflight:
-                self._outbox.append(Emit(view.record))
-                view.inflight.append(view.record)
+                current = view.record.full()
+                self._outbox.append(Emit(current))
+                view.inflight.append(current)
                 view.needs_repair = False
                 self.counters.repairs += 1
         self._repair.clear()
@@ -366,7 +454,8 @@ class TaskTable:
         at = progress(record)
         view = self._views.get(key)
         if view is None:
-            view = _View(record=record, at=at, target=record.resume)
+            target = self._shared(record.resume)
+            view = _View(record=_Slim(record, target), at=at, target=target)
             self._views[key] = view
             self._entered(key, view, None)
             self.counters.states_applied += 1
@@ -413,13 +502,27 @@ class TaskTable:
 
     def _advance(self, key: str, view: _View, record: TaskStateRecord) -> None:
         previous = view.record
-        view.record = record
-        view.at = progress(record)
         if record.resume is not None:
-            view.target = record.resume
+            view.target = self._shared(record.resume)
+        view.record = _Slim(record, view.target if record.resume is not None else None)
+        view.at = progress(record)
         self._entered(key, view, previous)
 
-    def _entered(self, key: str, view: _View, previous: TaskStateRecord | None) -> None:
+    def _shared(self, target: ResumeTarget | None) -> ResumeTarget | None:
+        """One object per distinct resume target (without op_kwargs), not one per task."""
+        if target is None or target.op_kwargs:
+            return target
+        key = (
+            target.operator,
+            target.worker_queue,
+            target.pool,
+            target.pool_slots,
+            target.priority_weight,
+            target.retries,
+        )
+        return self._targets.setdefault(key, target)
+
+    def _entered(self, key: str, view: _View, previous: _Slim | None) -> None:
         """Book-keeping after ``view.record`` changed: pool slots, queues, follow-ups."""
         record = view.record
         if record.state in _FINISHED:
@@ -436,7 +539,7 @@ class TaskTable:
                 -view.target.priority_weight,
                 record.updated_at,
                 key,
-                record.task.try_number,
+                record.try_number,
             )
             heapq.heappush(self._ready.setdefault(view.target.pool, []), entry)
         elif record.state == "up_for_retry":
@@ -455,8 +558,8 @@ class TaskTable:
                 reason=record.reason or "cleared",
                 requested_at=record.updated_at,
             )
-            self._cancel[key] = (Emit(cancel, queue=previous.queue), record)
-            view.resolved.add(previous.trigger_id)
+            self._cancel[key] = (Emit(cancel, queue=previous.queue), record.full())
+            view.resolve(previous.trigger_id)
         if key in self._pending:
             self._resolve_pending(key)
 
@@ -495,7 +598,7 @@ class TaskTable:
                 self._pending_count += 1
             return "pending"
         if event.resumed_directly and event.trigger_id not in view.resolved:
-            view.resolved.add(event.trigger_id)
+            view.resolve(event.trigger_id)
             self.counters.events_direct += 1
             return "direct"
         if event.status == "cancelled":
@@ -518,8 +621,9 @@ class TaskTable:
     def _resume(self, key: str, view: _View, event: TriggerEventRecord) -> None:
         deferred = view.record
         target = view.target
+        task = deferred.task
         base: dict[str, Any] = {
-            "task": deferred.task,
+            "task": task,
             "trigger_id": event.trigger_id,
             "defer_seq": event.defer_seq,
             "event": event.payload,
@@ -531,7 +635,7 @@ class TaskTable:
             "timeout_at": deferred.timeout_at,
         }
         self.counters.events_applied += 1
-        view.resolved.add(event.trigger_id)
+        view.resolve(event.trigger_id)
         logger.debug(
             "trigger event applied",
             extra={
@@ -593,7 +697,7 @@ class TaskTable:
         self._outbox.append(
             Emit(
                 RunTask(
-                    task=deferred.task,
+                    task=task,
                     mode="resume",
                     operator=target.operator,
                     op_kwargs=target.op_kwargs,
@@ -675,7 +779,7 @@ class TaskTable:
                 view is None
                 or view.record.state != "scheduled"
                 or view.record.next_method is not None
-                or view.record.task.try_number != entry[3]
+                or view.record.try_number != entry[3]
                 or view.target is None
                 or view.target.pool != pool
             ):
