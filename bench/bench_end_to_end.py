@@ -171,7 +171,7 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
         try:
             began = time.monotonic()
             await produce(producer, states)
-            margin = max(6.0, 4 * (time.monotonic() - began))
+            margin = max(10.0, 8 * (time.monotonic() - began))
             due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=margin)
             stamp = placeholder.isoformat().encode(), due.isoformat().encode()
             await produce(producer, [(t, k, v.replace(*stamp)) for t, k, v in requests])
