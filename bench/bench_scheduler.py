@@ -7,10 +7,10 @@
    starts and folds it to the end. Reported: seconds and records per second until ready.
 3. live: N deferred tasks, N events produced at once; reported: seconds until the scheduler
    published every resume, events applied per second.
-4. apply: N deferred tasks (with a resume target) and their N events already on the topics; a scheduler starts,
-   takes the lease and applies them all. Reported: seconds and scheduler CPU (this process:
-   nothing else runs in it meanwhile) from active until every decision is published and read
-   back from the tasks topic, CPU per resumed task.
+4. apply: N deferred tasks (with a resume target) and their N events already on the topics;
+   a scheduler starts, takes the lease and applies them all. Reported: seconds and scheduler
+   CPU (this process: nothing else runs in it meanwhile) from active until every decision is
+   published and read back from the tasks topic, CPU per resumed task.
 5. memory: bytes the fold keeps per task (tracemalloc), N tasks deferred, then resumed.
 
 (2), (3) and (4) run on the embedded Tansu broker (or DEFERLINE_BENCH_BOOTSTRAP=host:port).
