@@ -1,7 +1,8 @@
 """End to end: N tasks deferred on timers due at one moment, through triggerer and scheduler.
 
 Each task is written as a worker writes it (a "deferred" TaskStateRecord on the tasks topic,
-then its DeferRequest for a DateTimeTrigger); all triggers fall due at one moment. One
+then its DeferRequest for a DateTimeTrigger); all triggers fall due at one moment, set once
+the task states are written (a few seconds after, more on a slow machine). One
 ``deferline triggerer`` and one ``deferline scheduler`` process run on the same machine.
 Reported: due time → no task ``deferred`` on the tasks topic, the scheduler's CPU over that
 span and its peak RSS. The same method as Airflow's figure in ANCHORS.md.
@@ -27,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from deferline.schemas import (
     DeferRequest,
     ResumeTarget,
@@ -93,6 +94,15 @@ async def wait_said(process: Process, messages: tuple[str, ...], within: float =
         await asyncio.sleep(0.1)
 
 
+async def produce(producer: AIOKafkaProducer, records: list[tuple[str, bytes, bytes]]) -> None:
+    for start in range(0, len(records), 10_000):
+        futures = [
+            await producer.send(topic, value, key=key)
+            for topic, key, value in records[start : start + 10_000]
+        ]
+        await asyncio.gather(*futures)
+
+
 async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, float]:
     settings = Settings(
         bootstrap_servers=bootstrap, topic_prefix=f"e{uuid.uuid4().hex[:8]}.", partitions=12
@@ -110,32 +120,37 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
     try:
         await wait_said(scheduler, ("scheduler active", "scheduler ready"))
         await asyncio.sleep(1.0)  # the triggerer joins its group meanwhile
-        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8 + n * 600e-6)
+        # Records are encoded first, the DeferRequests with a placeholder due time. The task
+        # states go out first; the due time is then set from how long they took (a loaded
+        # machine produces slower), and the DeferRequests follow.
+        placeholder = dt.datetime(2999, 1, 1, tzinfo=dt.UTC)
+        states: list[tuple[str, bytes, bytes]] = []
+        requests: list[tuple[str, bytes, bytes]] = []
+        for i in range(n):
+            task = TaskKey(dag_id="e2e", task_id="wait", run_id=f"r{i}")
+            trigger_id = make_trigger_id(task, 0)
+            state = TaskStateRecord(
+                task=task,
+                state="deferred",
+                source="worker",
+                trigger_id=trigger_id,
+                next_method="execute_complete",
+                resume=TARGET,
+            )
+            states.append((names.tasks, task.ti_key.encode(), encode(state)))
+            request = DeferRequest(
+                trigger_id=trigger_id, task=task, classpath=DATETIME, kwargs={"moment": placeholder}
+            )
+            requests.append((names.defer(), trigger_id.encode(), encode(request)))
         producer = make_producer(settings, linger_ms=20, max_batch_size=1 << 20)
         await producer.start()
         try:
-            for start in range(0, n, 5000):
-                futures = []
-                for i in range(start, min(n, start + 5000)):
-                    task = TaskKey(dag_id="e2e", task_id="wait", run_id=f"r{i}")
-                    trigger_id = make_trigger_id(task, 0)
-                    state = TaskStateRecord(
-                        task=task,
-                        state="deferred",
-                        source="worker",
-                        trigger_id=trigger_id,
-                        next_method="execute_complete",
-                        resume=TARGET,
-                    )
-                    key = task.ti_key.encode()
-                    futures.append(await producer.send(names.tasks, encode(state), key=key))
-                    request = DeferRequest(
-                        trigger_id=trigger_id, task=task, classpath=DATETIME, kwargs={"moment": due}
-                    )
-                    futures.append(
-                        await producer.send(names.defer(), encode(request), key=trigger_id.encode())
-                    )
-                await asyncio.gather(*futures)
+            began = time.monotonic()
+            await produce(producer, states)
+            margin = max(10.0, 8 * (time.monotonic() - began))
+            due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=margin)
+            stamp = placeholder.isoformat().encode(), due.isoformat().encode()
+            await produce(producer, [(t, k, v.replace(*stamp)) for t, k, v in requests])
         finally:
             await producer.stop()
         if dt.datetime.now(dt.UTC) >= due:
@@ -188,11 +203,14 @@ async def main() -> None:
     parser.add_argument("--bootstrap", default=os.environ.get("DEFERLINE_BENCH_BOOTSTRAP"))
     parser.add_argument("--deferline", default=DEFERLINE, help="the executable to run")
     parser.add_argument("--n", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--keep-logs", type=Path, help="write the processes' logs here")
     args = parser.parse_args()
     async with local_broker(args.backend, args.bootstrap) as bootstrap:
         with tempfile.TemporaryDirectory(prefix="deferline-e2e-") as tmp:
+            workdir = args.keep_logs or Path(tmp)
+            workdir.mkdir(parents=True, exist_ok=True)
             for n in args.n:
-                result = await run_one(args.deferline, bootstrap, n, Path(tmp))
+                result = await run_one(args.deferline, bootstrap, n, workdir)
                 airflow = AIRFLOW.get(n)
                 vs = f" (Airflow: {airflow} s)" if airflow else ""
                 print(

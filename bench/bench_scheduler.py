@@ -7,10 +7,17 @@
    starts and folds it to the end. Reported: seconds and records per second until ready.
 3. live: N deferred tasks, N events produced at once; reported: seconds until the scheduler
    published every resume, events applied per second.
+4. apply: N deferred tasks (with a resume target) and their N events already on the topics;
+   a scheduler starts, takes the lease and applies them all. Reported: seconds and scheduler
+   CPU (this process: nothing else runs in it meanwhile) from active until every decision is
+   published and read back from the tasks topic, CPU per resumed task.
+5. memory: bytes the fold keeps per task (tracemalloc), N tasks deferred, then resumed.
 
-(2) and (3) run on the embedded Tansu broker (or DEFERLINE_BENCH_BOOTSTRAP=host:port).
+(2), (3) and (4) run on the embedded Tansu broker (or DEFERLINE_BENCH_BOOTSTRAP=host:port).
+The script uses public or long-standing APIs only, so another checkout's interpreter can run
+it for "before" figures (``cd <checkout> && .venv/bin/python <this file>``).
 
-Run: .venv/bin/python -m bench.bench_scheduler [--n 20000]
+Run: .venv/bin/python -m bench.bench_scheduler [--n 20000] [--only apply memory]
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import os
 import time
+import tracemalloc
 import uuid
 
 from deferline.engine import Pools, TaskTable
@@ -29,6 +38,7 @@ from deferline.schemas import (
     TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
+    decode,
     encode,
     make_event_id,
     make_trigger_id,
@@ -150,12 +160,96 @@ async def bench_broker(n: int) -> None:
             await producer.stop()
 
 
+async def bench_apply(n: int) -> None:
+    states, events = life(n)
+    deferred = [r.model_copy(update={"resume": TARGET}) for r in states if r.state == "deferred"]
+    async with local_broker("tansu", os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
+        settings = Settings(
+            bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
+        )
+        names = TopicNames(settings.topic_prefix)
+        pools = Pools(slots={}, default_slots=None)
+        async with Scheduler(settings, pools=pools, transactions=False) as first:
+            await first.wait_ready()  # creates the topics
+        producer = make_producer(settings, linger_ms=20, max_batch_size=512 * 1024)
+        await producer.start()
+        try:
+            futures = [
+                await producer.send(names.tasks, encode(r), key=r.task.ti_key.encode())
+                for r in deferred
+            ]
+            futures += [
+                await producer.send(names.resume(), encode(e), key=e.trigger_id.encode())
+                for e in events
+            ]
+            await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
+        async with Scheduler(settings, pools=pools) as sched:
+            await sched.wait_active()
+            began, cpu = time.perf_counter(), time.process_time()
+            for _ in range(120_000):
+                if sched.table.counters.resumes >= n:
+                    break
+                await asyncio.sleep(0.005)
+            async with sched._publish_lock:  # the last batch is acknowledged
+                pass
+            await sched._tasks_caught_up()  # and read back
+            took, cpu = time.perf_counter() - began, time.process_time() - cpu
+            mode = "transactions" if sched.transactional else "waves"
+            print(
+                f"apply    n={n:>7}  {n} events applied in {took:6.2f}s ({n / took:,.0f}/s), "
+                f"scheduler CPU {cpu:5.2f}s ({cpu / n * 1e6:,.0f} µs per resumed task, {mode})"
+            )
+
+
+def bench_memory(n: int) -> None:
+    states, events = life(n)
+    wire = [encode(r) for r in states if r.state == "deferred"]
+    fired = [encode(e) for e in events]
+    del states, events
+    gc.collect()
+    table = TaskTable(pools=Pools(slots={}, default_slots=None))
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for value in wire:
+            table.apply(decode(value))  # type: ignore[arg-type]
+        table.drain()
+        deferred = tracemalloc.get_traced_memory()[0] - base
+        for value in fired:
+            table.apply(decode(value))  # type: ignore[arg-type]
+        out = table.drain()
+        for emit in out:
+            if isinstance(emit.record, TaskStateRecord):
+                table.apply(emit.record)  # read back
+        del out, emit
+        gc.collect()
+        queued = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    print(
+        f"memory   n={n:>7}  {deferred / n:,.0f} B per deferred task, "
+        f"{queued / n:,.0f} B per resumed (queued) task"
+    )
+
+
+CASES = ("fold", "broker", "apply", "memory")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--only", nargs="+", choices=CASES, default=CASES)
     args = parser.parse_args()
-    bench_fold(args.n)
-    asyncio.run(bench_broker(args.n))
+    if "fold" in args.only:
+        bench_fold(args.n)
+    if "broker" in args.only:
+        asyncio.run(bench_broker(args.n))
+    if "apply" in args.only:
+        asyncio.run(bench_apply(args.n))
+    if "memory" in args.only:
+        bench_memory(args.n)
 
 
 if __name__ == "__main__":

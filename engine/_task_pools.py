@@ -13,7 +13,7 @@ from deferline.schemas import (
     TaskStateRecord,
 )
 
-from ._taskstate_values import HOLDING_STATES, Emit, TableCounters, _View
+from ._taskstate_values import HOLDING_STATES, Emit, TableCounters, _Slim, _View
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class Pools:
         return self.default_slots
 
 
-def _holds(record: TaskStateRecord, target: ResumeTarget | None) -> tuple[str, int] | None:
+def _holds(record: _Slim, target: ResumeTarget | None) -> tuple[str, int] | None:
     if target is None or record.state not in HOLDING_STATES:
         return None
     return (target.pool, target.pool_slots)
@@ -68,7 +68,7 @@ class _PoolAdmission:
                 view is None
                 or view.record.state != "scheduled"
                 or view.record.next_method is not None
-                or view.record.task.try_number != entry[3]
+                or view.record.try_number != entry[3]
                 or view.target is None
                 or view.target.pool != pool
             ):

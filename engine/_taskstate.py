@@ -39,6 +39,7 @@ from typing import Any
 
 from deferline.schemas import (
     CancelRequest,
+    ResumeTarget,
     RunTask,
     TaskStateRecord,
     TriggerEventRecord,
@@ -53,6 +54,7 @@ from ._taskstate_values import (
     TableCounters,
     Verdict,
     _Pending,
+    _Slim,
     _View,
     progress,
 )
@@ -82,6 +84,7 @@ class TaskTable(_PoolAdmission):
         self._cancel: dict[str, tuple[Emit, TaskStateRecord]] = {}  # cancel, the removal
         self._repair: set[str] = set()
         self._finished: deque[tuple[dt.datetime, str]] = deque()  # (finished at, key)
+        self._targets: dict[tuple[str, str, str, int, int, int], ResumeTarget] = {}
         self._clock = _EPOCH
 
     # -- reading ---------------------------------------------------------------------------
@@ -98,11 +101,11 @@ class TaskTable(_PoolAdmission):
     def get(self, ti_key: str) -> TaskStateRecord | None:
         """The current state record of a task instance, or None if unknown."""
         view = self._views.get(ti_key)
-        return view.record if view is not None else None
+        return view.record.full() if view is not None else None
 
     def snapshot(self) -> dict[str, TaskStateRecord]:
         """Current state record of every task instance."""
-        return {key: view.record for key, view in self._views.items()}
+        return {key: view.record.full() for key, view in self._views.items()}
 
     def count_by_state(self) -> dict[str, int]:
         """How many task instances are in each state."""
@@ -226,8 +229,9 @@ class TaskTable(_PoolAdmission):
         for key in sorted(self._repair):
             view = self._views[key]
             if view.needs_repair and not view.inflight:
-                self._outbox.append(Emit(view.record))
-                view.inflight.append(view.record)
+                current = view.record.full()
+                self._outbox.append(Emit(current))
+                view.inflight.append(current)
                 view.needs_repair = False
                 self.counters.repairs += 1
         self._repair.clear()
@@ -247,7 +251,8 @@ class TaskTable(_PoolAdmission):
         at = progress(record)
         view = self._views.get(key)
         if view is None:
-            view = _View(record=record, at=at, target=record.resume)
+            target = self._shared(record.resume)
+            view = _View(record=_Slim(record, target), at=at, target=target)
             self._views[key] = view
             self._entered(key, view, None)
             self.counters.states_applied += 1
@@ -294,13 +299,27 @@ class TaskTable(_PoolAdmission):
 
     def _advance(self, key: str, view: _View, record: TaskStateRecord) -> None:
         previous = view.record
-        view.record = record
-        view.at = progress(record)
         if record.resume is not None:
-            view.target = record.resume
+            view.target = self._shared(record.resume)
+        view.record = _Slim(record, view.target if record.resume is not None else None)
+        view.at = progress(record)
         self._entered(key, view, previous)
 
-    def _entered(self, key: str, view: _View, previous: TaskStateRecord | None) -> None:
+    def _shared(self, target: ResumeTarget | None) -> ResumeTarget | None:
+        """One object per distinct resume target (without op_kwargs), not one per task."""
+        if target is None or target.op_kwargs:
+            return target
+        key = (
+            target.operator,
+            target.worker_queue,
+            target.pool,
+            target.pool_slots,
+            target.priority_weight,
+            target.retries,
+        )
+        return self._targets.setdefault(key, target)
+
+    def _entered(self, key: str, view: _View, previous: _Slim | None) -> None:
         """Book-keeping after ``view.record`` changed: pool slots, queues, follow-ups."""
         record = view.record
         if record.state in _FINISHED:
@@ -317,7 +336,7 @@ class TaskTable(_PoolAdmission):
                 -view.target.priority_weight,
                 record.updated_at,
                 key,
-                record.task.try_number,
+                record.try_number,
             )
             heapq.heappush(self._ready.setdefault(view.target.pool, []), entry)
         elif record.state == "up_for_retry":
@@ -336,8 +355,8 @@ class TaskTable(_PoolAdmission):
                 reason=record.reason or "cleared",
                 requested_at=record.updated_at,
             )
-            self._cancel[key] = (Emit(cancel, queue=previous.queue), record)
-            view.resolved.add(previous.trigger_id)
+            self._cancel[key] = (Emit(cancel, queue=previous.queue), record.full())
+            view.resolve(previous.trigger_id)
         if key in self._pending:
             self._resolve_pending(key)
 
@@ -376,7 +395,7 @@ class TaskTable(_PoolAdmission):
                 self._pending_count += 1
             return "pending"
         if event.resumed_directly and event.trigger_id not in view.resolved:
-            view.resolved.add(event.trigger_id)
+            view.resolve(event.trigger_id)
             self.counters.events_direct += 1
             return "direct"
         if event.status == "cancelled":
@@ -399,8 +418,9 @@ class TaskTable(_PoolAdmission):
     def _resume(self, key: str, view: _View, event: TriggerEventRecord) -> None:
         deferred = view.record
         target = view.target
+        task = deferred.task
         base: dict[str, Any] = {
-            "task": deferred.task,
+            "task": task,
             "trigger_id": event.trigger_id,
             "defer_seq": event.defer_seq,
             "event": event.payload,
@@ -412,7 +432,7 @@ class TaskTable(_PoolAdmission):
             "timeout_at": deferred.timeout_at,
         }
         self.counters.events_applied += 1
-        view.resolved.add(event.trigger_id)
+        view.resolve(event.trigger_id)
         logger.debug(
             "trigger event applied",
             extra={
@@ -474,7 +494,7 @@ class TaskTable(_PoolAdmission):
         self._outbox.append(
             Emit(
                 RunTask(
-                    task=deferred.task,
+                    task=task,
                     mode="resume",
                     operator=target.operator,
                     op_kwargs=target.op_kwargs,

@@ -4,6 +4,7 @@ folding it did, the records it emits, its counters and its per-task view."""
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -12,6 +13,7 @@ from deferline.schemas import (
     CancelRequest,
     ResumeTarget,
     RunTask,
+    TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
 )
@@ -96,15 +98,99 @@ class TableCounters:
     repairs: int = 0
 
 
+class _Slim:
+    """A task's current state record, kept small (about a quarter of the pydantic model's
+    memory): fields in slots, the task key as its parts, dag and task ids interned, resume
+    targets shared (see :meth:`TaskTable._shared`). :meth:`full` gives the record back."""
+
+    __slots__ = (
+        "dag_id",
+        "defer_seq",
+        "event",
+        "event_id",
+        "map_index",
+        "next_kwargs",
+        "next_method",
+        "queue",
+        "reason",
+        "resume",
+        "run_id",
+        "source",
+        "state",
+        "task_id",
+        "timeout_at",
+        "trigger_id",
+        "try_number",
+        "updated_at",
+        "xcoms",
+    )
+
+    def __init__(self, record: TaskStateRecord, resume: ResumeTarget | None) -> None:
+        task = record.task
+        self.dag_id = sys.intern(task.dag_id)
+        self.task_id = sys.intern(task.task_id)
+        self.run_id = task.run_id
+        self.map_index = task.map_index
+        self.try_number = task.try_number
+        self.state = record.state
+        self.trigger_id = record.trigger_id
+        self.defer_seq = record.defer_seq
+        self.next_method = None if record.next_method is None else sys.intern(record.next_method)
+        self.next_kwargs = record.next_kwargs
+        self.event = record.event
+        self.event_id = record.event_id
+        self.reason = record.reason
+        self.updated_at = record.updated_at
+        self.source = record.source
+        self.resume = resume
+        self.timeout_at = record.timeout_at
+        self.queue = record.queue
+        self.xcoms = record.xcoms
+
+    @property
+    def task(self) -> TaskKey:
+        return TaskKey.model_construct(
+            dag_id=self.dag_id,
+            task_id=self.task_id,
+            run_id=self.run_id,
+            map_index=self.map_index,
+            try_number=self.try_number,
+        )
+
+    def full(self) -> TaskStateRecord:
+        """The record this was made from (an equal one)."""
+        return TaskStateRecord(
+            task=self.task,
+            state=self.state,
+            trigger_id=self.trigger_id,
+            defer_seq=self.defer_seq,
+            next_method=self.next_method,
+            next_kwargs=self.next_kwargs,
+            event=self.event,
+            event_id=self.event_id,
+            reason=self.reason,
+            updated_at=self.updated_at,
+            source=self.source,
+            resume=self.resume,
+            timeout_at=self.timeout_at,
+            queue=self.queue,
+            xcoms=self.xcoms,
+        )
+
+
 @dataclass(slots=True)
 class _View:
-    record: TaskStateRecord
+    record: _Slim
     at: Progress
     target: ResumeTarget | None
     holds: tuple[str, int] | None = None
     needs_repair: bool = False
     inflight: list[TaskStateRecord] = field(default_factory=list)  # own writes not read back
-    resolved: set[str] = field(default_factory=set)  # trigger ids whose event is accounted for
+    resolved: tuple[str, ...] = ()  # trigger ids whose event is accounted for (few: a tuple)
+
+    def resolve(self, trigger_id: str) -> None:
+        if trigger_id not in self.resolved:
+            self.resolved = (*self.resolved, trigger_id)
 
 
 @dataclass(slots=True)

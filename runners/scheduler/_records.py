@@ -57,16 +57,27 @@ def dead_letter(message: Any, error: str, *, member: str) -> DeadLetter:
 
 
 def waves(
-    names: TopicNames, out: Sequence[Emit], dead: Sequence[DeadLetter] = ()
+    names: TopicNames,
+    out: Sequence[Emit],
+    dead: Sequence[DeadLetter] = (),
+    *,
+    written: dict[bytes, TaskStateRecord] | None = None,
 ) -> tuple[list[Outgoing], list[Outgoing], list[Outgoing]]:
-    """CancelRequests, task states (and dead letters), RunTasks: in the order they must land."""
+    """CancelRequests, task states (and dead letters), RunTasks: in the order they must land.
+
+    ``written`` gets each task state's encoded value mapped to the record itself, so the
+    scheduler can fold its own writes, when it reads them back, without decoding them.
+    """
     cancels: list[Outgoing] = []
     states: list[Outgoing] = []
     runs: list[Outgoing] = []
     for emit in out:
         record = emit.record
         if isinstance(record, TaskStateRecord):
-            states.append((names.tasks, record.task.ti_key.encode(), encode(record)))
+            value = encode(record)
+            states.append((names.tasks, record.task.ti_key.encode(), value))
+            if written is not None:
+                written[value] = record
         elif isinstance(record, RunTask):
             topic = (
                 names.resumes(record.worker_queue)

@@ -144,6 +144,8 @@ class Scheduler(Lifecycle):
         self._task_tps: list[TopicPartition] = []
         self._tasks_pos: dict[TopicPartition, int] = {}
         self._tasks_moved = asyncio.Event()
+        # Values of task states this scheduler published and has not read back yet.
+        self._written: dict[bytes, TaskStateRecord] = {}
         self._events_done: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._publish_lock = asyncio.Lock()
@@ -415,6 +417,7 @@ class Scheduler(Lifecycle):
                     await self._commit()
             await events.stop()
         await self._publisher.stop()
+        self._written.clear()  # what was not read back yet is read (and decoded) as any record
         if was_active:
             logger.info("scheduler standing by", extra={"group_id": self.group_id})
 
@@ -424,6 +427,7 @@ class Scheduler(Lifecycle):
         while True:
             batches = await self._events.getmany(timeout_ms=1000, max_records=self.max_records)
             if batches:
+                began = time.monotonic()
                 async with self._publish_lock:
                     if not self._active.is_set():
                         return
@@ -439,8 +443,15 @@ class Scheduler(Lifecycle):
                     self._events_done.update(read)
                     out, folded = self.table.drain(), time.monotonic()
                     await self._publish(out, dead, offsets=True)
-                    took = round(time.monotonic() - folded, 4)
-                    logger.debug("events batch applied", extra={"out": len(out), "took": took})
+                    logger.debug(
+                        "events batch applied",
+                        extra={
+                            "events": sum(len(messages) for messages in batches.values()),
+                            "out": len(out),
+                            "fold_seconds": round(folded - began, 4),
+                            "publish_seconds": round(time.monotonic() - folded, 4),
+                        },
+                    )
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
@@ -524,6 +535,10 @@ class Scheduler(Lifecycle):
             if key is not None:
                 self.table.forget(key.decode("utf-8", "replace"))
             return None
+        own = self._written.pop(value, None)
+        if own is not None:  # one of this scheduler's writes, read back: no need to decode
+            self.table.apply(own)
+            return None
         try:
             self.table.apply(read_as(value, TaskStateRecord))
         except SchemaError as exc:
@@ -561,7 +576,7 @@ class Scheduler(Lifecycle):
         for emit in out:
             if isinstance(emit.record, RunTask):
                 await self._ensure_worker_queue(emit.record.worker_queue)
-        batch = waves(self.names, out, dead)
+        batch = waves(self.names, out, dead, written=self._written)
         try:
             await self._publisher.publish(batch, commit)
         except KafkaError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -533,6 +534,63 @@ def test_unlimited_pools() -> None:
 
 
 # -- determinism and replay ------------------------------------------------------------------
+
+
+def test_the_current_state_is_given_back_equal_to_the_record_folded() -> None:
+    table = TaskTable()
+    task = key()
+    record = deferred(task, resume=target(), timeout_at=at(60), xcoms={"a": [1, 2]})
+    table.apply(record)
+    assert table.get(task.ti_key) == record
+    assert table.snapshot() == {task.ti_key: record}
+
+
+def test_equal_resume_targets_are_kept_once() -> None:
+    table = TaskTable(pools=Pools(slots={}, default_slots=None))
+    plain = ResumeTarget(operator="pkg.mod.Op", worker_queue="gpu")
+    a, b = key(1), key(2)
+    table.apply(scheduled(a, resume=plain))
+    table.apply(scheduled(b, resume=ResumeTarget(operator="pkg.mod.Op", worker_queue="gpu")))
+    first, second = table.get(a.ti_key), table.get(b.ti_key)
+    assert first is not None
+    assert second is not None
+    assert first.resume is second.resume, "one object for equal targets, not one per task"
+    other = key(3)
+    table.apply(scheduled(other, resume=ResumeTarget(operator="pkg.mod.Op")))
+    third = table.get(other.ti_key)
+    assert third is not None
+    assert third.resume is not first.resume
+
+
+def test_state_kept_per_deferred_task_is_small() -> None:
+    n = 2000
+    records = [
+        TaskStateRecord(
+            task=TaskKey(dag_id="dag", task_id="wait", run_id=f"run-{i}"),
+            state="deferred",
+            source="worker",
+            trigger_id=make_trigger_id(TaskKey(dag_id="dag", task_id="wait", run_id=f"run-{i}"), 0),
+            next_method="execute_complete",
+            resume=ResumeTarget(operator="pkg.mod.Op"),
+            updated_at=T0,
+        )
+        for i in range(n)
+    ]
+    wire = [encode(record) for record in records]
+    del records
+    table = TaskTable()
+    tracemalloc.start()
+    try:
+        for value in wire:
+            record = decode(value)
+            assert isinstance(record, TaskStateRecord)
+            table.apply(record)
+        del record
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(table) == n
+    assert kept / n < 1536, f"{kept / n:.0f} bytes per deferred task"
 
 
 def test_same_input_gives_byte_identical_output() -> None:

@@ -26,21 +26,56 @@ from deferline.schemas import (
     make_event_id,
     make_trigger_id,
 )
-from deferline.topics import Settings
+from deferline.topics import Settings, partition_for
 from prometheus_client import generate_latest
 
 TASK = TaskKey(dag_id="d", task_id="t", run_id="r")
 TPS = TopicPartition("p.resume", 0)
 
 
-class FakeProducer:
-    """Records sends and acks in one log; acks land one loop turn after the send."""
+class FakeBatch:
+    """A record batch holding up to ``room`` records."""
 
-    def __init__(self) -> None:
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.keys: list[bytes | None] = []
+
+    def append(self, *, key: bytes | None, value: bytes, timestamp: None) -> object | None:
+        if len(self.keys) >= self.room:
+            return None
+        self.keys.append(key)
+        return object()
+
+    def record_count(self) -> int:
+        return len(self.keys)
+
+
+class FakeProducer:
+    """Records sends (one entry per record) and acks in one log; acks land one loop turn
+    after the send. Topics have ``partitions`` partitions; batches hold ``room`` records."""
+
+    def __init__(self, *, partitions: int = 1, room: int = 1000) -> None:
         self.log: list[tuple[str, str, bytes | None]] = []
+        self.partitions = partitions
+        self.room = room
+        self.batches: list[tuple[str, int, int]] = []  # topic, partition, records
+
+    async def stop(self) -> None:
+        self.log.append(("stop", "", None))
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return set(range(self.partitions))
+
+    def create_batch(self) -> FakeBatch:
+        return FakeBatch(self.room)
+
+    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> Any:
+        self.batches.append((topic, partition, batch.record_count()))
+        futures = [await self.send(topic, b"", key=key) for key in batch.keys]
+        return asyncio.gather(*futures)
 
     async def send(
-        self, topic: str, value: bytes, key: bytes | None = None
+        self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None
     ) -> asyncio.Future[None]:
         self.log.append(("send", topic, key))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -117,6 +152,53 @@ async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> N
     log = sched._publisher._producer.log  # type: ignore[union-attr]
     sends = [(topic, key) for kind, topic, key in log if kind == "send"]
     assert sends == [("p.tasks", TASK.ti_key.encode()), ("p.queue.gpu", TASK.ti_key.encode())]
+
+
+async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> None:
+    producer = FakeProducer(partitions=3, room=2)
+    sched._publisher._producer = producer
+    tasks = [TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(7)]
+    await sched._publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
+    expected: dict[int, int] = {}
+    for task in tasks:
+        p = partition_for(task.ti_key.encode(), 3)
+        expected[p] = expected.get(p, 0) + 1
+    sent: dict[int, int] = {}
+    for topic, partition, count in producer.batches:
+        assert topic == "p.tasks"
+        assert count <= 2, "a full batch is sent and the next one started"
+        sent[partition] = sent.get(partition, 0) + count
+    assert sent == expected, "each record in the batch of the partition its key hashes to"
+    assert len(producer.batches) == sum((count + 1) // 2 for count in expected.values())
+
+
+async def test_own_writes_read_back_are_folded_without_decoding(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sched._fold_task(TASK.ti_key.encode(), encode(state()), live=True)
+    await sched._publish(sched.table.drain())
+    [(value, queued)] = sched._written.items()
+    assert queued.state == "queued"
+
+    def no_decoding(value: bytes, kind: Any) -> Any:
+        raise AssertionError("an own write was decoded")
+
+    monkeypatch.setattr(scheduler_module, "read_as", no_decoding)
+    assert sched._fold_task(TASK.ti_key.encode(), value, live=True) is None
+    assert sched._written == {}
+    assert sched.table._views[TASK.ti_key].inflight == [], "read back: no longer in flight"
+    assert sched.table.get(TASK.ti_key) == queued
+
+
+async def test_writes_not_read_back_are_forgotten_on_stepping_down(sched: Scheduler) -> None:
+    sched._fold_task(TASK.ti_key.encode(), encode(state()), live=True)
+    await sched._publish(sched.table.drain())
+    [value] = sched._written
+    await sched._step_down()
+    assert sched._written == {}
+    # Read back after stepping down: decoded like any record, and still an echo.
+    assert sched._fold_task(TASK.ti_key.encode(), value, live=True) is None
+    assert sched.table._views[TASK.ti_key].inflight == []
 
 
 def test_bad_task_records_are_dead_lettered_only_when_read_live(sched: Scheduler) -> None:
