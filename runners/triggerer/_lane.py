@@ -42,7 +42,7 @@ from deferline.schemas import (
     make_event_id,
     utcnow,
 )
-from deferline.topics import Settings, TopicNames, make_consumer
+from deferline.topics import Settings, TopicNames, make_consumer, stop_client
 
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
 from ._emitter import Emission, Emitter, Send
@@ -393,19 +393,8 @@ class TriggerLane:
         consumer, self._consumer = self._consumer, None
         reader, self._reader = self._reader, None
         for client in (consumer, reader):
-            if client is None:
-                continue
-            try:
-                await asyncio.wait_for(client.stop(), self.options.flush_timeout)
-            except TimeoutError:
-                logger.warning("consumer did not stop in time", extra=self._log())
-            except asyncio.CancelledError:
-                # aiokafka's fetcher lets the cancellation of its own retry task escape
-                # stop() when the broker is unreachable; only our own cancellation matters.
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
-                logger.warning("consumer stopped without reaching the broker", extra=self._log())
+            if client is not None:
+                await stop_client(client, grace=self.options.flush_timeout, name="consumer")
 
     # -- rebalance ----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from deferline.topics import (
     Settings,
     ensure_topics,
     make_producer,
+    stop_client,
     topic_specs,
     validate_queue_name,
 )
@@ -340,11 +341,8 @@ class Triggerer:
                 await self._reaper
         if self._emitter is not None:
             await self._emitter.stop(self.options.flush_timeout)
-        if self._producer is not None:
-            try:  # stop() flushes; bounded, since the broker may be gone
-                await asyncio.wait_for(self._producer.stop(), self.options.flush_timeout)
-            except TimeoutError:
-                logger.warning("producer did not stop in time", extra={"member": self.member})
+        if self._producer is not None:  # stop() flushes; bounded, since the broker may be gone
+            await stop_client(self._producer, grace=self.options.flush_timeout, name="producer")
         if self._store is not None:
             self._store.close()
         if self._server is not None:
