@@ -75,14 +75,18 @@ _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STEP: Final[Mapping[str, int]] = {"scheduled": 0, "queued": 1, "running": 2}
 
 Progress = tuple[int, int, int]
-Verdict = Literal["applied", "echo", "stale", "pending", "duplicate", "direct", "cancelled"]
+Verdict = Literal[
+    "applied", "echo", "stale", "pending", "duplicate", "direct", "cancelled", "resent"
+]
 """What folding one record did.
 
 ``applied``: the state moved; ``echo``: the record repeats the current state; ``stale``: a
 task record behind the current state; ``pending``: an event held until its deferral is seen;
 ``duplicate``: an event for a deferral already resolved (or never matching); ``direct``: the
 first event of a deferral the triggerer already resumed directly, seen after the worker moved
-on; ``cancelled``: the expected ``cancelled`` event of a trigger whose task was cleared.
+on; ``cancelled``: the expected ``cancelled`` event of a trigger whose task was cleared;
+``resent``: an event re-read after a takeover (``resend=True``) whose task is still ``queued``
+on it: its RunTask is published again, nothing else changes.
 """
 
 
@@ -150,6 +154,7 @@ class TableCounters:
     events_cancelled: int = 0
     events_orphaned: int = 0
     resumes: int = 0
+    resends: int = 0
     starts: int = 0
     ended_by_trigger: int = 0
     retries: int = 0
@@ -255,12 +260,23 @@ class TaskTable:
     # -- folding ---------------------------------------------------------------------------
 
     def apply(
-        self, record: TaskStateRecord | TriggerEventRecord, *, ref: Hashable | None = None
+        self,
+        record: TaskStateRecord | TriggerEventRecord,
+        *,
+        ref: Hashable | None = None,
+        resend: bool = False,
     ) -> Verdict:
-        """Fold one record. ``ref`` is kept with a pending event (see :meth:`pending_refs`)."""
+        """Fold one record. ``ref`` is kept with a pending event (see :meth:`pending_refs`).
+
+        ``resend``: the event is read again by a scheduler that took over without
+        transactions, and its predecessor may have died after writing the task's ``queued``
+        state but before its RunTask. If the task is still ``queued`` on exactly this event,
+        the RunTask is published again (the same record); workers ignore a RunTask the task
+        has moved past, so a copy that was in fact sent costs one ignored message.
+        """
         if isinstance(record, TriggerEventRecord):
             self._tick(record.emitted_at)
-            return self._apply_event(record, ref)
+            return self._apply_event(record, ref, resend=resend)
         self._tick(record.updated_at)
         return self._apply_state(record)
 
@@ -474,7 +490,12 @@ class TaskTable:
             self._pending_count += len(keep)
 
     def _apply_event(
-        self, event: TriggerEventRecord, ref: Hashable | None, *, hold: bool = True
+        self,
+        event: TriggerEventRecord,
+        ref: Hashable | None,
+        *,
+        hold: bool = True,
+        resend: bool = False,
     ) -> Verdict:
         key = event.task.ti_key
         view = self._views.get(key)
@@ -501,6 +522,8 @@ class TaskTable:
         if event.status == "cancelled":
             self.counters.events_cancelled += 1
             return "cancelled"
+        if resend and self._resend(view, event):
+            return "resent"
         self.counters.events_duplicate += 1
         logger.info(
             "duplicate or stale trigger event dropped",
@@ -590,29 +613,30 @@ class TaskTable:
         self._own(key, view, state)
         if event.resumed_directly:
             return
-        self._outbox.append(
-            Emit(
-                RunTask(
-                    task=deferred.task,
-                    mode="resume",
-                    operator=target.operator,
-                    op_kwargs=target.op_kwargs,
-                    next_method=next_method,
-                    next_kwargs=next_kwargs,
-                    event=event.payload,
-                    event_id=event.event_id,
-                    trigger_id=event.trigger_id,
-                    defer_seq=event.defer_seq,
-                    worker_queue=target.worker_queue,
-                    pool=target.pool,
-                    pool_slots=target.pool_slots,
-                    priority_weight=target.priority_weight,
-                    retries=target.retries,
-                    enqueued_at=event.emitted_at,
-                )
-            )
-        )
+        self._outbox.append(Emit(_resume_run(state, target, event)))
         self.counters.resumes += 1
+
+    def _resend(self, view: _View, event: TriggerEventRecord) -> bool:
+        """Publish again the RunTask of a task ``queued`` on exactly ``event`` (see apply)."""
+        record, target = view.record, view.target
+        if (
+            record.state != "queued"
+            or target is None
+            or event.resumed_directly
+            or record.event_id != event.event_id
+            or record.trigger_id != event.trigger_id
+            or record.defer_seq != event.defer_seq
+            or record.task.try_number != event.task.try_number
+            or record.next_method is None
+        ):
+            return False
+        self._outbox.append(Emit(_resume_run(record, target, event)))
+        self.counters.resends += 1
+        logger.info(
+            "RunTask re-sent for a task queued on a re-read event",
+            extra={"task": str(record.task), "trigger_id": event.trigger_id},
+        )
+        return True
 
     def _own(self, key: str, view: _View, record: TaskStateRecord) -> None:
         """Move to a state the table itself decided, and publish it."""
@@ -717,3 +741,27 @@ class TaskTable:
             )
         )
         self.counters.starts += 1
+
+
+def _resume_run(
+    queued: TaskStateRecord, target: ResumeTarget, event: TriggerEventRecord
+) -> RunTask:
+    """The RunTask that resumes ``queued`` (the state an event moved the task to)."""
+    return RunTask(
+        task=queued.task,
+        mode="resume",
+        operator=target.operator,
+        op_kwargs=target.op_kwargs,
+        next_method=queued.next_method,
+        next_kwargs=queued.next_kwargs,
+        event=event.payload,
+        event_id=event.event_id,
+        trigger_id=event.trigger_id,
+        defer_seq=event.defer_seq,
+        worker_queue=target.worker_queue,
+        pool=target.pool,
+        pool_slots=target.pool_slots,
+        priority_weight=target.priority_weight,
+        retries=target.retries,
+        enqueued_at=event.emitted_at,
+    )

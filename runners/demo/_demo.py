@@ -572,6 +572,7 @@ async def poll_children(children: Children, scrapes: Scrapes) -> None:
                         "starts": _value(
                             got, "deferline_scheduler_runs_enqueued_total", mode="start"
                         ),
+                        "resent": _value(got, "deferline_scheduler_runs_resent_total"),
                         "pending": _value(got, "deferline_scheduler_pending_events"),
                         "slots": _value(got, "deferline_scheduler_pool_slots_used"),
                     }
@@ -695,6 +696,8 @@ class DemoSummary:
     unexpected: list[str]
     duplicates_dropped: float
     worker_duplicate_runs: float
+    runs_resent: float
+    """RunTasks the scheduler sent again after a takeover without transactions."""
     events_applied: float
     events_by_status: dict[str, int]
     worker_slot_seconds: float
@@ -860,6 +863,7 @@ async def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
             unexpected=[k.split("/")[1] for k in watch.unexpected()],
             duplicates_dropped=scrapes.scheduler.get("duplicates", 0.0),
             worker_duplicate_runs=scrapes.worker.get("duplicates", 0.0),
+            runs_resent=scrapes.scheduler.get("resent", 0.0),
             events_applied=scrapes.scheduler.get("applied", 0.0),
             events_by_status=dict(watch.events),
             worker_slot_seconds=round(watch.slot_seconds, 2),
