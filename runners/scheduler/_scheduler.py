@@ -47,6 +47,7 @@ from deferline.schemas import (
 from deferline.topics import (
     Settings,
     TopicNames,
+    describe_topics,
     ensure_topics,
     make_consumer,
     topic_specs,
@@ -502,6 +503,11 @@ class Scheduler:
             if self._resume_pattern.match(topic)
             for partition in cluster.partitions_for_topic(topic) or ()
         }
+        if not any(tp.topic == self.names.resume() for tp in wanted):
+            # Kafka leaves topics this principal may not describe out of the listing: ask
+            # for the default one by name, so a missing ACL is named (AuthorizationError)
+            # rather than waited on as "no resume topic yet".
+            await describe_topics(self.settings, [self.names.resume()], configs=False)
         current = set(events.assignment())
         if wanted <= current:
             return
