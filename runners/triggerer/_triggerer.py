@@ -42,6 +42,7 @@ from ._emitter import Emitter
 from ._lane import (
     BootstrapError,
     LaneOptions,
+    TopicDeletedError,
     TriggererError,
     TriggerLane,
     TriggerRef,
@@ -51,6 +52,7 @@ from ._metrics import TriggererMetrics
 __all__ = [
     "DEFAULT_CAPACITY",
     "BootstrapError",
+    "TopicDeletedError",
     "Triggerer",
     "TriggererError",
     "TriggererOptions",
