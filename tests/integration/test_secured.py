@@ -129,6 +129,11 @@ def _commands(prefix: str) -> list[list[str]]:
         ["submit", f"{EXAMPLES}.WaitOperator", "--dag-id", "d", "--task-id", "t"],
         ["clear", "d/t/run1"],
         ["replay", "stuck"],
+        ["replay", "why", "d/t/run1"],
+        ["replay", "timeline", "d/t/run1"],
+        ["replay", "redrive", "a-trigger-id", "--dry-run"],
+        ["replay", "redrive", "a-trigger-id"],
+        ["replay", "run", "a-trigger-id"],
     ]
 
 
