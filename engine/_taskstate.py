@@ -373,30 +373,6 @@ class TaskTable:
 
     # -- internals -------------------------------------------------------------------------
 
-    def resend_starts(self) -> int:
-        """Publish again the start RunTask of every task ``queued`` for a start.
-
-        For a scheduler taking over without transactions: its predecessor may have died
-        after writing such a task's ``queued`` state and before its RunTask, and nothing
-        tells which (a start has no event to re-read). Workers ignore a RunTask the task has
-        moved past, so a copy whose original went out costs one ignored message. Returns
-        how many were queued for publishing (see :meth:`drain`).
-        """
-        sent = 0
-        for key in sorted(self._views):
-            view = self._views[key]
-            record = view.record
-            if (
-                record.state == "queued"
-                and record.trigger_id is None
-                and record.source == "scheduler"
-                and view.target is not None
-            ):
-                self._outbox.append(Emit(_start_run(record, view.target)))
-                sent += 1
-        self.counters.resends += sent
-        return sent
-
     def _tick(self, when: dt.datetime) -> None:
         if when > self._clock:
             self._clock = when
@@ -748,7 +724,22 @@ class TaskTable:
             resume=target,
         )
         self._own(key, view, state)
-        self._outbox.append(Emit(_start_run(state, target)))
+        self._outbox.append(
+            Emit(
+                RunTask(
+                    task=scheduled.task,
+                    mode="start",
+                    operator=target.operator,
+                    op_kwargs=target.op_kwargs,
+                    worker_queue=target.worker_queue,
+                    pool=target.pool,
+                    pool_slots=target.pool_slots,
+                    priority_weight=target.priority_weight,
+                    retries=target.retries,
+                    enqueued_at=now,
+                )
+            )
+        )
         self.counters.starts += 1
 
 
@@ -773,20 +764,4 @@ def _resume_run(
         priority_weight=target.priority_weight,
         retries=target.retries,
         enqueued_at=event.emitted_at,
-    )
-
-
-def _start_run(queued: TaskStateRecord, target: ResumeTarget) -> RunTask:
-    """The RunTask that starts ``queued`` (a task the scheduler admitted from ``scheduled``)."""
-    return RunTask(
-        task=queued.task,
-        mode="start",
-        operator=target.operator,
-        op_kwargs=target.op_kwargs,
-        worker_queue=target.worker_queue,
-        pool=target.pool,
-        pool_slots=target.pool_slots,
-        priority_weight=target.priority_weight,
-        retries=target.retries,
-        enqueued_at=queued.updated_at,
     )

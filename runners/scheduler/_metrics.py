@@ -50,7 +50,7 @@ class SchedulerCollector(Collector):
         yield enqueued
         yield _counter(
             "deferline_scheduler_runs_resent",
-            "RunTasks sent again after a takeover without transactions.",
+            "Resume RunTasks sent again after a takeover without transactions.",
             c.resends,
         )
         yield _counter(

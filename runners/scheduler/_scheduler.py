@@ -394,10 +394,6 @@ class Scheduler:
                 self._events_done.clear()
                 self._committed.clear()
                 self._active.set()
-                if not self._publisher.transactional:
-                    resent = self.table.resend_starts()  # see TaskTable.resend_starts
-                    if resent:
-                        logger.info("start RunTasks re-sent at takeover", extra={"count": resent})
                 await self._publish(self.table.drain())
             self._events = self._consumer()
             await self._events.start()

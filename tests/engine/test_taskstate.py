@@ -225,30 +225,6 @@ def test_no_resend_once_the_worker_moved_on_or_for_another_event() -> None:
     assert table.counters.resends == 0
 
 
-def test_a_takeover_without_transactions_resends_the_start_of_tasks_queued_for_one() -> None:
-    old = TaskTable()
-    first, second, deferred_one = key(1), key(2), key(3)
-    out = feed(old, scheduled(first), scheduled(second))
-    [start_a, start_b] = runs(out)
-    deferred_task(old, deferred_one)
-    new = TaskTable()  # folds the tasks topic: the states landed, the RunTasks maybe not
-    for record in [*states(out), *old_records(old, deferred_one)]:
-        new.apply(record)
-    new.drain()
-    new.apply(worker(second, "running", 1))  # this one reached a worker
-    assert new.resend_starts() == 1
-    assert runs(new.drain()) == [start_a], "the same RunTask, only for the task still queued"
-    assert new.counters.resends == 1
-    assert new.get(first.ti_key).state == "queued"  # type: ignore[union-attr]
-    assert start_b.task == second
-
-
-def old_records(table: TaskTable, task: TaskKey) -> list[TaskStateRecord]:
-    record = table.get(task.ti_key)
-    assert record is not None
-    return [scheduled(task), record]
-
-
 def test_no_resend_for_a_direct_resume() -> None:
     task = key()
     table = TaskTable()
