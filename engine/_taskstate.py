@@ -139,12 +139,23 @@ class TaskTable(_PoolAdmission):
     # -- folding ---------------------------------------------------------------------------
 
     def apply(
-        self, record: TaskStateRecord | TriggerEventRecord, *, ref: Hashable | None = None
+        self,
+        record: TaskStateRecord | TriggerEventRecord,
+        *,
+        ref: Hashable | None = None,
+        resend: bool = False,
     ) -> Verdict:
-        """Fold one record. ``ref`` is kept with a pending event (see :meth:`pending_refs`)."""
+        """Fold one record. ``ref`` is kept with a pending event (see :meth:`pending_refs`).
+
+        ``resend``: the event is read again by a scheduler that took over without
+        transactions, and its predecessor may have died after writing the task's ``queued``
+        state but before its RunTask. If the task is still ``queued`` on exactly this event,
+        the RunTask is published again (the same record); workers ignore a RunTask the task
+        has moved past, so a copy that was in fact sent costs one ignored message.
+        """
         if isinstance(record, TriggerEventRecord):
             self._tick(record.emitted_at)
-            return self._apply_event(record, ref)
+            return self._apply_event(record, ref, resend=resend)
         self._tick(record.updated_at)
         return self._apply_state(record)
 
@@ -374,7 +385,12 @@ class TaskTable(_PoolAdmission):
             self._pending_count += len(keep)
 
     def _apply_event(
-        self, event: TriggerEventRecord, ref: Hashable | None, *, hold: bool = True
+        self,
+        event: TriggerEventRecord,
+        ref: Hashable | None,
+        *,
+        hold: bool = True,
+        resend: bool = False,
     ) -> Verdict:
         key = event.task.ti_key
         view = self._views.get(key)
@@ -401,6 +417,8 @@ class TaskTable(_PoolAdmission):
         if event.status == "cancelled":
             self.counters.events_cancelled += 1
             return "cancelled"
+        if resend and self._resend(view, event):
+            return "resent"
         self.counters.events_duplicate += 1
         logger.info(
             "duplicate or stale trigger event dropped",
@@ -491,29 +509,30 @@ class TaskTable(_PoolAdmission):
         self._own(key, view, state)
         if event.resumed_directly:
             return
-        self._outbox.append(
-            Emit(
-                RunTask(
-                    task=task,
-                    mode="resume",
-                    operator=target.operator,
-                    op_kwargs=target.op_kwargs,
-                    next_method=next_method,
-                    next_kwargs=next_kwargs,
-                    event=event.payload,
-                    event_id=event.event_id,
-                    trigger_id=event.trigger_id,
-                    defer_seq=event.defer_seq,
-                    worker_queue=target.worker_queue,
-                    pool=target.pool,
-                    pool_slots=target.pool_slots,
-                    priority_weight=target.priority_weight,
-                    retries=target.retries,
-                    enqueued_at=event.emitted_at,
-                )
-            )
-        )
+        self._outbox.append(Emit(_resume_run(state, target, event)))
         self.counters.resumes += 1
+
+    def _resend(self, view: _View, event: TriggerEventRecord) -> bool:
+        """Publish again the RunTask of a task ``queued`` on exactly ``event`` (see apply)."""
+        record, target = view.record, view.target
+        if (
+            record.state != "queued"
+            or target is None
+            or event.resumed_directly
+            or record.event_id != event.event_id
+            or record.trigger_id != event.trigger_id
+            or record.defer_seq != event.defer_seq
+            or record.try_number != event.task.try_number
+            or record.next_method is None
+        ):
+            return False
+        self._outbox.append(Emit(_resume_run(record, target, event)))
+        self.counters.resends += 1
+        logger.info(
+            "RunTask re-sent for a task queued on a re-read event",
+            extra={"task": str(record.task), "trigger_id": event.trigger_id},
+        )
+        return True
 
     def _own(self, key: str, view: _View, record: TaskStateRecord) -> None:
         """Move to a state the table itself decided, and publish it."""
@@ -561,3 +580,27 @@ class TaskTable(_PoolAdmission):
         )
         self.counters.retries += 1
         self._own(key, view, state)
+
+
+def _resume_run(
+    queued: TaskStateRecord | _Slim, target: ResumeTarget, event: TriggerEventRecord
+) -> RunTask:
+    """The RunTask that resumes ``queued`` (the state an event moved the task to)."""
+    return RunTask(
+        task=queued.task,
+        mode="resume",
+        operator=target.operator,
+        op_kwargs=target.op_kwargs,
+        next_method=queued.next_method,
+        next_kwargs=queued.next_kwargs,
+        event=event.payload,
+        event_id=event.event_id,
+        trigger_id=event.trigger_id,
+        defer_seq=event.defer_seq,
+        worker_queue=target.worker_queue,
+        pool=target.pool,
+        pool_slots=target.pool_slots,
+        priority_weight=target.priority_weight,
+        retries=target.retries,
+        enqueued_at=event.emitted_at,
+    )

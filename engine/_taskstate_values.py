@@ -33,14 +33,18 @@ _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STEP: Final[Mapping[str, int]] = {"scheduled": 0, "queued": 1, "running": 2}
 
 Progress = tuple[int, int, int]
-Verdict = Literal["applied", "echo", "stale", "pending", "duplicate", "direct", "cancelled"]
+Verdict = Literal[
+    "applied", "echo", "stale", "pending", "duplicate", "direct", "cancelled", "resent"
+]
 """What folding one record did.
 
 ``applied``: the state moved; ``echo``: the record repeats the current state; ``stale``: a
 task record behind the current state; ``pending``: an event held until its deferral is seen;
 ``duplicate``: an event for a deferral already resolved (or never matching); ``direct``: the
 first event of a deferral the triggerer already resumed directly, seen after the worker moved
-on; ``cancelled``: the expected ``cancelled`` event of a trigger whose task was cleared.
+on; ``cancelled``: the expected ``cancelled`` event of a trigger whose task was cleared;
+``resent``: an event re-read after a takeover (``resend=True``) whose task is still ``queued``
+on it: its RunTask is published again, nothing else changes.
 """
 
 
@@ -91,6 +95,7 @@ class TableCounters:
     events_cancelled: int = 0
     events_orphaned: int = 0
     resumes: int = 0
+    resends: int = 0
     starts: int = 0
     ended_by_trigger: int = 0
     retries: int = 0

@@ -25,12 +25,13 @@ tests run only on the Apache Kafka backends.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.metadata
 import os
 import signal
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
@@ -357,3 +358,13 @@ async def kafka_clients(settings: Settings) -> AsyncIterator[KafkaClients]:
         yield clients
     finally:
         await clients.aclose()
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_integration_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Collect garbage after each integration test (after its event loop closed), so a Kafka
+    client or socket it left open is reported (an unraisable ResourceWarning, an error here)
+    at the test that leaked it, not at whichever later test the collector happens to run in."""
+    yield
+    if request.node.get_closest_marker("integration"):
+        gc.collect()

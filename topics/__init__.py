@@ -7,6 +7,7 @@ from ._clients import (
     make_consumer,
     make_producer,
     principal_of,
+    stop_client,
     supports_idempotence,
 )
 from ._errors import (
@@ -75,6 +76,7 @@ __all__ = [
     "parse_role_principals",
     "partition_for",
     "principal_of",
+    "stop_client",
     "supports_idempotence",
     "topic_specs",
     "validate_queue_name",

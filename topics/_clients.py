@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from typing import Any
 
@@ -16,6 +17,8 @@ from aiokafka.protocol.transaction import InitProducerIdRequest
 from ._errors import AccessError, BrokerError, access_error
 from ._partitioner import Murmur2Partitioner
 from ._settings import Settings
+
+logger = logging.getLogger(__name__)
 
 # Low-latency defaults: a trigger event should reach the scheduler in milliseconds. Tansu
 # holds a fetch until fetch_max_wait_ms even when data is there, so that must stay small.
@@ -145,6 +148,48 @@ def make_consumer(
     """A consumer (not started): manual commits, earliest reset, short fetch wait."""
     kwargs = {**connection_kwargs(settings), **CONSUMER_DEFAULTS, "group_id": group_id}
     return AIOKafkaConsumer(*topics, **{**kwargs, **overrides})
+
+
+async def stop_client(
+    client: AIOKafkaConsumer | AIOKafkaProducer, *, grace: float, name: str = "client"
+) -> bool:
+    """Stop an aiokafka consumer or producer, and close its connections whatever happens.
+
+    aiokafka's ``stop()`` can end half way: the consumer's fetcher cancels a fetch that is
+    sleeping in its retry backoff (after a broker error: a SASL re-login refused, a broker
+    gone) and lets that task's CancelledError out of ``stop()``, before the connections are
+    closed; a ``stop()`` cut by ``grace`` (seconds) stops at the same place. Either way the
+    connections are closed here, so nothing leaks; only a cancellation of the caller itself
+    is re-raised. Returns True when ``stop()`` completed.
+    """
+    current = asyncio.current_task()
+    try:
+        await asyncio.wait_for(client.stop(), grace)
+        return True
+    except TimeoutError:
+        logger.warning("%s did not stop in time; closing its connections", name)
+    except asyncio.CancelledError:
+        if current is not None and current.cancelling():
+            await _close_connections(client, grace)
+            raise
+        logger.warning("%s stopped without reaching the broker; closing its connections", name)
+    except KafkaError as exc:
+        logger.warning("%s stop failed; closing its connections", name, extra={"error": repr(exc)})
+    await _close_connections(client, grace)
+    return False
+
+
+async def _close_connections(client: AIOKafkaConsumer | AIOKafkaProducer, grace: float) -> None:
+    kafka: AIOKafkaClient | None = getattr(client, "_client", None) or getattr(
+        client, "client", None
+    )
+    if kafka is None:
+        return
+    try:
+        # The sockets close at once; waiting for the transports is bounded.
+        await asyncio.wait_for(kafka.close(), grace)
+    except (TimeoutError, KafkaError, OSError) as exc:
+        logger.warning("closing connections failed", extra={"error": repr(exc)})
 
 
 def make_admin(settings: Settings, **overrides: Any) -> AIOKafkaAdminClient:

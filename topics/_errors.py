@@ -66,12 +66,18 @@ _KIND = {
 
 
 def _chain(exc: BaseException) -> Iterable[BaseException]:
+    """``exc``, its causes, and those of every exception an exception group holds (a
+    process's task group reports a failed task that way)."""
     seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
+    stack: list[BaseException] = [exc]
+    while stack:
+        current: BaseException | None = stack.pop()
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            yield current
+            if isinstance(current, BaseExceptionGroup):
+                stack.extend(reversed(current.exceptions))
+            current = current.__cause__ or current.__context__
 
 
 def access_error(

@@ -175,6 +175,7 @@ async def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
             unexpected=[k.split("/")[1] for k in watch.unexpected()],
             duplicates_dropped=scrapes.scheduler.get("duplicates", 0.0),
             worker_duplicate_runs=scrapes.worker.get("duplicates", 0.0),
+            runs_resent=scrapes.scheduler.get("resent", 0.0),
             events_applied=scrapes.scheduler.get("applied", 0.0),
             events_by_status=dict(watch.events),
             worker_slot_seconds=round(watch.slot_seconds, 2),

@@ -24,6 +24,8 @@ class DemoSummary:
     unexpected: list[str]
     duplicates_dropped: float
     worker_duplicate_runs: float
+    runs_resent: float
+    """RunTasks the scheduler sent again after a takeover without transactions."""
     events_applied: float
     events_by_status: dict[str, int]
     worker_slot_seconds: float

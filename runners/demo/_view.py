@@ -114,6 +114,7 @@ async def poll_children(children: Children, scrapes: Scrapes) -> None:
                         "starts": _value(
                             got, "deferline_scheduler_runs_enqueued_total", mode="start"
                         ),
+                        "resent": _value(got, "deferline_scheduler_runs_resent_total"),
                         "pending": _value(got, "deferline_scheduler_pending_events"),
                         "slots": _value(got, "deferline_scheduler_pool_slots_used"),
                     }

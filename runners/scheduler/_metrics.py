@@ -49,6 +49,11 @@ class SchedulerCollector(Collector):
         enqueued.add_metric(["resume"], c.resumes)
         yield enqueued
         yield _counter(
+            "deferline_scheduler_runs_resent",
+            "Resume RunTasks sent again after a takeover without transactions.",
+            c.resends,
+        )
+        yield _counter(
             "deferline_scheduler_ended_by_trigger",
             "Tasks ended by their trigger.",
             c.ended_by_trigger,

@@ -47,6 +47,7 @@ from deferline.topics import (
     Lifecycle,
     Settings,
     TopicNames,
+    describe_topics,
     ensure_topics,
     make_consumer,
     topic_specs,
@@ -148,6 +149,8 @@ class Scheduler(Lifecycle):
         self._written: dict[bytes, TaskStateRecord] = {}
         self._events_done: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
+        # Where the resume partitions ended at a takeover without transactions.
+        self._reread: dict[TopicPartition, int] = {}
         self._publish_lock = asyncio.Lock()
         self._main: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -385,6 +388,7 @@ class Scheduler(Lifecycle):
             self._events = self._consumer()
             await self._events.start()
             await self._follow_resume_topics()
+            await self._mark_reread()
         except KafkaError as exc:
             raise SchedulerError(f"scheduler could not take over: {exc}") from exc
         self.takeovers += 1
@@ -399,6 +403,20 @@ class Scheduler(Lifecycle):
             },
         )
         await self._events_loop()
+
+    async def _mark_reread(self) -> None:
+        """Without transactions, remember where the resume partitions end at takeover.
+
+        Events below that were read before, by a predecessor that may have died between a
+        batch's task states and its RunTasks: folding them again re-sends the RunTask of a
+        task still ``queued`` on one of them (see ``TaskTable.apply(resend=...)``).
+        """
+        self._reread = {}
+        if self._publisher.transactional or self._events is None:
+            return  # a batch's states, RunTasks and offsets committed together, or not at all
+        assigned = list(self._events.assignment())
+        if assigned:
+            self._reread = await self._events.end_offsets(assigned)
 
     async def _step_down(self) -> None:
         """Stop applying events, after the batch in flight (called before the lease moves)."""
@@ -435,7 +453,11 @@ class Scheduler(Lifecycle):
                     read: dict[TopicPartition, int] = {}
                     for tp, messages in batches.items():
                         for message in messages:
-                            bad = self._fold_event(message.value, ref=(tp, message.offset))
+                            bad = self._fold_event(
+                                message.value,
+                                ref=(tp, message.offset),
+                                resend=message.offset < self._reread.get(tp, 0),
+                            )
                             if bad is not None:
                                 dead.append(self._dead(message, bad))
                         if messages:
@@ -480,6 +502,11 @@ class Scheduler(Lifecycle):
             if self._resume_pattern.match(topic)
             for partition in cluster.partitions_for_topic(topic) or ()
         }
+        if not any(tp.topic == self.names.resume() for tp in wanted):
+            # Kafka leaves topics this principal may not describe out of the listing: ask
+            # for the default one by name, so a missing ACL is named (AuthorizationError)
+            # rather than waited on as "no resume topic yet".
+            await describe_topics(self.settings, [self.names.resume()], configs=False)
         current = set(events.assignment())
         if wanted <= current:
             return
@@ -545,11 +572,11 @@ class Scheduler(Lifecycle):
             return self._bad(exc, live=live)
         return None
 
-    def _fold_event(self, value: bytes | None, *, ref: object) -> str | None:
+    def _fold_event(self, value: bytes | None, *, ref: object, resend: bool = False) -> str | None:
         if value is None:
             return None
         try:
-            self.table.apply(read_as(value, TriggerEventRecord), ref=ref)
+            self.table.apply(read_as(value, TriggerEventRecord), ref=ref, resend=resend)
         except SchemaError as exc:
             return self._bad(exc, live=True)
         return None

@@ -3,6 +3,7 @@
 from ._triggerer import (
     DEFAULT_CAPACITY,
     BootstrapError,
+    TopicDeletedError,
     Triggerer,
     TriggererError,
     TriggererOptions,
@@ -14,6 +15,7 @@ from ._triggerer import (
 __all__ = [
     "DEFAULT_CAPACITY",
     "BootstrapError",
+    "TopicDeletedError",
     "Triggerer",
     "TriggererError",
     "TriggererOptions",

@@ -26,8 +26,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 from aiokafka.protocol.group import LeaveGroupRequest
+from aiokafka.protocol.metadata import MetadataRequest
 from deferline.engine import TriggerOutcome, TriggerSupervisor
 from deferline.schemas import (
     DeadLetter,
@@ -42,7 +43,7 @@ from deferline.schemas import (
     make_event_id,
     utcnow,
 )
-from deferline.topics import Settings, TopicNames, make_consumer
+from deferline.topics import Settings, TopicNames, make_consumer, stop_client
 
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
 from ._emitter import Emission, Emitter, Send
@@ -72,6 +73,10 @@ class TriggererError(DeferlineError):
 
 class BootstrapError(TriggererError):
     """Rebuilding the active set of assigned partitions failed."""
+
+
+class TopicDeletedError(TriggererError):
+    """A topic the triggerer serves was deleted while it ran (its table is gone with it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,6 +295,7 @@ class TriggerLane:
         self._on_fatal = on_fatal
         self._allowed = tuple(settings.allowed_trigger_prefixes)
         self._parts: dict[int, OwnedPartition] = {}
+        self._topic_deleted = False
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._bootstrap: asyncio.Task[None] | None = None
@@ -375,7 +381,7 @@ class TriggerLane:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.options.checkpoint_interval)
-            if stop.is_set():
+            if stop.is_set() or await self._defer_topic_deleted():
                 return
             try:
                 await self.checkpoint_all(commit=True)
@@ -393,19 +399,8 @@ class TriggerLane:
         consumer, self._consumer = self._consumer, None
         reader, self._reader = self._reader, None
         for client in (consumer, reader):
-            if client is None:
-                continue
-            try:
-                await asyncio.wait_for(client.stop(), self.options.flush_timeout)
-            except TimeoutError:
-                logger.warning("consumer did not stop in time", extra=self._log())
-            except asyncio.CancelledError:
-                # aiokafka's fetcher lets the cancellation of its own retry task escape
-                # stop() when the broker is unreachable; only our own cancellation matters.
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
-                logger.warning("consumer stopped without reaching the broker", extra=self._log())
+            if client is not None:
+                await stop_client(client, grace=self.options.flush_timeout, name="consumer")
 
     # -- rebalance ----------------------------------------------------------------------------
 
@@ -1320,13 +1315,53 @@ class TriggerLane:
         """Commit read positions (informational: lag, and where keyless records were seen)."""
         consumer = self._consumer
         offsets = {p.defer_tp: p.table.defer_offset for p in parts if p.ready}
-        if consumer is None or not offsets:
-            return
+        if consumer is None or not offsets or await self._defer_topic_deleted():
+            return  # (aiokafka would retry a commit to a deleted topic every 100 ms)
         try:
             # aiokafka waits for a coordinator indefinitely; a commit is only informational.
             await asyncio.wait_for(consumer.commit(offsets), self.options.flush_timeout)
         except (KafkaError, AssertionError, TimeoutError) as exc:
             logger.warning("offset commit failed", extra=self._log(error=repr(exc)))
+
+    async def _defer_topic_deleted(self) -> bool:
+        """True once the defer topic is gone (deleted under the running member).
+
+        Asked by name before each commit, without auto-creation: aiokafka would otherwise
+        retry a commit to a deleted topic every 100 ms, and a broker may keep serving empty
+        fetches for it. Reported once, at ERROR, as fatal: the member stops (exit 1) rather
+        than serve a table that no longer exists; started again, it creates the topic anew
+        (unless ``--no-create-topics``) and rebuilds from it.
+        """
+        if self._topic_deleted:
+            return True
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        client = consumer._client
+        node = client.get_random_node()
+        if node is None:
+            return False
+        try:
+            response = await client.send(
+                node, MetadataRequest([self.defer_topic], allow_auto_topic_creation=False)
+            )
+        except KafkaError:
+            return False  # the broker cannot say now; the commit reports what it reports
+        codes = [t["error_code"] for t in response.to_object()["topics"]]
+        if codes != [UnknownTopicOrPartitionError.errno]:
+            return False
+        self._topic_deleted = True
+        logger.error(
+            "topic deleted under the running triggerer",
+            extra=self._log(topic=self.defer_topic, group=self.group_id),
+        )
+        self._on_fatal(
+            TopicDeletedError(
+                f"topic {self.defer_topic} was deleted while the triggerer ran "
+                f"(group {self.group_id}); stopping"
+            )
+        )
+        return True
 
     def _apply_backpressure(self) -> None:
         consumer = self._consumer

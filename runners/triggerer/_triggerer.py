@@ -28,6 +28,7 @@ from deferline.topics import (
     Settings,
     ensure_topics,
     make_producer,
+    stop_client,
     topic_specs,
     validate_queue_name,
 )
@@ -46,6 +47,7 @@ from ._emitter import Emitter
 from ._lane import (
     BootstrapError,
     LaneOptions,
+    TopicDeletedError,
     TriggererError,
     TriggerLane,
     TriggerRef,
@@ -55,6 +57,7 @@ from ._metrics import TriggererMetrics
 __all__ = [
     "DEFAULT_CAPACITY",
     "BootstrapError",
+    "TopicDeletedError",
     "Triggerer",
     "TriggererError",
     "TriggererOptions",
@@ -345,11 +348,8 @@ class Triggerer(Lifecycle):
                 await self._reaper
         if self._emitter is not None:
             await self._emitter.stop(self.options.flush_timeout)
-        if self._producer is not None:
-            try:  # stop() flushes; bounded, since the broker may be gone
-                await asyncio.wait_for(self._producer.stop(), self.options.flush_timeout)
-            except TimeoutError:
-                logger.warning("producer did not stop in time", extra={"member": self.member})
+        if self._producer is not None:  # stop() flushes; bounded, since the broker may be gone
+            await stop_client(self._producer, grace=self.options.flush_timeout, name="producer")
         if self._store is not None:
             self._store.close()
         if self._server is not None:

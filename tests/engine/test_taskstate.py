@@ -176,6 +176,63 @@ def test_duplicate_event_is_counted_and_never_applied() -> None:
     assert table.counters.events_applied == 1
 
 
+def _rebuilt_after_a_kill_between_waves(task: TaskKey) -> tuple[TaskTable, TriggerEventRecord]:
+    """A new leader's table: the old one wrote ``queued`` for the event, maybe no RunTask."""
+    old = TaskTable()
+    deferred_task(old, task)
+    ev = event(task)
+    old.apply(ev)
+    queued = states(old.drain())  # the state wave landed; the RunTask wave maybe not
+    new = TaskTable()
+    deferred_task(new, task)
+    for record in queued:
+        assert new.apply(record) == "applied"
+    assert new.drain() == []
+    return new, ev
+
+
+def test_an_event_reread_after_a_takeover_resends_the_runtask_of_a_task_queued_on_it() -> None:
+    task = key()
+    table, ev = _rebuilt_after_a_kill_between_waves(task)
+    assert table.apply(ev) == "duplicate", "a plain re-read (or a trigger run twice) sends nothing"
+    assert table.drain() == []
+    before = table.snapshot()
+    assert table.apply(ev, resend=True) == "resent"
+    out = table.drain()
+    assert states(out) == [], "the state is not written again"
+    [run] = runs(out)
+    original = TaskTable()
+    deferred_task(original, task)
+    original.apply(ev)
+    assert run == runs(original.drain())[0], "the same RunTask the dead leader meant to send"
+    assert table.snapshot() == before
+    assert table.counters.resends == 1
+    assert table.counters.events_duplicate == 1
+    assert table.counters.events_applied == 0
+
+
+def test_no_resend_once_the_worker_moved_on_or_for_another_event() -> None:
+    task = key()
+    table, ev = _rebuilt_after_a_kill_between_waves(task)
+    other = event(task, payload={"other": 1})
+    assert table.apply(other, resend=True) == "duplicate", "queued on another event"
+    assert table.apply(worker(task, "running", 2, trigger_id=ev.trigger_id)) == "applied"
+    assert table.apply(ev, resend=True) == "duplicate", "the RunTask reached a worker"
+    assert runs(table.drain()) == []
+    assert table.counters.resends == 0
+
+
+def test_no_resend_for_a_direct_resume() -> None:
+    task = key()
+    table = TaskTable()
+    deferred_task(table, task)
+    ev = event(task, resumed_directly=True)
+    table.apply(ev)
+    assert runs(table.drain()) == [], "the triggerer sent the RunTask itself"
+    assert table.apply(ev, resend=True) != "resent"
+    assert runs(table.drain()) == []
+
+
 def test_event_for_a_finished_task_is_a_duplicate() -> None:
     table = TaskTable()
     task = key()

@@ -99,17 +99,14 @@ def test_demo_with_the_active_scheduler_killed_halfway_applies_nothing_twice(
     output = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
     assert "and scheduler" in output, "the active scheduler was SIGKILLed"
     summary = json.loads(summary_path.read_text())
-    assert summary["worker_duplicate_runs"] == 0, "no RunTask reached a worker twice"
-    # Known gap on the embedded broker, which has no transactions (docs/operations.md,
-    # "Scheduler"): a kill between the state wave and the RunTask wave of a batch leaves those
-    # tasks `queued` with no RunTask. Anything else left unfinished fails here.
-    stuck = summary["tasks"] - summary["finished"]
-    assert set(summary["by_state"]) - {"success", "failed", "queued"} == set(), summary
-    assert summary["by_state"].get("queued", 0) == stuck, summary
-    if stuck == 0:
-        assert result.returncode == 0, output[-4000:]
-        assert summary["ok"] is True
+    assert result.returncode == 0, output[-4000:]
+    assert summary["finished"] == summary["tasks"] == 200, summary["by_state"]
+    assert summary["ok"] is True
     assert summary["unexpected"] == []
+    # Without transactions (the embedded broker) the new leader re-sends the RunTask of a task
+    # left `queued` on an event it reads again; a copy whose original did go out reaches the
+    # worker, which ignores it. Any other RunTask reaching a worker twice fails here.
+    assert summary["worker_duplicate_runs"] <= summary["runs_resent"], summary
     assert wait_gone(marker, within=5.0) == [], "a demo process outlived it"
 
 

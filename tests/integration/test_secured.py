@@ -20,7 +20,16 @@ from deferline.runners.cli import main
 from deferline.runners.scheduler import Scheduler
 from deferline.runners.triggerer import Triggerer, TriggererOptions
 from deferline.runners.worker import Worker
-from deferline.topics import ROLES, TopicNames, make_producer
+from deferline.topics import (
+    ROLES,
+    TopicNames,
+    acl_bindings,
+    ensure_topics,
+    make_admin,
+    make_producer,
+    topic_specs,
+)
+from deferline.topics._acls import create_acls
 from deferline.topics._tls import ThrowawayTLS
 
 from tests.conftest import SecuredKafka
@@ -120,6 +129,11 @@ def _commands(prefix: str) -> list[list[str]]:
         ["submit", f"{EXAMPLES}.WaitOperator", "--dag-id", "d", "--task-id", "t"],
         ["clear", "d/t/run1"],
         ["replay", "stuck"],
+        ["replay", "why", "d/t/run1"],
+        ["replay", "timeline", "d/t/run1"],
+        ["replay", "redrive", "a-trigger-id", "--dry-run"],
+        ["replay", "redrive", "a-trigger-id"],
+        ["replay", "run", "a-trigger-id"],
     ]
 
 
@@ -183,5 +197,41 @@ def test_a_process_without_acls_stops_at_start_naming_why(
     )
     assert result.returncode != 0, result.stderr
     assert "TopicAuthorizationFailedError" in result.stderr
+    assert "User:noacl" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_scheduler_that_may_not_read_the_resume_topic_names_it_and_exits(
+    secured_kafka: SecuredKafka,
+) -> None:
+    """Kafka hides a topic the principal may not describe: without care the scheduler would
+    take "no resume topic" for "none created yet" and wait forever."""
+    name = f"s{uuid.uuid4().hex[:10]}."
+    admin = secured_kafka.settings("admin", prefix=name)
+    resume = TopicNames(name).resume()
+
+    async def grant_all_but_resume() -> None:
+        await ensure_topics(admin, topic_specs(admin))
+        bindings = acl_bindings(admin, {"scheduler": "User:noacl"})
+        assert any(b.resource_name == resume for b in bindings)
+        client = make_admin(admin)
+        await client.start()
+        try:
+            await create_acls(client, [b for b in bindings if b.resource_name != resume])
+        finally:
+            await client.close()
+
+    asyncio.run(grant_all_but_resume())
+    deferline = str(Path(sys.executable).with_name("deferline"))
+    result = subprocess.run(
+        [deferline, "scheduler", *secured_kafka.flags("noacl", prefix=name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0, result.stderr
+    assert "AuthorizationError" in result.stderr
+    assert resume in result.stderr
     assert "User:noacl" in result.stderr
     assert "Traceback" not in result.stderr

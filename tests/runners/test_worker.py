@@ -261,6 +261,25 @@ async def test_duplicate_runtasks_are_ignored(executor: Any) -> None:
     assert len(sink.sent) == sent + 3  # running, deferred, request of the one real resume
 
 
+async def test_a_resume_resent_after_a_scheduler_takeover_runs_once(executor: Any) -> None:
+    """A scheduler that took over without transactions may send a resume RunTask again (the
+    dead leader's copy may or may not have gone out): the worker runs the resume once, and a
+    copy is ignored whether the task then re-deferred or finished."""
+    runner, sink, _ = make_runner(executor)
+    run = start("DeferTwiceOperator")
+    await runner.handle(run)
+    resume = resume_of(sink.records(NAMES.defer())[-1], run, event=1)
+    resent = resume.model_copy()
+    assert await runner.handle(resume) is True
+    assert await runner.handle(resent) is False, "the task re-deferred past it"
+    final = resume_of(sink.records(NAMES.defer())[-1], run, event=2)
+    assert await runner.handle(final) is True
+    assert sink.states()[-1] == "success"
+    assert await runner.handle(final.model_copy()) is False, "the task finished"
+    assert runner.metrics.resumed == 2
+    assert runner.metrics.duplicates == 2
+
+
 async def test_concurrent_duplicates_run_once(executor: Any) -> None:
     runner, _, _ = make_runner(executor)
     run = start("DeferTwiceOperator")
