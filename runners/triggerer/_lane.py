@@ -47,6 +47,7 @@ from deferline.topics import Settings, TopicNames, make_consumer
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
 from ._emitter import Emission, Emitter, Send
 from ._events import encode_event, request_fields
+from ._fetch_wait import SHORT_WAIT_MS
 from ._input import BadRecord, CancelTrigger, StartTrigger, interpret, peek_identity
 from ._metrics import TriggererMetrics
 from ._partition_table import ActiveTriggerTable
@@ -64,6 +65,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _YIELD_EVERY = 2000
+_IDLE_WAIT_MS = 2000  # client-side wait of an idle fetch loop (the stop request cuts it short)
 
 
 class TriggererError(DeferlineError):
@@ -290,6 +292,7 @@ class TriggerLane:
         self._on_fatal = on_fatal
         self._allowed = tuple(settings.allowed_trigger_prefixes)
         self._parts: dict[int, OwnedPartition] = {}
+        self._committed: dict[TopicPartition, int] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._bootstrap: asyncio.Task[None] | None = None
@@ -312,14 +315,24 @@ class TriggerLane:
         """Create the group consumer and the bootstrap reader, and join the group."""
         common: dict[str, Any] = {
             "client_id": self.member,
-            "fetch_max_wait_ms": self.options.fetch_max_wait_ms,
             "max_partition_fetch_bytes": 8 * 1024 * 1024,
             "fetch_max_bytes": 64 * 1024 * 1024,
         }
-        self._reader = make_consumer(self.settings, group_id=None, **common)
+        # The reader only reads partitions being rebuilt (data is there, or one empty fetch
+        # to learn the end): a long poll would only delay that, on any broker.
+        self._reader = make_consumer(
+            self.settings,
+            group_id=None,
+            fetch_max_wait_ms=min(self.options.fetch_max_wait_ms, SHORT_WAIT_MS),
+            **common,
+        )
         self._consumer = make_consumer(
             self.settings,
             group_id=self.group_id,
+            fetch_max_wait_ms=self.options.fetch_max_wait_ms,
+            # The fetcher's own re-check period: seeks, resumes and consumed records wake it
+            # anyway; a long poll needs no faster polling than its wait.
+            consumer_timeout_ms=max(200, self.options.fetch_max_wait_ms),
             session_timeout_ms=self.options.session_timeout_ms,
             heartbeat_interval_ms=self.options.heartbeat_interval_ms,
             rebalance_timeout_ms=max(self.options.session_timeout_ms, 30_000),
@@ -346,13 +359,13 @@ class TriggerLane:
         consumer = self._consumer
         assert consumer is not None, "start() first"
         ticker = asyncio.create_task(self._checkpoint_loop(stop), name="checkpoints")
+        stopping = asyncio.create_task(stop.wait(), name="stop-watch")
+        idle = False
         try:
             while not stop.is_set():
                 self._apply_backpressure()
                 try:
-                    batches = await consumer.getmany(
-                        timeout_ms=200, max_records=self.options.max_poll_records
-                    )
+                    batches = await self._fetch(consumer, stopping, idle)
                 except KafkaError as exc:
                     if not getattr(exc, "retriable", False):
                         raise TriggererError(
@@ -361,14 +374,37 @@ class TriggerLane:
                     logger.warning("fetch failed; retrying", extra=self._log(error=repr(exc)))
                     await asyncio.sleep(0.5)
                     continue
+                idle = not batches and not self._paused  # paused: re-check the load soon
                 for tp, records in batches.items():
                     part = self._parts.get(tp.partition)
                     if part is not None and part.live:
                         self._apply_live(part, records)
         finally:
-            ticker.cancel()
+            for task in (ticker, stopping):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _fetch(
+        self, consumer: AIOKafkaConsumer, stopping: asyncio.Task[Any], idle: bool
+    ) -> dict[TopicPartition, list[Any]]:
+        """The next records: a short wait while records flow, a long one (racing the stop
+        request, so stopping stays prompt) once a fetch came back empty."""
+        limit = self.options.max_poll_records
+        if not idle:
+            batches: dict[TopicPartition, list[Any]] = await consumer.getmany(
+                timeout_ms=200, max_records=limit
+            )
+            return batches
+        fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=_IDLE_WAIT_MS, max_records=limit))
+        await asyncio.wait((fetch, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if not fetch.done():
+            fetch.cancel()  # records not yet handed out stay in the fetcher's buffer
             with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+                await fetch
+            return {}
+        result: dict[TopicPartition, list[Any]] = fetch.result()
+        return result
 
     async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
         """Checkpoint and commit every ``checkpoint_interval`` s, off the fetch path."""
@@ -526,6 +562,7 @@ class TriggerLane:
         # New: rebuild from the checkpoint and the topics.
         parts = []
         for tp in new:
+            self._committed.pop(tp, None)
             part = OwnedPartition(
                 number=tp.partition,
                 defer_tp=tp,
@@ -1322,11 +1359,15 @@ class TriggerLane:
         offsets = {p.defer_tp: p.table.defer_offset for p in parts if p.ready}
         if consumer is None or not offsets:
             return
+        if all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
+            return  # nothing new (an idle member commits nothing)
         try:
             # aiokafka waits for a coordinator indefinitely; a commit is only informational.
             await asyncio.wait_for(consumer.commit(offsets), self.options.flush_timeout)
         except (KafkaError, AssertionError, TimeoutError) as exc:
             logger.warning("offset commit failed", extra=self._log(error=repr(exc)))
+        else:
+            self._committed.update(offsets)
 
     def _apply_backpressure(self) -> None:
         consumer = self._consumer

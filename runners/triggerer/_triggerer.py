@@ -38,6 +38,7 @@ from .._metrics import MetricsServer
 from .._options import connection_options, logging_options
 from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
 from ._emitter import Emitter
+from ._fetch_wait import choose_fetch_wait
 from ._lane import (
     BootstrapError,
     LaneOptions,
@@ -102,9 +103,11 @@ class TriggererOptions:
             (a million timers due at once) without dropping or reordering anything.
         session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
             member's partitions move after the session timeout.
-        fetch_max_wait_ms: broker-side fetch wait. Tansu holds every fetch this long, so it
-            is the latency floor there (keep it small); Apache Kafka answers as soon as a
-            record arrives, so 500 there costs no latency and cuts idle CPU about fourfold.
+        fetch_max_wait_ms: broker-side fetch wait of the group consumer; ``None`` (default)
+            chooses at start from the brokers' ApiVersions answer: 500 ms on Apache Kafka,
+            which answers as soon as a record arrives (a long poll costs no latency and keeps
+            an idle member quiet), 20 ms on Tansu, which holds every fetch this long (the
+            latency floor there). See :mod:`._fetch_wait`.
         checkpoint_interval: seconds between checkpoints (and commits) of owned partitions.
         checkpoint_max_age: an older checkpoint is ignored (compaction may have removed
             tombstones it has not seen; keep it below the topic's ``delete.retention.ms``).
@@ -128,7 +131,7 @@ class TriggererOptions:
     max_unsent: int = 10_000
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
-    fetch_max_wait_ms: int = 20
+    fetch_max_wait_ms: int | None = None
     checkpoint_interval: float = 5.0
     checkpoint_max_age: float = 12 * 3600.0
     resume_skew_margin: float = 600.0
@@ -189,6 +192,8 @@ class Triggerer:
         self._reaper: asyncio.Task[None] | None = None
         self._started = False
         self._stopped = False
+        self.fetch_max_wait_ms: int | None = None
+        """The fetch wait in use (after start): the configured one, or the one chosen."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -230,6 +235,7 @@ class Triggerer:
             named = [q for q in self.queues if q is not None]
             await ensure_topics(self.settings, topic_specs(self.settings, queues=named))
         cipher = KwargsCipher(self.settings.kwargs_keys) if self.settings.kwargs_keys else None
+        self.fetch_max_wait_ms = await choose_fetch_wait(self.settings, options.fetch_max_wait_ms)
         self._producer = make_producer(
             self.settings, client_id=self.member, linger_ms=1, max_batch_size=256 * 1024
         )
@@ -258,7 +264,7 @@ class Triggerer:
             direct_resume=options.direct_resume,
             session_timeout_ms=options.session_timeout_ms,
             heartbeat_interval_ms=options.heartbeat_interval_ms,
-            fetch_max_wait_ms=options.fetch_max_wait_ms,
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
             checkpoint_interval=options.checkpoint_interval,
             checkpoint_max_age=options.checkpoint_max_age,
             resume_skew_margin=options.resume_skew_margin,
@@ -300,6 +306,7 @@ class Triggerer:
                 "queues": [lane.label for lane in self._lanes],
                 "capacity": options.capacity,
                 "static": options.static,
+                "fetch_max_wait_ms": self.fetch_max_wait_ms,
                 "state_dir": str(options.state_dir) if options.state_dir else None,
                 "metrics_port": self.metrics_port,
             },
@@ -493,10 +500,9 @@ def _split(value: str | None) -> tuple[str, ...]:
 @click.option(
     "--fetch-max-wait-ms",
     type=click.IntRange(min=0),
-    default=20,
-    show_default=True,
-    help="Broker-side fetch wait: keep small on Tansu (it holds each fetch this long); "
-    "500 on Apache Kafka (long poll, lower idle CPU).",
+    default=None,
+    help="Broker-side fetch wait [chosen at start: 500 on Apache Kafka, which answers a "
+    "waiting fetch as soon as data arrives; 20 on Tansu, which holds each fetch this long].",
 )
 @click.option(
     "--checkpoint-interval",
@@ -524,7 +530,7 @@ def triggerer_command(
     max_unsent: int,
     session_timeout_ms: int,
     heartbeat_interval_ms: int,
-    fetch_max_wait_ms: int,
+    fetch_max_wait_ms: int | None,
     checkpoint_interval: float,
     cleanup_timeout: float,
     create_topics: bool,
