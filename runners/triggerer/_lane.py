@@ -40,13 +40,12 @@ from deferline.schemas import (
     decode_as,
     encode,
     make_event_id,
-    utcnow,
 )
 from deferline.topics import Settings, TopicNames, make_consumer
 
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
 from ._emitter import Emission, Emitter, Send
-from ._events import encode_event, request_fields
+from ._events import EventEncoder, request_fields
 from ._fetch_wait import SHORT_WAIT_MS
 from ._input import BadRecord, CancelTrigger, StartTrigger, interpret, peek_identity
 from ._metrics import TriggererMetrics
@@ -293,6 +292,7 @@ class TriggerLane:
         self._allowed = tuple(settings.allowed_trigger_prefixes)
         self._parts: dict[int, OwnedPartition] = {}
         self._committed: dict[TopicPartition, int] = {}
+        self._encoder = EventEncoder()
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._bootstrap: asyncio.Task[None] | None = None
@@ -1155,7 +1155,7 @@ class TriggerLane:
             and outcome.status == "fired"
             and outcome.task_outcome is None
         )
-        encoded = encode_event(
+        encoded = self._encoder.encode(
             fields,
             event_id=outcome.event_id,
             trigger_id=outcome.trigger_id,
@@ -1166,7 +1166,6 @@ class TriggerLane:
             error=outcome.error,
             traceback=outcome.traceback,
             due_at=outcome.due_at,
-            emitted_at=utcnow(),
             member=self.member,
             partition=ref.partition,
             queue=self.queue,
