@@ -198,7 +198,7 @@ def _unproducible_id(trigger_id: str) -> str:
     return make_event_id(trigger_id, "failed", _UNPRODUCIBLE)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class _EventInfo:
     """What the ack and failure callbacks of one queued event need to know."""
 
