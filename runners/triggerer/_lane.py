@@ -191,6 +191,19 @@ def _leave_from_generation_zero(consumer: AIOKafkaConsumer) -> None:
     coordinator._maybe_leave_group = leave
 
 
+def _set_fetch_wait(consumer: AIOKafkaConsumer | None, wait_ms: int) -> None:
+    """Change the broker-side wait of the consumer's next fetch requests.
+
+    With a long poll, a partition resumed after its rebuild would wait for the fetch in
+    flight (up to the whole wait) before it is fetched: aiokafka sends one fetch per broker
+    at a time. While a rebuild runs the lane polls short, so the live tail of the rebuilt
+    partitions starts within the short wait.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None and hasattr(fetcher, "_fetch_max_wait_ms"):
+        fetcher._fetch_max_wait_ms = wait_ms
+
+
 _UNPRODUCIBLE = {"error": "event not producible"}
 
 
@@ -588,6 +601,7 @@ class TriggerLane:
             self.bootstrapped.set()
             return
         consumer.pause(*new)
+        _set_fetch_wait(consumer, min(self.options.fetch_max_wait_ms, SHORT_WAIT_MS))
         self.bootstrapped.clear()
         self._bootstrap = asyncio.create_task(self._bootstrap_guarded(parts), name="bootstrap")
 
@@ -718,6 +732,8 @@ class TriggerLane:
         except Exception as exc:
             logger.exception("bootstrap failed", extra=self._log(error=repr(exc)))
             self._on_fatal(BootstrapError(f"bootstrap of {self.defer_topic} failed: {exc}"))
+        finally:
+            _set_fetch_wait(self._consumer, self.options.fetch_max_wait_ms)
 
     async def _load_checkpoint(self, part: OwnedPartition) -> PartitionCheckpoint | None:
         try:
