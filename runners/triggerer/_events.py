@@ -11,7 +11,6 @@ record as the pydantic path).
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Any
 
 import orjson
@@ -34,30 +33,22 @@ class EventEncoder:
     """:func:`encode_event` with what a burst shares computed once.
 
     Timers falling due together mostly share their due time and payload (a
-    ``DateTimeTrigger`` fires with its moment), and events emitted in the same
-    millisecond share their ``emitted_at``. The last of each is kept with its encoded
+    ``DateTimeTrigger`` fires with its moment): the last of each is kept with its encoded
     form and reused while equal, so the bytes are those :func:`encode_event` gives.
     """
 
-    __slots__ = ("_due", "_due_text", "_now_ms", "_now_text", "_payload", "_tagged")
+    __slots__ = ("_due", "_due_text", "_payload", "_tagged")
 
     def __init__(self) -> None:
         self._due: dt.datetime | None = None
         self._due_text: str | None = None
         self._payload: dt.datetime | None = None
         self._tagged: Any = None
-        self._now_ms = -1
-        self._now_text = ""
 
     def emitted_at(self) -> str:
-        """Now in UTC as ISO 8601, to the millisecond (recomputed once per millisecond)."""
-        now = time.time()
-        ms = int(now * 1000)
-        if ms != self._now_ms:
-            self._now_ms = ms
-            moment = dt.datetime.fromtimestamp(ms // 1000, dt.UTC)
-            self._now_text = moment.replace(microsecond=ms % 1000 * 1000).isoformat()
-        return self._now_text
+        """Now in UTC as ISO 8601, to the microsecond (never rounded: rebalance checks
+        compare it with the moments a partition was quiesced)."""
+        return dt.datetime.now(dt.UTC).isoformat()
 
     def due(self, moment: dt.datetime | None) -> str | None:
         if moment is None:
