@@ -41,18 +41,36 @@ async def answers_fetches_early(settings: Settings, *, timeout_s: float = 10.0) 
     try:
         async with asyncio.timeout(timeout_s):
             await client.bootstrap()
-            response = await client.send(client.get_random_node(), ApiVersionRequest())
+            return await _asks_early(client)
     except (KafkaError, OSError, TimeoutError) as exc:
         logger.warning("cannot ask the brokers' API versions", extra={"error": repr(exc)})
         return False
     finally:
         await client.close()
+
+
+async def _asks_early(client: AIOKafkaClient) -> bool:
+    response = await client.send(client.get_random_node(), ApiVersionRequest())
     return any(key == _OFFSET_FOR_LEADER_EPOCH for key, _, _ in response.api_versions)
 
 
-async def choose_fetch_wait(settings: Settings, configured: int | None) -> int:
-    """``configured`` when given, else :data:`LONG_POLL_MS` or :data:`SHORT_WAIT_MS`."""
+async def choose_fetch_wait(
+    settings: Settings, configured: int | None, *, client: AIOKafkaClient | None = None
+) -> int:
+    """``configured`` when given, else :data:`LONG_POLL_MS` or :data:`SHORT_WAIT_MS`.
+
+    ``client``: an already bootstrapped client (a started producer's) to ask on its open
+    connection, one round trip, instead of connecting anew.
+    """
     if configured is not None:
         return configured
-    early = await answers_fetches_early(settings)
+    if client is None:
+        early = await answers_fetches_early(settings)
+    else:
+        try:
+            async with asyncio.timeout(10.0):
+                early = await _asks_early(client)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            logger.warning("cannot ask the brokers' API versions", extra={"error": repr(exc)})
+            early = False
     return LONG_POLL_MS if early else SHORT_WAIT_MS

@@ -235,11 +235,13 @@ class Triggerer:
             named = [q for q in self.queues if q is not None]
             await ensure_topics(self.settings, topic_specs(self.settings, queues=named))
         cipher = KwargsCipher(self.settings.kwargs_keys) if self.settings.kwargs_keys else None
-        self.fetch_max_wait_ms = await choose_fetch_wait(self.settings, options.fetch_max_wait_ms)
         self._producer = make_producer(
             self.settings, client_id=self.member, linger_ms=1, max_batch_size=256 * 1024
         )
         await self._producer.start()
+        self.fetch_max_wait_ms = await choose_fetch_wait(
+            self.settings, options.fetch_max_wait_ms, client=self._producer.client
+        )
         self._supervisor = TriggerSupervisor(
             capacity=options.capacity,
             on_event=self._on_outcome,
