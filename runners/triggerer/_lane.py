@@ -64,7 +64,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _YIELD_EVERY = 2000
-_IDLE_WAIT_MS = 2000  # client-side wait of an idle fetch loop (the stop request cuts it short)
 
 
 class TriggererError(DeferlineError):
@@ -372,13 +371,13 @@ class TriggerLane:
         consumer = self._consumer
         assert consumer is not None, "start() first"
         ticker = asyncio.create_task(self._checkpoint_loop(stop), name="checkpoints")
-        stopping = asyncio.create_task(stop.wait(), name="stop-watch")
-        idle = False
         try:
             while not stop.is_set():
                 self._apply_backpressure()
                 try:
-                    batches = await self._fetch(consumer, stopping, idle)
+                    batches = await consumer.getmany(
+                        timeout_ms=200, max_records=self.options.max_poll_records
+                    )
                 except KafkaError as exc:
                     if not getattr(exc, "retriable", False):
                         raise TriggererError(
@@ -387,37 +386,14 @@ class TriggerLane:
                     logger.warning("fetch failed; retrying", extra=self._log(error=repr(exc)))
                     await asyncio.sleep(0.5)
                     continue
-                idle = not batches and not self._paused  # paused: re-check the load soon
                 for tp, records in batches.items():
                     part = self._parts.get(tp.partition)
                     if part is not None and part.live:
                         self._apply_live(part, records)
         finally:
-            for task in (ticker, stopping):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    async def _fetch(
-        self, consumer: AIOKafkaConsumer, stopping: asyncio.Task[Any], idle: bool
-    ) -> dict[TopicPartition, list[Any]]:
-        """The next records: a short wait while records flow, a long one (racing the stop
-        request, so stopping stays prompt) once a fetch came back empty."""
-        limit = self.options.max_poll_records
-        if not idle:
-            batches: dict[TopicPartition, list[Any]] = await consumer.getmany(
-                timeout_ms=200, max_records=limit
-            )
-            return batches
-        fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=_IDLE_WAIT_MS, max_records=limit))
-        await asyncio.wait((fetch, stopping), return_when=asyncio.FIRST_COMPLETED)
-        if not fetch.done():
-            fetch.cancel()  # records not yet handed out stay in the fetcher's buffer
+            ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await fetch
-            return {}
-        result: dict[TopicPartition, list[Any]] = fetch.result()
-        return result
+                await ticker
 
     async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
         """Checkpoint and commit every ``checkpoint_interval`` s, off the fetch path."""
