@@ -921,7 +921,7 @@ class TriggerLane:
                 await reader.getmany(timeout_ms=50)
             return {tp: max(listed[tp], int(reader.highwater(tp))) for tp in tps}
         finally:
-            reader.unsubscribe()  # an empty assignment would keep its fetcher waking
+            reader.assign([])
 
     async def _read(
         self,
@@ -958,7 +958,7 @@ class TriggerLane:
                         f"{self.options.bootstrap_stall_timeout:.0f} s"
                     )
         finally:
-            reader.unsubscribe()  # an empty assignment would keep its fetcher waking
+            reader.assign([])
 
     # -- the live tail -------------------------------------------------------------------------
 
