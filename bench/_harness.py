@@ -24,6 +24,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
+from deferline.topics import partition_for
+
 Figures = dict[str, Any]
 RunCase = Callable[[str, int], Figures]
 
@@ -109,3 +112,25 @@ def main(
     print(machine_line())
     print()
     report(lambda case, n: run_case_in_subprocess(module, case, n))
+
+
+# -- triggerer benchmarks (bench_triggerer, bench_rebalance): producing many requests fast --
+
+
+async def produce_batched(
+    producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, bytes]], parts: int
+) -> None:
+    """Produce in order per partition, one producer batch per send (fast for millions)."""
+    by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+    for key, value in records:
+        by_partition.setdefault(partition_for(key, parts), []).append((key, value))
+    futures = []
+    for partition, rows in by_partition.items():
+        batch = producer.create_batch()
+        for key, value in rows:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        futures.append(await producer.send_batch(batch, topic, partition=partition))
+    await asyncio.gather(*futures)

@@ -4,15 +4,16 @@ Each triggerer runs as a real ``deferline triggerer`` process; this script produ
 requests, reads the events back and scrapes the members' metrics. Figures are printed,
 never asserted. Usage::
 
-    .venv/bin/python bench/bench_triggerer.py [--backend tansu|kafka] [--n 100000]
+    .venv/bin/python -m bench.bench_triggerer [--backend tansu|kafka] [--n 100000]
         [--only throughput,latency,failover,burst,idle] [--burst-sizes 10000,100000,1000000]
-        [--member-flags "--fetch-max-wait-ms 500"]
+        [--member-flags "--fetch-max-wait-ms 5"]
 
 ``burst`` is the memory curve: N timers wait in one member (RSS sampled), then all fall
 due at once; the RSS is sampled every 20 ms while they fire, and events/s and CPU per
 fired trigger come from the events read back. ``idle`` is the CPU of a member that owns
 12 empty partitions, over 20 s. Both only use flags every version of the triggerer has,
-so the script can measure an older checkout too (run it with that checkout's python).
+so the script can measure an older checkout too: from this checkout's root, run
+``<that checkout>/.venv/bin/python -m bench.bench_triggerer`` (its ``deferline``).
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ from deferline.topics import (
     ensure_topics,
     make_consumer,
     make_producer,
-    partition_for,
     topic_specs,
 )
 from deferline.topics._process import free_port
+
+from bench._harness import produce_batched
 
 DEFERLINE = str(Path(sys.executable).with_name("deferline"))
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"
@@ -326,8 +328,10 @@ async def bench_throughput(bootstrap: str, n: int, workdir: Path) -> dict[str, f
 # -- latency: due-now request -> event on the events topic ------------------------------------
 
 
-async def bench_latency(bootstrap: str, count: int, rate: float, workdir: Path) -> dict[str, float]:
-    print(f"\n== latency: {count} due-now DeferRequests, one at a time at {rate:.0f}/s ==")
+async def bench_latency(
+    bootstrap: str, count: int, rate: float, workdir: Path, flags: Sequence[str]
+) -> dict[str, float]:
+    print(f"\n== latency: {count} due-now requests, one at a time, {rate:.0f}/s {' '.join(flags)}")
     settings = fresh_settings(bootstrap, 12)
     await ensure_topics(settings, topic_specs(settings))
     names = TopicNames(settings.topic_prefix)
@@ -338,7 +342,7 @@ async def bench_latency(bootstrap: str, count: int, rate: float, workdir: Path) 
     sent_at: dict[str, float] = {}
     latencies: list[float] = []
     async with aiohttp.ClientSession() as session:
-        member = Member(settings, "lat", workdir, "--fetch-max-wait-ms", "5")
+        member = Member(settings, "lat", workdir, *flags)
         try:
             await wait_for(session, member, "deferline_triggerer_assigned_partitions", 12)
             await asyncio.sleep(1.0)
@@ -434,25 +438,6 @@ async def bench_failover(
 
 
 # -- burst: memory curve while N timers fall due at once; idle CPU ---------------------------
-
-
-async def produce_batched(
-    producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[bytes, bytes]], parts: int
-) -> None:
-    """Produce in order per partition, one producer batch per send (fast for millions)."""
-    by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
-    for key, value in records:
-        by_partition.setdefault(partition_for(key, parts), []).append((key, value))
-    futures = []
-    for partition, rows in by_partition.items():
-        batch = producer.create_batch()
-        for key, value in rows:
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-                batch = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)
-        futures.append(await producer.send_batch(batch, topic, partition=partition))
-    await asyncio.gather(*futures)
 
 
 def cheap_requests(n: int, moment: dt.datetime, run: str) -> list[tuple[bytes, bytes]]:
@@ -558,7 +543,9 @@ async def main() -> None:
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--only", default="throughput,latency,failover")
     parser.add_argument("--burst-sizes", default="10000,100000,1000000")
-    parser.add_argument("--member-flags", default="", help="extra triggerer flags (burst, idle)")
+    parser.add_argument(
+        "--member-flags", default="", help="extra triggerer flags (latency, burst, idle)"
+    )
     args = parser.parse_args()
     flags = args.member_flags.split()
     wanted = set(args.only.split(","))
@@ -571,7 +558,7 @@ async def main() -> None:
                 results |= await bench_throughput(bootstrap, args.n, workdir)
             if "latency" in wanted:
                 results |= await bench_latency(
-                    bootstrap, args.latency_count, args.latency_rate, workdir
+                    bootstrap, args.latency_count, args.latency_rate, workdir, flags
                 )
             if "failover" in wanted:
                 results |= await bench_failover(

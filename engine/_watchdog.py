@@ -51,7 +51,7 @@ class LoopWatchdog:
         if threshold <= 0:
             raise ValueError("threshold must be > 0")
         self._threshold = threshold
-        self._interval = max(0.005, threshold / 4)
+        self._interval = max(0.005, threshold / 2)
         self._describe = describe
         self._on_blocked = on_blocked
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -1,5 +1,6 @@
 """The triggerer process: a consumer-group member that runs triggers and emits their events."""
 
+from ._fetch_wait import LONG_POLL_MS, SHORT_WAIT_MS, answers_fetches_early, choose_fetch_wait
 from ._triggerer import (
     DEFAULT_CAPACITY,
     BootstrapError,
@@ -14,11 +15,15 @@ from ._triggerer import (
 
 __all__ = [
     "DEFAULT_CAPACITY",
+    "LONG_POLL_MS",
+    "SHORT_WAIT_MS",
     "BootstrapError",
     "TopicDeletedError",
     "Triggerer",
     "TriggererError",
     "TriggererOptions",
+    "answers_fetches_early",
+    "choose_fetch_wait",
     "default_member",
     "default_state_dir",
     "triggerer_command",

@@ -41,13 +41,13 @@ from deferline.schemas import (
     decode_as,
     encode,
     make_event_id,
-    utcnow,
 )
 from deferline.topics import Settings, TopicNames, make_consumer, stop_client
 
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
 from ._emitter import Emission, Emitter, Send
-from ._events import encode_event, request_fields
+from ._events import EventEncoder, request_fields
+from ._fetch_wait import SHORT_WAIT_MS
 from ._input import BadRecord, CancelTrigger, StartTrigger, interpret, peek_identity
 from ._metrics import TriggererMetrics
 from ._partition_table import ActiveTriggerTable
@@ -195,6 +195,19 @@ def _leave_from_generation_zero(consumer: AIOKafkaConsumer) -> None:
     coordinator._maybe_leave_group = leave
 
 
+def _set_fetch_wait(consumer: AIOKafkaConsumer | None, wait_ms: int) -> None:
+    """Change the broker-side wait of the consumer's next fetch requests.
+
+    With a long poll, a partition resumed after its rebuild would wait for the fetch in
+    flight (up to the whole wait) before it is fetched: aiokafka sends one fetch per broker
+    at a time. While a rebuild runs the lane polls short, so the live tail of the rebuilt
+    partitions starts within the short wait.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None and hasattr(fetcher, "_fetch_max_wait_ms"):
+        fetcher._fetch_max_wait_ms = wait_ms
+
+
 _UNPRODUCIBLE = {"error": "event not producible"}
 
 
@@ -202,7 +215,7 @@ def _unproducible_id(trigger_id: str) -> str:
     return make_event_id(trigger_id, "failed", _UNPRODUCIBLE)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class _EventInfo:
     """What the ack and failure callbacks of one queued event need to know."""
 
@@ -296,6 +309,8 @@ class TriggerLane:
         self._allowed = tuple(settings.allowed_trigger_prefixes)
         self._parts: dict[int, OwnedPartition] = {}
         self._topic_deleted = False
+        self._committed: dict[TopicPartition, int] = {}
+        self._encoder = EventEncoder()
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._bootstrap: asyncio.Task[None] | None = None
@@ -318,14 +333,24 @@ class TriggerLane:
         """Create the group consumer and the bootstrap reader, and join the group."""
         common: dict[str, Any] = {
             "client_id": self.member,
-            "fetch_max_wait_ms": self.options.fetch_max_wait_ms,
             "max_partition_fetch_bytes": 8 * 1024 * 1024,
             "fetch_max_bytes": 64 * 1024 * 1024,
         }
-        self._reader = make_consumer(self.settings, group_id=None, **common)
+        # The reader only reads partitions being rebuilt (data is there, or one empty fetch
+        # to learn the end): a long poll would only delay that, on any broker.
+        self._reader = make_consumer(
+            self.settings,
+            group_id=None,
+            fetch_max_wait_ms=min(self.options.fetch_max_wait_ms, SHORT_WAIT_MS),
+            **common,
+        )
         self._consumer = make_consumer(
             self.settings,
             group_id=self.group_id,
+            fetch_max_wait_ms=self.options.fetch_max_wait_ms,
+            # The fetcher's own re-check period: seeks, resumes and consumed records wake it
+            # anyway; a long poll needs no faster polling than its wait.
+            consumer_timeout_ms=max(200, self.options.fetch_max_wait_ms),
             session_timeout_ms=self.options.session_timeout_ms,
             heartbeat_interval_ms=self.options.heartbeat_interval_ms,
             rebalance_timeout_ms=max(self.options.session_timeout_ms, 30_000),
@@ -521,6 +546,7 @@ class TriggerLane:
         # New: rebuild from the checkpoint and the topics.
         parts = []
         for tp in new:
+            self._committed.pop(tp, None)
             part = OwnedPartition(
                 number=tp.partition,
                 defer_tp=tp,
@@ -546,6 +572,7 @@ class TriggerLane:
             self.bootstrapped.set()
             return
         consumer.pause(*new)
+        _set_fetch_wait(consumer, min(self.options.fetch_max_wait_ms, SHORT_WAIT_MS))
         self.bootstrapped.clear()
         self._bootstrap = asyncio.create_task(self._bootstrap_guarded(parts), name="bootstrap")
 
@@ -676,6 +703,8 @@ class TriggerLane:
         except Exception as exc:
             logger.exception("bootstrap failed", extra=self._log(error=repr(exc)))
             self._on_fatal(BootstrapError(f"bootstrap of {self.defer_topic} failed: {exc}"))
+        finally:
+            _set_fetch_wait(self._consumer, self.options.fetch_max_wait_ms)
 
     async def _load_checkpoint(self, part: OwnedPartition) -> PartitionCheckpoint | None:
         try:
@@ -1113,7 +1142,7 @@ class TriggerLane:
             and outcome.status == "fired"
             and outcome.task_outcome is None
         )
-        encoded = encode_event(
+        encoded = self._encoder.encode(
             fields,
             event_id=outcome.event_id,
             trigger_id=outcome.trigger_id,
@@ -1124,7 +1153,6 @@ class TriggerLane:
             error=outcome.error,
             traceback=outcome.traceback,
             due_at=outcome.due_at,
-            emitted_at=utcnow(),
             member=self.member,
             partition=ref.partition,
             queue=self.queue,
@@ -1317,11 +1345,15 @@ class TriggerLane:
         offsets = {p.defer_tp: p.table.defer_offset for p in parts if p.ready}
         if consumer is None or not offsets or await self._defer_topic_deleted():
             return  # (aiokafka would retry a commit to a deleted topic every 100 ms)
+        if all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
+            return  # nothing new (an idle member commits nothing)
         try:
             # aiokafka waits for a coordinator indefinitely; a commit is only informational.
             await asyncio.wait_for(consumer.commit(offsets), self.options.flush_timeout)
         except (KafkaError, AssertionError, TimeoutError) as exc:
             logger.warning("offset commit failed", extra=self._log(error=repr(exc)))
+        else:
+            self._committed.update(offsets)
 
     async def _defer_topic_deleted(self) -> bool:
         """True once the defer topic is gone (deleted under the running member).

@@ -44,6 +44,7 @@ from .._options import (
 from .._signals import STOP_SIGNALS, run_until_signal
 from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
 from ._emitter import Emitter
+from ._fetch_wait import choose_fetch_wait
 from ._lane import (
     BootstrapError,
     LaneOptions,
@@ -110,9 +111,11 @@ class TriggererOptions:
             (a million timers due at once) without dropping or reordering anything.
         session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
             member's partitions move after the session timeout.
-        fetch_max_wait_ms: broker-side fetch wait. Tansu holds every fetch this long, so it
-            is the latency floor there (keep it small); Apache Kafka answers as soon as a
-            record arrives, so 500 there costs no latency and cuts idle CPU about fourfold.
+        fetch_max_wait_ms: broker-side fetch wait of the group consumer; ``None`` (default)
+            chooses at start from the brokers' ApiVersions answer: 500 ms on Apache Kafka,
+            which answers as soon as a record arrives (a long poll costs no latency and keeps
+            an idle member quiet), 20 ms on Tansu, which holds every fetch this long (the
+            latency floor there). See :mod:`._fetch_wait`.
         checkpoint_interval: seconds between checkpoints (and commits) of owned partitions.
         checkpoint_max_age: an older checkpoint is ignored (compaction may have removed
             tombstones it has not seen; keep it below the topic's ``delete.retention.ms``).
@@ -136,7 +139,7 @@ class TriggererOptions:
     max_unsent: int = 10_000
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
-    fetch_max_wait_ms: int = 20
+    fetch_max_wait_ms: int | None = None
     checkpoint_interval: float = 5.0
     checkpoint_max_age: float = 12 * 3600.0
     resume_skew_margin: float = 600.0
@@ -197,6 +200,8 @@ class Triggerer(Lifecycle):
         self._reaper: asyncio.Task[None] | None = None
         self._started = False
         self._stopped = False
+        self.fetch_max_wait_ms: int | None = None
+        """The fetch wait in use (after start): the configured one, or the one chosen."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -242,6 +247,9 @@ class Triggerer(Lifecycle):
             self.settings, client_id=self.member, linger_ms=1, max_batch_size=256 * 1024
         )
         await self._producer.start()
+        self.fetch_max_wait_ms = await choose_fetch_wait(
+            self.settings, options.fetch_max_wait_ms, client=self._producer.client
+        )
         self._supervisor = TriggerSupervisor(
             capacity=options.capacity,
             on_event=self._on_outcome,
@@ -266,7 +274,7 @@ class Triggerer(Lifecycle):
             direct_resume=options.direct_resume,
             session_timeout_ms=options.session_timeout_ms,
             heartbeat_interval_ms=options.heartbeat_interval_ms,
-            fetch_max_wait_ms=options.fetch_max_wait_ms,
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
             checkpoint_interval=options.checkpoint_interval,
             checkpoint_max_age=options.checkpoint_max_age,
             resume_skew_margin=options.resume_skew_margin,
@@ -308,6 +316,7 @@ class Triggerer(Lifecycle):
                 "queues": [lane.label for lane in self._lanes],
                 "capacity": options.capacity,
                 "static": options.static,
+                "fetch_max_wait_ms": self.fetch_max_wait_ms,
                 "state_dir": str(options.state_dir) if options.state_dir else None,
                 "metrics_port": self.metrics_port,
             },
@@ -459,10 +468,9 @@ def _split(value: str | None) -> tuple[str, ...]:
 @click.option(
     "--fetch-max-wait-ms",
     type=click.IntRange(min=0),
-    default=20,
-    show_default=True,
-    help="Broker-side fetch wait: keep small on Tansu (it holds each fetch this long); "
-    "500 on Apache Kafka (long poll, lower idle CPU).",
+    default=None,
+    help="Broker-side fetch wait [chosen at start: 500 on Apache Kafka, which answers a "
+    "waiting fetch as soon as data arrives; 20 on Tansu, which holds each fetch this long].",
 )
 @click.option(
     "--checkpoint-interval",
@@ -490,7 +498,7 @@ def triggerer_command(
     max_unsent: int,
     session_timeout_ms: int,
     heartbeat_interval_ms: int,
-    fetch_max_wait_ms: int,
+    fetch_max_wait_ms: int | None,
     checkpoint_interval: float,
     cleanup_timeout: float,
     create_topics: bool,

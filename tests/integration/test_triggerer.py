@@ -7,7 +7,14 @@ from typing import Any
 
 import orjson
 import pytest
-from deferline.runners.triggerer import Triggerer, TriggererOptions
+from deferline.runners.triggerer import (
+    LONG_POLL_MS,
+    SHORT_WAIT_MS,
+    Triggerer,
+    TriggererOptions,
+    answers_fetches_early,
+    choose_fetch_wait,
+)
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,
@@ -347,3 +354,20 @@ async def test_graceful_stop_hands_partitions_over(
             await b.stop()
         await wait_until(lambda: len(a.lanes[0].owned) == settings.partitions, 20)
         await wait_until(lambda: bootstrapped(a) and a.supervisor.running == 100, 20)
+
+
+async def test_fetch_wait_is_a_long_poll_only_where_the_broker_answers_early(
+    settings: Settings, broker_backend: str, tmp_path: Path
+) -> None:
+    tansu = broker_backend == "tansu"
+    assert await answers_fetches_early(settings) is not tansu
+    async with Triggerer(settings, options(tmp_path)) as triggerer:
+        assert triggerer.fetch_max_wait_ms == (SHORT_WAIT_MS if tansu else LONG_POLL_MS)
+    async with Triggerer(settings, options(tmp_path, fetch_max_wait_ms=7)) as triggerer:
+        assert triggerer.fetch_max_wait_ms == 7  # an explicit wait is kept as given
+
+
+async def test_an_unreachable_broker_gets_the_short_fetch_wait() -> None:
+    unreachable = Settings(bootstrap_servers="127.0.0.1:1")
+    assert await answers_fetches_early(unreachable, timeout_s=2.0) is False
+    assert await choose_fetch_wait(unreachable, None) == SHORT_WAIT_MS

@@ -480,3 +480,47 @@ async def test_a_full_emitter_holds_the_supervisor_timers_and_loses_nothing() ->
             assert await emitter.flush(5)
     assert emitter.peak_backlog <= 201  # the event that fills it, and not one more
     assert [s.key for s in producer.sent] == [f"t{i:05}".encode() for i in range(5000)]
+
+
+def test_the_burst_encoder_gives_the_bytes_of_encode_event_for_each_event() -> None:
+    from deferline.runners.triggerer._events import EventEncoder, encode_event, request_fields
+    from deferline.schemas import TriggerEventRecord, decode
+
+    fields = request_fields(encode(request(defer_seq=2)))
+    encoder = EventEncoder()
+    utc = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    plus2 = utc.astimezone(dt.timezone(dt.timedelta(hours=2)))  # same instant, other text
+    cases: list[tuple[Any, dt.datetime | None]] = [
+        (utc, utc),
+        (utc, utc),  # memoised
+        (plus2, plus2),  # equal to the last, but encoded differently
+        (utc + dt.timedelta(seconds=1), None),
+        ({"moment": MOMENT}, utc),
+        (None, utc),
+    ]
+    for payload, due in cases:
+        common: dict[str, Any] = {
+            "event_id": "e",
+            "trigger_id": TID,
+            "status": "fired",
+            "payload": payload,
+            "task_outcome": None,
+            "xcoms": None,
+            "error": None,
+            "traceback": None,
+            "due_at": due,
+            "member": "m",
+            "partition": 1,
+            "queue": None,
+            "resumed_directly": False,
+        }
+        before = dt.datetime.now(dt.UTC)
+        fast = encoder.encode(fields, **common)
+        record = decode(fast)
+        assert isinstance(record, TriggerEventRecord)
+        assert record.emitted_at is not None
+        assert before <= record.emitted_at <= dt.datetime.now(dt.UTC)
+        expected = encode_event(fields, emitted_at=record.emitted_at, **common)
+        assert orjson.loads(fast) | {"emitted_at": None} == orjson.loads(expected) | {
+            "emitted_at": None
+        }
