@@ -40,7 +40,6 @@ from typing import Any
 from deferline.schemas import (
     CancelRequest,
     ResumeTarget,
-    RunTask,
     TaskStateRecord,
     TriggerEventRecord,
 )
@@ -54,6 +53,7 @@ from ._taskstate_values import (
     TableCounters,
     Verdict,
     _Pending,
+    _resume_run,
     _Slim,
     _View,
     progress,
@@ -580,27 +580,3 @@ class TaskTable(_PoolAdmission):
         )
         self.counters.retries += 1
         self._own(key, view, state)
-
-
-def _resume_run(
-    queued: TaskStateRecord | _Slim, target: ResumeTarget, event: TriggerEventRecord
-) -> RunTask:
-    """The RunTask that resumes ``queued`` (the state an event moved the task to)."""
-    return RunTask(
-        task=queued.task,
-        mode="resume",
-        operator=target.operator,
-        op_kwargs=target.op_kwargs,
-        next_method=queued.next_method,
-        next_kwargs=queued.next_kwargs,
-        event=event.payload,
-        event_id=event.event_id,
-        trigger_id=event.trigger_id,
-        defer_seq=event.defer_seq,
-        worker_queue=target.worker_queue,
-        pool=target.pool,
-        pool_slots=target.pool_slots,
-        priority_weight=target.priority_weight,
-        retries=target.retries,
-        enqueued_at=event.emitted_at,
-    )

@@ -1,5 +1,6 @@
 """The values the task table works with: where a record sits in its task's life, what
-folding it did, the records it emits, its counters and its per-task view."""
+folding it did, the records it emits (among them the RunTask of a resume), its counters and
+its per-task view."""
 
 from __future__ import annotations
 
@@ -203,3 +204,27 @@ class _Pending:
     event: TriggerEventRecord
     generation: int
     ref: Hashable | None
+
+
+def _resume_run(
+    queued: TaskStateRecord | _Slim, target: ResumeTarget, event: TriggerEventRecord
+) -> RunTask:
+    """The RunTask that resumes ``queued`` (the state an event moved the task to)."""
+    return RunTask(
+        task=queued.task,
+        mode="resume",
+        operator=target.operator,
+        op_kwargs=target.op_kwargs,
+        next_method=queued.next_method,
+        next_kwargs=queued.next_kwargs,
+        event=event.payload,
+        event_id=event.event_id,
+        trigger_id=event.trigger_id,
+        defer_seq=event.defer_seq,
+        worker_queue=target.worker_queue,
+        pool=target.pool,
+        pool_slots=target.pool_slots,
+        priority_weight=target.priority_weight,
+        retries=target.retries,
+        enqueued_at=event.emitted_at,
+    )

@@ -59,6 +59,7 @@ from ._cli import scheduler_command
 from ._lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
 from ._records import committable, dead_letter, read_as, waves
+from ._tasks_topic import _TasksTopic
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
 
@@ -69,7 +70,7 @@ class SchedulerError(DeferlineError):
     """The scheduler could not read or publish (broker unreachable, topic missing...)."""
 
 
-class Scheduler(Lifecycle):
+class Scheduler(_TasksTopic, Lifecycle):
     """Fold the tasks and resume topics into task state; publish decisions while active.
 
     Args:
@@ -291,25 +292,6 @@ class Scheduler(Lifecycle):
         except KafkaError as exc:
             raise SchedulerError(f"scheduler lost the broker: {exc}") from exc
 
-    async def _recover(self) -> None:
-        """Fold the whole tasks topic, up to its end as of now, before deciding anything."""
-        assert self._tasks is not None
-        began = time.monotonic()
-        partitions = await self._tasks_partitions()
-        self._task_tps = [TopicPartition(self.names.tasks, p) for p in sorted(partitions)]
-        self._tasks.assign(self._task_tps)
-        await self._tasks.seek_to_beginning(*self._task_tps)
-        ends = await self._tasks.end_offsets(self._task_tps)
-        await self._sync_tasks_pos()
-        while any(self._tasks_pos[tp] < ends[tp] for tp in self._task_tps):
-            batches = await self._tasks.getmany(timeout_ms=200, max_records=self.max_records)
-            for messages in batches.values():
-                for message in messages:
-                    self._fold_task(message.key, message.value, live=False)
-                    self.recovered_records += 1
-            await self._sync_tasks_pos()
-        self.recovery_seconds = time.monotonic() - began
-
     async def _tasks_partitions(self) -> set[int]:
         assert self._tasks is not None
         deadline = time.monotonic() + 30.0
@@ -320,38 +302,6 @@ class Scheduler(Lifecycle):
             if time.monotonic() > deadline:
                 raise SchedulerError(f"topic {self.names.tasks} has no partitions")
             await self._tasks._client.force_metadata_update()
-
-    async def _tasks_loop(self) -> None:
-        """Fold the tasks topic, active or not; publish what it calls for while active."""
-        assert self._tasks is not None
-        while True:
-            batches = await self._tasks.getmany(timeout_ms=1000, max_records=self.max_records)
-            dead: list[DeadLetter] = []
-            for messages in batches.values():
-                for message in messages:
-                    bad = self._fold_task(message.key, message.value, live=True)
-                    if bad is not None:
-                        dead.append(self._dead(message, bad))
-            await self._sync_tasks_pos()
-            if self._active.is_set() and batches:
-                async with self._publish_lock:
-                    if self._active.is_set():
-                        await self._publish(self.table.drain(), dead)
-            self._tasks_moved.set()
-
-    async def _sync_tasks_pos(self) -> None:
-        """Positions, not last offsets: transaction markers take offsets but are no records."""
-        assert self._tasks is not None
-        for tp in self._task_tps:
-            self._tasks_pos[tp] = await self._tasks.position(tp)
-
-    async def _tasks_caught_up(self) -> None:
-        """Wait until the tasks topic is folded up to its (last stable) end as of now."""
-        assert self._tasks is not None
-        ends = await self._tasks.end_offsets(self._task_tps)
-        while any(self._tasks_pos.get(tp, 0) < end for tp, end in ends.items()):
-            self._tasks_moved.clear()
-            await self._tasks_moved.wait()
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -556,21 +506,6 @@ class Scheduler(Lifecycle):
         )
 
     # -- folding and publishing -------------------------------------------------------------
-
-    def _fold_task(self, key: bytes | None, value: bytes | None, *, live: bool) -> str | None:
-        if value is None:
-            if key is not None:
-                self.table.forget(key.decode("utf-8", "replace"))
-            return None
-        own = self._written.pop(value, None)
-        if own is not None:  # one of this scheduler's writes, read back: no need to decode
-            self.table.apply(own)
-            return None
-        try:
-            self.table.apply(read_as(value, TaskStateRecord))
-        except SchemaError as exc:
-            return self._bad(exc, live=live)
-        return None
 
     def _fold_event(self, value: bytes | None, *, ref: object, resend: bool = False) -> str | None:
         if value is None:

@@ -1,0 +1,54 @@
+"""Adjustments to a lane's aiokafka consumer (group leave, fetch wait)."""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.group import LeaveGroupRequest
+
+logger = logging.getLogger(__name__)
+
+
+def _leave_from_generation_zero(consumer: AIOKafkaConsumer) -> None:
+    """Make ``consumer.stop()`` leave the group also when its generation is 0.
+
+    aiokafka sends LeaveGroup only from generation > 0 (Kafka numbers generations from 1),
+    but Tansu numbers the first generation 0: a member stopped in it would hold its
+    partitions until its session timed out instead of handing them over at once.
+    """
+    coordinator = getattr(consumer, "_coordinator", None)
+    original = getattr(coordinator, "_maybe_leave_group", None)
+    if coordinator is None or original is None:
+        return
+
+    async def leave() -> None:
+        if (
+            coordinator.generation == 0
+            and coordinator.member_id
+            and getattr(coordinator, "_group_instance_id", None) is None
+        ):
+            request = LeaveGroupRequest(coordinator.group_id, coordinator.member_id)
+            try:
+                await coordinator._send_req(request)
+            except KafkaError as exc:
+                logger.warning("LeaveGroup failed", extra={"error": repr(exc)})
+            coordinator.reset_generation()
+            return
+        await original()
+
+    coordinator._maybe_leave_group = leave
+
+
+def _set_fetch_wait(consumer: AIOKafkaConsumer | None, wait_ms: int) -> None:
+    """Change the broker-side wait of the consumer's next fetch requests.
+
+    With a long poll, a partition resumed after its rebuild would wait for the fetch in
+    flight (up to the whole wait) before it is fetched: aiokafka sends one fetch per broker
+    at a time. While a rebuild runs the lane polls short, so the live tail of the rebuilt
+    partitions starts within the short wait.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None and hasattr(fetcher, "_fetch_max_wait_ms"):
+        fetcher._fetch_max_wait_ms = wait_ms

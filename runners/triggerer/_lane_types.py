@@ -1,0 +1,117 @@
+"""The lane's data: its options, errors, owned partitions, trigger refs and rebalance summaries."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiokafka import TopicPartition
+from deferline.engine import TriggerOutcome
+from deferline.schemas import DeferlineError
+
+from ._input import peek_identity
+from ._partition_table import ActiveTriggerTable
+
+if TYPE_CHECKING:
+    from ._lane_state import _LaneCore
+
+_YIELD_EVERY = 2000
+
+
+class TriggererError(DeferlineError):
+    """The triggerer cannot go on (it stops, and its partitions move to other members)."""
+
+
+class BootstrapError(TriggererError):
+    """Rebuilding the active set of assigned partitions failed."""
+
+
+class TopicDeletedError(TriggererError):
+    """A topic the triggerer serves was deleted while it ran (its table is gone with it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaneOptions:
+    """How a lane talks to the broker; see :class:`deferline.runners.triggerer.TriggererOptions`."""
+
+    member: str
+    direct_resume: bool = False
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    fetch_max_wait_ms: int = 20
+    max_poll_records: int = 2_000
+    checkpoint_interval: float = 5.0
+    checkpoint_max_age: float = 12 * 3600.0
+    resume_skew_margin: float = 600.0
+    flush_timeout: float = 10.0
+    bootstrap_stall_timeout: float = 60.0
+    group_instance_id: str | None = None
+    """Static membership (KIP-345): rejoining under this id within the session timeout
+    gets the same partitions back without a rebalance."""
+
+
+@dataclass(slots=True, eq=False)
+class TriggerRef:
+    """What the supervisor carries for each trigger: where it came from (no decoded copy)."""
+
+    lane: _LaneCore
+    partition: int
+    key: bytes
+    value: bytes
+
+    @property
+    def member(self) -> str:
+        """The member running it (read by the supervisor's log lines)."""
+        return self.lane.member
+
+    @property
+    def task(self) -> str | None:
+        """The task key, decoded on demand (only log lines need it)."""
+        _, task, _ = peek_identity(self.value)
+        return str(task) if task is not None else None
+
+
+@dataclass(slots=True, eq=False)
+class OwnedPartition:
+    """One assigned defer partition and its co-partitioned resume partition."""
+
+    number: int
+    defer_tp: TopicPartition
+    resume_tp: TopicPartition
+    table: ActiveTriggerTable = field(default_factory=ActiveTriggerTable)
+    done: set[bytes] = field(default_factory=set)
+    """Keys whose event (or tombstone) is produced or queued: never emit for them again."""
+    ready: bool = False
+    """The rebuild finished: the table reflects the log up to ``table.defer_offset``."""
+    live: bool = False
+    """Records from the group consumer are applied (ready and not being released)."""
+    checkpointable: bool = True
+    saved: tuple[int, int] | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    read_defer: int = 0
+    read_resume: int = 0
+    quiesced_at: float | None = None
+    """Set while revoked and not yet re-assigned: nothing is emitted for the partition."""
+    held: list[tuple[TriggerRef, TriggerOutcome]] = field(default_factory=list)
+    """Outcomes produced while quiesced: emitted if the partition is kept, else dropped."""
+
+
+@dataclass(slots=True, kw_only=True)
+class RebalanceSummary:
+    """What one rebalance did to one lane (logged once, and kept in ``lane.rebalance_log``)."""
+
+    generation: int
+    kept: list[int]
+    acquired: list[int]
+    lost: list[int]
+    triggers_kept: int = 0
+    triggers_cancelled: int = 0
+    triggers_rebuilt: int = 0
+    paused_seconds: dict[int, float] = field(default_factory=dict)
+    """Per partition: from revocation (or assignment, for a member that had nothing) until
+    it emitted again (kept) or its rebuild finished (acquired)."""
+    revoked_at: float | None = None
+    """Wall-clock time the lane quiesced (None: it owned nothing before)."""
+    assigned_at: float = 0.0
+    """Wall-clock time the assignment arrived (kept partitions emit again from here)."""
