@@ -93,7 +93,12 @@ def fetch_kafka_jars(
 
 
 def _new_cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random cluster id, never starting with "-" (as Kafka's own ``Uuid.randomUuid``):
+    ``kafka-storage format -t -x...`` would read such an id as an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _jvm(java: str, lib: Path, workdir: Path, heap: str) -> list[str]:

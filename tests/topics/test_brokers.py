@@ -1,5 +1,6 @@
 """Broker launchers without a broker: the errors that say why one cannot start."""
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,15 @@ def test_secured_properties_enforce_acls_and_authenticate_every_listener(tmp_pat
     ]
     with pytest.raises(ValueError, match="admin"):
         BrokerSecurity(users={"worker": "w"})
+
+
+def test_a_cluster_id_never_reads_as_an_option(monkeypatch):
+    # One urlsafe-base64 id in 64 starts with "-"; kafka-storage's "-t" would take it for a flag.
+    from deferline.topics import _kafka_runtime
+
+    dash_first = bytes([0xF8]) + bytes(15)  # encodes to "-A..."
+    ids = iter([uuid.UUID(bytes=dash_first), uuid.UUID(int=1)])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(ids))
+    cluster_id = _kafka_runtime._new_cluster_id()
+    assert not cluster_id.startswith("-")
+    assert cluster_id == "AAAAAAAAAAAAAAAAAAAAAQ"
