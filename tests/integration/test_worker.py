@@ -31,6 +31,7 @@ from deferline.topics import (
     make_consumer,
     make_producer,
     partition_for,
+    stop_client,
     topic_specs,
 )
 
@@ -144,8 +145,10 @@ class TopicLog:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        await self._consumer.stop()
-        await self._producer.stop()
+        # aiokafka can let a cancelled fetch's CancelledError out of stop() before it closes
+        # its connections; stop_client always closes them.
+        await stop_client(self._consumer, grace=10.0, name="test consumer")
+        await stop_client(self._producer, grace=10.0, name="test producer")
 
     async def _read(self) -> None:
         while True:
