@@ -8,7 +8,7 @@ import logging
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from deferline.schemas import SchemaError, TaskStateRecord, decode_as
-from deferline.topics import Lifecycle, Settings, TopicNames, make_consumer
+from deferline.topics import Lifecycle, Settings, TopicNames, make_consumer, stop_client
 
 from ._errors import WorkerError
 from ._state import AttemptProgress
@@ -35,7 +35,7 @@ class TasksTail(Lifecycle):
             raise WorkerError(f"cannot read {self._topic}: {exc}") from exc
 
     async def stop(self) -> None:
-        await self._consumer.stop()
+        await stop_client(self._consumer, grace=10.0, name="tasks tail consumer")
 
     async def run(self) -> None:
         """Fold records until cancelled."""

@@ -35,6 +35,7 @@ from deferline.topics import (
     ensure_topics,
     make_consumer,
     make_producer,
+    stop_client,
     topic_specs,
     validate_queue_name,
 )
@@ -487,10 +488,13 @@ class Worker(Lifecycle):
     async def _close_clients(self) -> None:
         if self._server is not None:
             await self._server.stop()
-        for client in (self._consumer, self._tail, self._producer):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await client.stop()
+        # stop_client always closes the connections (aiokafka's stop() can end half way).
+        if self._consumer is not None:
+            await stop_client(self._consumer, grace=10.0, name="worker consumer")
+        if self._tail is not None:
+            await self._tail.stop()
+        if self._producer is not None:
+            await stop_client(self._producer, grace=10.0, name="worker producer")
         self._consumer = None
         self._tail = None
         self._producer = None
