@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import time
 from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
 from deferline.runners.triggerer import Triggerer, TriggererOptions
 from deferline.schemas import (
     DeferRequest,
@@ -19,8 +17,9 @@ from deferline.schemas import (
     make_trigger_id,
     to_tagged,
 )
-from deferline.topics import Settings, TopicNames, ensure_topics, partition_for, topic_specs
+from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
+from bench._harness import produce_batched
 from tests.integration._triggerer_help import DATETIME
 from tests.integration._util import KafkaClients
 
@@ -54,25 +53,6 @@ def _requests(base: dt.datetime) -> list[tuple[bytes, bytes]]:
         out.append((trigger_id.encode(), orjson.dumps(fields)))
     decode_as(out[-1][1], DeferRequest)  # still a valid request
     return out
-
-
-async def produce_batched(
-    producer: AIOKafkaProducer, topic: str, records: list[tuple[bytes, bytes]], partitions: int
-) -> None:
-    """Produce in offset order per partition, one producer batch per send."""
-    by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
-    for key, value in records:
-        by_partition.setdefault(partition_for(key, partitions), []).append((key, value))
-    futures = []
-    for partition, rows in by_partition.items():
-        batch = producer.create_batch()
-        for key, value in rows:
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-                batch = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)
-        futures.append(await producer.send_batch(batch, topic, partition=partition))
-    await asyncio.gather(*futures)
 
 
 async def test_a_burst_of_due_timers_arrives_once_each_in_due_order_under_a_small_bound(
