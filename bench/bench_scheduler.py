@@ -241,7 +241,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--only", nargs="+", choices=CASES, default=CASES)
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's GC thresholds (the scheduler command collects less often)",
+    )
     args = parser.parse_args()
+    if not args.default_gc:
+        gc.set_threshold(50_000, 20, 100)  # as `deferline scheduler` sets them
     if "fold" in args.only:
         bench_fold(args.n)
     if "broker" in args.only:

@@ -436,7 +436,7 @@ class TaskTable(_PoolAdmission):
     def _resume(self, key: str, view: _View, event: TriggerEventRecord) -> None:
         deferred = view.record
         target = view.target
-        task = deferred.task
+        task = event.task  # equal to the deferred record's: the event matched its try
         base: dict[str, Any] = {
             "task": task,
             "trigger_id": event.trigger_id,
@@ -451,16 +451,17 @@ class TaskTable(_PoolAdmission):
         }
         self.counters.events_applied += 1
         view.resolve(event.trigger_id)
-        logger.debug(
-            "trigger event applied",
-            extra={
-                "trigger_id": event.trigger_id,
-                "task": str(event.task),
-                "status": event.status,
-                "partition": event.partition,
-                "member": event.member,
-            },
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # the extra costs more than the fold itself
+            logger.debug(
+                "trigger event applied",
+                extra={
+                    "trigger_id": event.trigger_id,
+                    "task": str(event.task),
+                    "status": event.status,
+                    "partition": event.partition,
+                    "member": event.member,
+                },
+            )
         if event.status == "cancelled":
             state = TaskStateRecord(
                 state="removed", reason=event.error or "trigger cancelled", **base

@@ -7,6 +7,7 @@ same partition as deferline does; co-partitioned topics rely on that.
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Sequence
 
 _SEED = 0x9747B28C
@@ -19,12 +20,10 @@ def murmur2(data: bytes) -> int:
     length = len(data)
     h = (_SEED ^ length) & _MASK
     whole = length - length % 4
-    for i in range(0, whole, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
+    for k in struct.unpack(f"<{whole >> 2}I", data[:whole]):  # little-endian 32-bit words
         k = (k * _M) & _MASK
         k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = ((h * _M) & _MASK) ^ k
+        h = ((h * _M) & _MASK) ^ ((k * _M) & _MASK)
     tail = length % 4
     if tail == 3:
         h ^= data[whole + 2] << 16

@@ -12,6 +12,7 @@ from deferline.engine import Pools
 from deferline.schemas import DeferlineError
 from deferline.topics import Settings
 
+from .._gc import collect_less_often
 from .._options import connection_options, layout_options, logging_options, metrics_options
 from .._signals import run_until_signal
 
@@ -121,6 +122,7 @@ def scheduler_command(
         transactions={"auto": None, "on": True, "off": False}[transactions],
         finished_retention=finished_retention,
     )
+    collect_less_often()
     try:
         asyncio.run(_serve(scheduler))
     except DeferlineError as exc:

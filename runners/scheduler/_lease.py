@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, ProducerFenced, UnknownError, UnsupportedVersionError
 from aiokafka.structs import OffsetAndMetadata
 from deferline.schemas import DeferlineError
-from deferline.topics import Murmur2Partitioner, Settings, make_consumer, make_producer
+from deferline.topics import Murmur2Partitioner, Settings, make_consumer, make_producer, murmur2
 
 __all__ = ["Outgoing", "SchedulerFenced", "SchedulerLease", "SchedulerPublisher"]
 
@@ -141,6 +141,10 @@ class SchedulerPublisher:
                 enable_idempotence=True,
                 linger_ms=5,
                 max_batch_size=1 << 20,
+                # The broker answers CONCURRENT_TRANSACTIONS while it writes the previous
+                # commit's markers; aiokafka then waits this long before asking again (100 ms
+                # by default, up to three times per batch). The Java client waits 20 ms.
+                retry_backoff_ms=20,
             )
             try:
                 await producer.start()  # InitProducerId: bumps the epoch, fences the old leader
@@ -175,16 +179,26 @@ class SchedulerPublisher:
                 logger.warning("scheduler producer did not stop cleanly: %s", exc)
 
     async def _send(
-        self, producer: AIOKafkaProducer, wave: Sequence[Outgoing]
+        self, producer: AIOKafkaProducer, wave: Sequence[Outgoing], hashes: dict[bytes, int]
     ) -> list[asyncio.Future[Any]]:
         """Queue one wave as one record batch per partition (far cheaper than a ``send`` per
-        record); returns the futures of the batches."""
+        record); returns the futures of the batches.
+
+        ``hashes`` keeps each key's murmur2 across the waves of one publish: a task's state
+        and its RunTask share the key, and the hash is pure Python."""
         by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
         partitions: dict[str, list[int]] = {}
         for topic, key, value in wave:
-            if topic not in partitions:
-                partitions[topic] = sorted(await producer.partitions_for(topic))
-            partition = self._partitioner(key, partitions[topic], partitions[topic])
+            ids = partitions.get(topic)
+            if ids is None:
+                ids = partitions[topic] = sorted(await producer.partitions_for(topic))
+            if key is None:
+                partition = self._partitioner(key, ids, ids)
+            else:
+                positive = hashes.get(key)
+                if positive is None:
+                    positive = hashes[key] = murmur2(key) & 0x7FFFFFFF
+                partition = ids[positive % len(ids)]  # as partition_for does
             by_partition.setdefault((topic, partition), []).append((key, value))
         futures: list[asyncio.Future[Any]] = []
         for (topic, partition), records in by_partition.items():
@@ -215,14 +229,15 @@ class SchedulerPublisher:
         if producer is None:
             raise SchedulerFenced("the scheduler is not active")
         try:
+            hashes: dict[bytes, int] = {}
             if not self.transactional:
                 for wave in waves:
-                    futures = await self._send(producer, wave)
+                    futures = await self._send(producer, wave, hashes)
                     if futures:
                         await asyncio.gather(*futures)
                 return
             await producer.begin_transaction()
-            futures = [f for wave in waves for f in await self._send(producer, wave)]
+            futures = [f for wave in waves for f in await self._send(producer, wave, hashes)]
             if offsets:
                 await producer.send_offsets_to_transaction(dict(offsets), self.group_id)
             await producer.commit_transaction()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import socket
@@ -34,6 +33,7 @@ from deferline.topics import (
 )
 from prometheus_client import CollectorRegistry
 
+from .._gc import collect_less_often
 from .._metrics import MetricsServer
 from .._options import (
     connection_options,
@@ -525,9 +525,7 @@ def triggerer_command(
         )
     except (ValueError, DeferlineError) as exc:
         raise click.UsageError(str(exc)) from exc
-    # Hundreds of thousands of long-lived objects (tables, waiting triggers) make the default
-    # cyclic-GC cadence rescan them constantly; collect the youngest generation less often.
-    gc.set_threshold(50_000, 20, 100)
+    collect_less_often()
     try:
         asyncio.run(Triggerer(settings, options).run())
     except DeferlineError as exc:
