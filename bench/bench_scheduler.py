@@ -192,8 +192,11 @@ async def bench_apply(n: int) -> None:
                 if sched.table.counters.resumes >= n:
                     break
                 await asyncio.sleep(0.005)
-            async with sched._publish_lock:  # the last batch is acknowledged
+            async with sched._publish_lock:  # the last batch is handed to the producer
                 pass
+            settle = getattr(sched, "_settle", None)  # and acknowledged (batches overlap)
+            if settle is not None:
+                await settle()
             await sched._tasks_caught_up()  # and read back
             took, cpu = time.perf_counter() - began, time.process_time() - cpu
             mode = "transactions" if sched.transactional else "waves"

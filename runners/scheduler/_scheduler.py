@@ -56,7 +56,7 @@ from prometheus_client import CollectorRegistry
 
 from .._metrics import MetricsServer
 from ._cli import scheduler_command
-from ._lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
+from ._lease import Outgoing, SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
 from ._records import committable, dead_letter, read_as, waves
 from ._tasks_topic import _TasksTopic
@@ -153,6 +153,8 @@ class Scheduler(_TasksTopic, Lifecycle):
         # Where the resume partitions ended at a takeover without transactions.
         self._reread: dict[TopicPartition, int] = {}
         self._publish_lock = asyncio.Lock()
+        # The last batch handed to the producer; each batch is sent after the one before it.
+        self._in_flight: asyncio.Task[None] | None = None
         self._main: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._active = asyncio.Event()
@@ -378,9 +380,14 @@ class Scheduler(_TasksTopic, Lifecycle):
                 lead.cancel()
         if lead is not None:
             await asyncio.wait({lead})
+        in_flight, self._in_flight = self._in_flight, None
+        sent = True
+        if in_flight is not None:
+            await asyncio.wait({in_flight})  # the batch handed to the producer goes out
+            sent = not in_flight.cancelled() and in_flight.exception() is None
         events, self._events = self._events, None
         if events is not None:
-            if was_active and not self._publisher.transactional:
+            if was_active and sent and not self._publisher.transactional:
                 with contextlib.suppress(KafkaError):
                     await self._commit()
             await events.stop()
@@ -413,17 +420,21 @@ class Scheduler(_TasksTopic, Lifecycle):
                         if messages:
                             read[tp] = messages[-1].offset + 1
                     self._events_done.update(read)
-                    out, folded = self.table.drain(), time.monotonic()
-                    await self._publish(out, dead, offsets=True)
-                    logger.debug(
-                        "events batch applied",
-                        extra={
-                            "events": sum(len(messages) for messages in batches.values()),
-                            "out": len(out),
-                            "fold_seconds": round(folded - began, 4),
-                            "publish_seconds": round(time.monotonic() - folded, 4),
-                        },
-                    )
+                    out = self.table.drain()
+                    previous = self._in_flight
+                    self._start_publish(out, dead, offsets=True)
+                logger.debug(
+                    "events batch folded",
+                    extra={
+                        "events": sum(len(messages) for messages in batches.values()),
+                        "out": len(out),
+                        "fold_seconds": round(time.monotonic() - began, 4),
+                    },
+                )
+                # The next batch is fetched and folded while this one is sent; the batch
+                # before it must be out first (at most two in flight; its error stops us).
+                if previous is not None:
+                    await asyncio.shield(previous)  # a step-down lets it finish
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
@@ -528,23 +539,56 @@ class Scheduler(_TasksTopic, Lifecycle):
     async def _publish(
         self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
     ) -> None:
-        """Send ``out`` in waves: CancelRequests (the "removed" record that follows one is the
-        proof it was sent), task states, then RunTasks (a worker's "running" must land after
-        "queued"). In a transaction the waves and the resume offsets commit together;
-        without, each wave is acknowledged before the next. Call with the publish lock."""
+        """Publish ``out`` after every batch started before it. Call with the publish lock."""
+        sent = self._start_publish(out, dead, offsets=offsets)
+        if sent is not None:
+            await asyncio.shield(sent)  # cancelled or not, the batch goes out
+
+    def _start_publish(
+        self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
+    ) -> asyncio.Task[None] | None:
+        """Hand ``out`` to the producer, after the batch in flight; returns its task.
+
+        Synchronous up to the task, so a batch is encoded, and its resume offsets are taken,
+        at the moment of the drain that made it (an event still pending then is not
+        committed past, even if a later fold resolves it). Records go out in waves:
+        CancelRequests (the "removed" record that follows one is the proof it was sent),
+        task states, then RunTasks (a worker's "running" must land after "queued"). In a
+        transaction the waves and the resume offsets commit together; without, each wave is
+        acknowledged before the next. Call with the publish lock."""
         commit = self._committable() if offsets and self._publisher.transactional else {}
         if not out and not dead and not commit:
-            return
-        for emit in out:
-            if isinstance(emit.record, RunTask):
-                await self._ensure_worker_queue(emit.record.worker_queue)
+            return None
+        queues = {e.record.worker_queue for e in out if isinstance(e.record, RunTask)}
         batch = waves(self.names, out, dead, written=self._written)
+        task = asyncio.create_task(
+            self._send_after(self._in_flight, queues, batch, commit), name="scheduler-publish"
+        )
+        self._in_flight = task
+        return task
+
+    async def _send_after(
+        self,
+        previous: asyncio.Task[None] | None,
+        queues: set[str],
+        batch: tuple[list[Outgoing], list[Outgoing], list[Outgoing]],
+        commit: dict[TopicPartition, int],
+    ) -> None:
+        if previous is not None:
+            await asyncio.shield(previous)  # raises its error: nothing goes out past it
+        for worker_queue in sorted(queues):
+            await self._ensure_worker_queue(worker_queue)
         try:
             await self._publisher.publish(batch, commit)
         except KafkaError as exc:
             raise SchedulerError(f"cannot publish scheduler decisions: {exc}") from exc
         self._committed.update(commit)
         self.published += sum(len(wave) for wave in batch)
+
+    async def _settle(self) -> None:
+        """Wait until every batch handed to the producer is sent (raises a failed one's error)."""
+        if self._in_flight is not None:
+            await asyncio.shield(self._in_flight)
 
     async def _ensure_worker_queue(self, worker_queue: str) -> None:
         if worker_queue in self._ensured_worker_queues:
@@ -558,7 +602,8 @@ class Scheduler(_TasksTopic, Lifecycle):
     async def _commit(self) -> None:
         """Commit resume offsets through the lease member (brokers without transactions)."""
         lease = self._lease
-        offsets = self._committable()
+        offsets = self._committable()  # taken now: what is folded is handed to the producer
+        await self._settle()  # and is sent before its offsets are committed
         if not offsets or lease is None or not lease.held:
             return
         await lease.commit(offsets)
