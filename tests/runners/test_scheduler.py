@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import KafkaConnectionError, ProducerFenced
 from click.testing import CliRunner
 from deferline.engine import Emit, Pools
-from deferline.runners.scheduler import Scheduler, scheduler_command
+from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
 from deferline.runners.scheduler import _cli as _scheduler_cli
 from deferline.runners.scheduler import _scheduler as scheduler_module
 from deferline.schemas import (
@@ -170,6 +170,44 @@ async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> N
         sent[partition] = sent.get(partition, 0) + count
     assert sent == expected, "each record in the batch of the partition its key hashes to"
     assert len(producer.batches) == sum((count + 1) // 2 for count in expected.values())
+
+
+async def test_batches_handed_over_back_to_back_go_out_one_after_another(
+    sched: Scheduler,
+) -> None:
+    first, second = (TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(2))
+    sched._start_publish([Emit(TaskStateRecord(task=first, state="queued"))])
+    sched._start_publish([Emit(TaskStateRecord(task=second, state="queued"))])
+    await sched._settle()
+    log = sched._publisher._producer.log  # type: ignore[union-attr]
+    assert log == [
+        ("send", "p.tasks", first.ti_key.encode()),
+        ("ack", "p.tasks", first.ti_key.encode()),
+        ("send", "p.tasks", second.ti_key.encode()),
+        ("ack", "p.tasks", second.ti_key.encode()),
+    ], "the second batch is sent only once the first is acknowledged"
+    assert sched.published == 2
+
+
+async def test_nothing_goes_out_after_a_batch_that_failed(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    async def refused(batch: Any, offsets: Any) -> None:
+        calls.append(len(calls))
+        raise KafkaConnectionError("broker gone")
+
+    monkeypatch.setattr(sched._publisher, "publish", refused)
+    failed = sched._start_publish([Emit(TaskStateRecord(task=TASK, state="queued"))])
+    after = sched._start_publish([Emit(TaskStateRecord(task=TASK, state="running"))])
+    assert failed is not None
+    assert after is not None
+    with pytest.raises(SchedulerError, match="broker gone"):
+        await after
+    assert failed.done()
+    assert isinstance(failed.exception(), SchedulerError)
+    assert calls == [0], "the batch after the failed one was never handed to the producer"
 
 
 async def test_own_writes_read_back_are_folded_without_decoding(
