@@ -12,6 +12,8 @@
    CPU (this process: nothing else runs in it meanwhile) from active until every decision is
    published and read back from the tasks topic, CPU per resumed task.
 5. memory: bytes the fold keeps per task (tracemalloc), N tasks deferred, then resumed.
+6. idle: a ``deferline scheduler`` process (``--deferline``) on an empty broker: its CPU
+   share over 30 s.
 
 (2), (3) and (4) run on the embedded Tansu broker (or DEFERLINE_BENCH_BOOTSTRAP=host:port).
 The script uses public or long-standing APIs only, so another checkout's interpreter can run
@@ -27,9 +29,12 @@ import asyncio
 import datetime as dt
 import gc
 import os
+import subprocess
+import sys
 import time
 import tracemalloc
 import uuid
+from pathlib import Path
 
 from deferline.engine import Pools, TaskTable
 from deferline.runners.scheduler import Scheduler
@@ -45,7 +50,7 @@ from deferline.schemas import (
 )
 from deferline.topics import Settings, TopicNames, make_producer
 
-from bench._harness import local_broker
+from bench._harness import cpu_seconds, local_broker
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 TARGET = ResumeTarget(operator="pkg.Op")
@@ -206,6 +211,23 @@ async def bench_apply(n: int) -> None:
             )
 
 
+async def bench_idle(exe: str) -> None:
+    """A ``deferline scheduler`` process on an empty broker: CPU share over 30 s."""
+    async with local_broker("tansu", os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
+        command = [exe, "scheduler", "--bootstrap-servers", bootstrap, "--log-level", "WARNING"]
+        command += ["--topic-prefix", f"idle{uuid.uuid4().hex[:6]}."]
+        process = await asyncio.create_subprocess_exec(*command, stderr=subprocess.DEVNULL)
+        try:
+            await asyncio.sleep(15.0)  # started, folded, active
+            cpu0, t0 = cpu_seconds(process.pid), time.monotonic()
+            await asyncio.sleep(30.0)
+            share = (cpu_seconds(process.pid) - cpu0) / (time.monotonic() - t0)
+        finally:
+            process.terminate()
+            await asyncio.wait_for(process.wait(), 30)
+        print(f"idle     scheduler CPU {share * 100:.2f} % of a core (30 s, empty broker)")
+
+
 def bench_memory(n: int) -> None:
     states, events = life(n)
     wire = [encode(r) for r in states if r.state == "deferred"]
@@ -237,13 +259,18 @@ def bench_memory(n: int) -> None:
     )
 
 
-CASES = ("fold", "broker", "apply", "memory")
+CASES = ("fold", "broker", "apply", "memory", "idle")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--only", nargs="+", choices=CASES, default=CASES)
+    parser.add_argument(
+        "--deferline",
+        default=str(Path(sys.executable).with_name("deferline")),
+        help="the executable the idle case runs (another checkout's, for before/after)",
+    )
     parser.add_argument(
         "--default-gc",
         action="store_true",
@@ -260,6 +287,8 @@ def main() -> None:
         asyncio.run(bench_apply(args.n))
     if "memory" in args.only:
         bench_memory(args.n)
+    if "idle" in args.only:
+        asyncio.run(bench_idle(args.deferline))
 
 
 if __name__ == "__main__":

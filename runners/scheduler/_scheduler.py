@@ -55,6 +55,7 @@ from deferline.topics import (
 from prometheus_client import CollectorRegistry
 
 from .._metrics import MetricsServer
+from ..triggerer import LONG_POLL_MS, answers_fetches_early
 from ._cli import scheduler_command
 from ._lease import Outgoing, SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
@@ -153,6 +154,10 @@ class Scheduler(_TasksTopic, Lifecycle):
         # Where the resume partitions ended at a takeover without transactions.
         self._reread: dict[TopicPartition, int] = {}
         self._publish_lock = asyncio.Lock()
+        # Apache Kafka answers a fetch once data arrives: a long wait only saves idle CPU.
+        # Tansu holds every fetch for the whole wait: there it bounds the latency the
+        # scheduler adds, so it stays short. Chosen at start from the brokers' API versions.
+        self._fetch_wait_ms = 100
         # The last batch handed to the producer; each batch is sent after the one before it.
         self._in_flight: asyncio.Task[None] | None = None
         self._main: asyncio.Task[None] | None = None
@@ -221,6 +226,8 @@ class Scheduler(_TasksTopic, Lifecycle):
             self._ensured_worker_queues |= self._worker_queues
             if self._metrics is not None:
                 await self._metrics.start()
+            if await answers_fetches_early(self.settings):
+                self._fetch_wait_ms = LONG_POLL_MS
             self._tasks = self._consumer()
             await self._tasks.start()
         except KafkaError as exc:
@@ -246,10 +253,11 @@ class Scheduler(_TasksTopic, Lifecycle):
             await self._main
 
     def _consumer(self) -> AIOKafkaConsumer:
-        # Kafka answers a fetch once data arrives: the wait only saves idle CPU. Tansu holds
-        # every fetch this long: it bounds the latency the scheduler adds there.
         return make_consumer(
-            self.settings, group_id=None, max_poll_records=None, fetch_max_wait_ms=100
+            self.settings,
+            group_id=None,
+            max_poll_records=None,
+            fetch_max_wait_ms=self._fetch_wait_ms,
         )
 
     async def _close(self) -> None:
