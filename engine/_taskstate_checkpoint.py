@@ -184,9 +184,15 @@ class _TableCheckpoint:
     _finished: deque[tuple[dt.datetime, str]]
     _clock: dt.datetime
     _changed: set[str] | None
+    _outbox: list[Emit]
 
     def _shared(self, target: ResumeTarget | None) -> ResumeTarget | None:
         raise NotImplementedError
+
+    @property
+    def unpublished(self) -> bool:
+        """True while the table holds decisions that :meth:`drain` has not handed out."""
+        return bool(self._outbox)
 
     def track_changes(self) -> None:
         """Note from now on which keys change; every key known so far counts as changed."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -86,6 +87,25 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     show_default=True,
     help="Seconds a finished task stays in memory (the tasks topic keeps it).",
 )
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Checkpoint directory of the task table [$XDG_STATE_HOME/deferline/scheduler/"
+    "<group id>]. Two schedulers on one host each need their own.",
+)
+@click.option(
+    "--no-checkpoint",
+    is_flag=True,
+    help="Keep no local checkpoint (every start folds the whole tasks topic).",
+)
+@click.option(
+    "--checkpoint-interval",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds between checkpoints of the task table.",
+)
 @logging_options
 def scheduler_command(
     settings: Settings,
@@ -99,6 +119,9 @@ def scheduler_command(
     lease_timeout: float,
     transactions: str,
     finished_retention: float,
+    state_dir: Path | None,
+    no_checkpoint: bool,
+    checkpoint_interval: float,
 ) -> None:
     """Run the scheduler: fold trigger events into task state and resume tasks."""
     if default_pool_slots == "unlimited":
@@ -107,8 +130,11 @@ def scheduler_command(
         default = int(default_pool_slots)
     else:
         raise click.BadParameter("a number or 'unlimited'", param_hint="--default-pool-slots")
+    from ._checkpoint import default_state_dir
     from ._scheduler import Scheduler
 
+    if not no_checkpoint and state_dir is None:
+        state_dir = default_state_dir(group_id or f"{settings.topic_prefix}scheduler")
     scheduler = Scheduler(
         settings,
         pools=Pools(slots=_parse_pools(pools), default_slots=default),
@@ -120,6 +146,8 @@ def scheduler_command(
         lease_timeout=lease_timeout,
         transactions={"auto": None, "on": True, "off": False}[transactions],
         finished_retention=finished_retention,
+        state_dir=None if no_checkpoint else state_dir,
+        checkpoint_interval=checkpoint_interval,
     )
     try:
         asyncio.run(_serve(scheduler))
