@@ -1,0 +1,96 @@
+"""The scheduler's checkpoint store and options without a broker: atomic rows and header,
+one process per directory with a clear error, a default directory per scheduler group."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from deferline.engine import TaskTable
+from deferline.runners._local_state import CheckpointError
+from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
+from deferline.runners.scheduler import _cli as _scheduler_cli
+from deferline.runners.scheduler import _scheduler as scheduler_module
+from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
+from deferline.schemas import ResumeTarget, TaskKey, TaskStateRecord
+from deferline.topics import Settings
+
+
+def _table(n: int) -> TaskTable:
+    table = TaskTable()
+    table.track_changes()
+    for i in range(n):
+        task = TaskKey(dag_id="d", task_id=f"t{i}", run_id="r")
+        record = TaskStateRecord(
+            task=task, state="scheduled", source="client", resume=ResumeTarget(operator="p.Op")
+        )
+        table.apply(record)
+    return table
+
+
+def test_rows_and_positions_are_stored_together_and_restored(tmp_path: Path) -> None:
+    store = SchedulerCheckpoint(tmp_path / "ckpt")
+    store.open()
+    table = _table(3)
+    store.write("p.tasks", {0: 5, 1: 7}, table.export_changes().encode())
+    table.forget("d/t1/r/-1")
+    store.write("p.tasks", {0: 6, 1: 7}, table.export_changes().encode())
+    store.close()
+    store.open()
+    saved = store.load()
+    assert saved is not None
+    assert (saved.topic, saved.positions) == ("p.tasks", {0: 6, 1: 7})
+    restored = TaskTable()
+    assert restored.restore_rows(store.rows(), saved.state) == 2
+    assert restored.snapshot() == table.snapshot()
+    store.discard()
+    assert store.load() is None
+    assert list(store.rows()) == []
+    store.close()
+
+
+def test_a_directory_in_use_is_named_in_the_error(tmp_path: Path) -> None:
+    first = SchedulerCheckpoint(tmp_path / "ckpt")
+    first.open()
+    try:
+        with pytest.raises(CheckpointError, match="in use by another process"):
+            SchedulerCheckpoint(tmp_path / "ckpt").open()
+
+        async def start() -> None:
+            sched = Scheduler(
+                Settings(bootstrap_servers="127.0.0.1:1"), state_dir=tmp_path / "ckpt"
+            )
+            await sched.start()
+
+        with pytest.raises(SchedulerError, match=r"checkpoint.*in use by another process"):
+            asyncio.run(start())
+    finally:
+        first.close()
+
+
+def test_command_line_state_dir_per_group(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    made: list[dict[str, Any]] = []
+
+    class Recorded:
+        def __init__(self, settings: Settings, **options: Any) -> None:
+            made.append(options)
+
+    async def serve(scheduler: object) -> None:
+        return None
+
+    monkeypatch.setattr(scheduler_module, "Scheduler", Recorded)
+    monkeypatch.setattr(_scheduler_cli, "_serve", serve)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    runner = CliRunner()
+    for args in ([], ["--group-id", "g2"], ["--no-checkpoint"], ["--state-dir", "elsewhere"]):
+        result = runner.invoke(scheduler_command, [*args, "--topic-prefix", "x."])
+        assert result.exit_code == 0, result.output
+    assert [m["state_dir"] for m in made] == [
+        tmp_path / "deferline" / "scheduler" / "x.scheduler",
+        tmp_path / "deferline" / "scheduler" / "g2",
+        None,
+        Path("elsewhere"),
+    ]
