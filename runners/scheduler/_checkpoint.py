@@ -140,6 +140,7 @@ class _Checkpointing:
 
     table: TaskTable
     checkpoint_interval: float
+    checkpoint_max_age: float
     restored_tasks: int
     _checkpoint: SchedulerCheckpoint | None
     _tasks: AIOKafkaConsumer | None
@@ -160,14 +161,23 @@ class _Checkpointing:
         if store is None or consumer is None:
             return None
         began = time.monotonic()
-        saved = await asyncio.to_thread(store.load)
+        try:
+            saved = await asyncio.to_thread(store.load)
+        except CheckpointError as exc:
+            logger.warning("scheduler checkpoint discarded: %s", exc)
+            await asyncio.to_thread(store.discard)
+            return None
         if saved is None:
             return None
         tps = {tp.partition: tp for tp in self._task_tps}
         ends = await consumer.end_offsets(self._task_tps)
         starts = await consumer.beginning_offsets(self._task_tps)
         problem = None
-        if saved.topic != topic:
+        age = time.time() - saved.saved_at
+        if age > self.checkpoint_max_age:
+            # Compaction may since have removed tombstones the tail would have to show.
+            problem = f"it is {age / 3600:.1f} h old"
+        elif saved.topic != topic:
             problem = f"it is of topic {saved.topic}"
         elif set(saved.positions) != set(tps):
             problem = f"{len(saved.positions)} partitions saved, the topic has {len(tps)}"
@@ -202,7 +212,7 @@ class _Checkpointing:
             extra={
                 "path": str(store.path),
                 "tasks": tasks,
-                "age_seconds": round(time.time() - saved.saved_at, 1),
+                "age_seconds": round(age, 1),
                 "restore_seconds": round(time.monotonic() - began, 3),
             },
         )
@@ -249,7 +259,11 @@ class _Checkpointing:
         began = time.monotonic()
 
         def write() -> bool:
-            store.write(topic, positions, delta.encode())
+            try:
+                rows = delta.encode()
+            except Exception as exc:  # a value the tagged codec refuses: keep the old one
+                raise CheckpointError(f"cannot encode the task table: {exc}") from exc
+            store.write(topic, positions, rows)
             return True
 
         self._writing = asyncio.ensure_future(asyncio.to_thread(write))

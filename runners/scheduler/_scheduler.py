@@ -101,6 +101,8 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             ``None``: no checkpoint, every start folds the whole topic. One process per
             directory (RocksDB locks it).
         checkpoint_interval: seconds between checkpoints (and one at a clean stop).
+        checkpoint_max_age: an older checkpoint is discarded: compaction may have removed
+            tombstones written since (keep it below the tasks topic's delete.retention.ms).
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         finished_retention: float = 3600.0,
         state_dir: str | Path | None = None,
         checkpoint_interval: float = 10.0,
+        checkpoint_max_age: float = 12 * 3600.0,
     ) -> None:
         if isinstance(pools, Mapping):
             pools = Pools(slots=dict(pools))
@@ -136,6 +139,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         self.transactions = transactions
         self.finished_retention = finished_retention
         self.checkpoint_interval = checkpoint_interval
+        self.checkpoint_max_age = checkpoint_max_age
         self._checkpoint = SchedulerCheckpoint(state_dir) if state_dir is not None else None
         self._checkpoints_off = False
         self._checkpointed_at = 0.0
