@@ -316,8 +316,9 @@ async def bench_restart(n: int, backend: str) -> None:
             warm = await _time_to_ready(settings, pools, state_dir=state_dir)
             print(
                 f"restart  n={n:>7}  {backend:<6} from checkpoint: ready in "
-                f"{warm.recovery_seconds:6.2f}s ({warm.restored_tasks} tasks restored, "
-                f"{warm.recovered_records} tail records folded), "
+                f"{warm.recovery_seconds:6.2f}s ({warm.restored_tasks} tasks restored in "
+                f"{warm.restore_seconds or 0.0:.2f}s, {warm.recovered_records} tail records "
+                f"folded), "
                 f"{cold_seconds / (warm.recovery_seconds or 1.0):,.1f}x faster than cold"
             )
             assert len(warm.table) == n + tail

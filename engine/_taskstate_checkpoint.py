@@ -20,11 +20,13 @@ which a view alone cannot tell, are exported whole with every checkpoint (there 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import gc
 import heapq
 import sys
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,15 +42,28 @@ from deferline.schemas import (
     to_tagged,
 )
 
-from ._task_pools import _holds
-from ._taskstate_values import _FINISHED, Emit, Progress, _Slim, _View
+from ._taskstate_values import _FINISHED, HOLDING_STATES, Emit, Progress, _Slim, _View
 
 __all__ = ["TableDelta", "TableRows"]
 
 FORMAT = 1
 """Version of the row layout; a checkpoint of another version is not restored."""
 
-_TargetKey = tuple[str, str, str, int, int, int]
+_TAG = b'"__type"'
+"""Present in a row only if one of its values is tagged (plain JSON decodes as itself)."""
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Millions of objects made in a row, none in a cycle: without this the cyclic collector
+    rescans the whole (large) heap again and again, which doubled the restore time."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _tagged(value: Any) -> Any:
@@ -154,6 +169,10 @@ class TableDelta:
         return {key for key, *_ in self.upserts} | set(self.deletes)
 
     def encode(self) -> TableRows:
+        with _collector_paused():
+            return self._encode()
+
+    def _encode(self) -> TableRows:
         return TableRows(
             rows=[
                 (key.encode(), encode_row(record, at, target))
@@ -236,6 +255,10 @@ class _TableCheckpoint:
             raise ValueError("restore into an empty table only")
         if state.get("format") != FORMAT:
             raise ValueError(f"checkpoint format {state.get('format')!r}, expected {FORMAT}")
+        with _collector_paused():
+            return self._restore(rows, state)
+
+    def _restore(self, rows: Iterable[tuple[bytes, bytes]], state: Mapping[str, Any]) -> int:
         views = self._views
         used: dict[str, int] = {}
         targets: dict[tuple[Any, ...], ResumeTarget | None] = {}
@@ -244,6 +267,8 @@ class _TableCheckpoint:
         intern = sys.intern
         fromiso = dt.datetime.fromisoformat
         new = object.__new__
+        last_row: list[Any] | None = None
+        last_target: ResumeTarget | None = None
         try:
             for raw_key, raw in rows:
                 key = raw_key.decode()
@@ -270,6 +295,12 @@ class _TableCheckpoint:
                     target_row,
                     has_resume,
                 ) = orjson.loads(raw)
+                if _TAG in raw:  # some value carries a type JSON lacks: decode the tags
+                    next_kwargs, event, xcoms = (
+                        _untagged(next_kwargs),
+                        _untagged(event),
+                        _untagged(xcoms),
+                    )
                 record: _Slim = new(_Slim)
                 record.dag_id = intern(dag_id)
                 record.task_id = intern(task_id)
@@ -280,29 +311,32 @@ class _TableCheckpoint:
                 record.trigger_id = trigger_id
                 record.defer_seq = defer_seq
                 record.next_method = None if next_method is None else intern(next_method)
-                record.next_kwargs = _untagged(next_kwargs)
-                record.event = _untagged(event)
+                record.next_kwargs = next_kwargs
+                record.event = event
                 record.event_id = event_id
                 record.reason = reason
                 record.updated_at = when = fromiso(updated_at)
                 record.source = source
                 record.timeout_at = _when(timeout_at)
                 record.queue = queue
-                record.xcoms = _untagged(xcoms)
+                record.xcoms = xcoms
                 target: ResumeTarget | None = None
-                if target_row is not None:
-                    if len(target_row) == 6:
-                        shape = tuple(target_row)
-                        if shape not in targets:
-                            targets[shape] = self._shared(_target_of(target_row))
-                        target = targets[shape]
-                    else:
-                        target = _target_of(target_row)
+                if target_row is None:
+                    pass
+                elif target_row == last_row:  # neighbours mostly share their target
+                    target = last_target
+                elif len(target_row) == 6:
+                    shape = tuple(target_row)
+                    if shape not in targets:
+                        targets[shape] = self._shared(_target_of(target_row))
+                    target = last_target = targets[shape]
+                    last_row = target_row
+                else:
+                    target = _target_of(target_row)
                 record.resume = target if has_resume else None
-                view = _View(record=record, at=(at[0], at[1], at[2]), target=target)
-                holds = _holds(record, target)
-                if holds is not None:
-                    view.holds = holds
+                view = _View(record, (at[0], at[1], at[2]), target)
+                if target is not None and state_name in HOLDING_STATES:
+                    view.holds = holds = (target.pool, target.pool_slots)
                     used[holds[0]] = used.get(holds[0], 0) + holds[1]
                 views[key] = view
                 if state_name in _FINISHED:

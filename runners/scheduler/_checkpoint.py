@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Iterator
@@ -92,11 +93,9 @@ class SchedulerCheckpoint:
             raise CheckpointError(f"checkpoint {self.path} is corrupt: {exc}") from exc
 
     def rows(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every stored row: (ti_key, row)."""
+        """Every stored row: (ti_key, row). Rows are the last keys (``t:`` sorts after ``m``)."""
         start = len(_ROW)
         for key, value in self._db.items(from_key=_ROW):
-            if not key.startswith(_ROW):
-                break
             yield key[start:], value
 
     def write(self, topic: str, positions: dict[int, int], rows: TableRows) -> None:
@@ -142,6 +141,7 @@ class _Checkpointing:
     checkpoint_interval: float
     checkpoint_max_age: float
     restored_tasks: int
+    restore_seconds: float | None
     _checkpoint: SchedulerCheckpoint | None
     _tasks: AIOKafkaConsumer | None
     _task_tps: list[TopicPartition]
@@ -205,7 +205,9 @@ class _Checkpointing:
             )
             await asyncio.to_thread(store.discard)
             return None
+        gc.freeze()  # the restored table is long-lived: spare it the collector's rescans
         self.restored_tasks = tasks
+        self.restore_seconds = time.monotonic() - began
         self._saved_positions = dict(saved.positions)
         logger.info(
             "scheduler checkpoint restored",
@@ -213,7 +215,7 @@ class _Checkpointing:
                 "path": str(store.path),
                 "tasks": tasks,
                 "age_seconds": round(age, 1),
-                "restore_seconds": round(time.monotonic() - began, 3),
+                "restore_seconds": round(self.restore_seconds, 3),
             },
         )
         return {tps[p]: offset for p, offset in saved.positions.items()}
@@ -268,11 +270,14 @@ class _Checkpointing:
 
         self._writing = asyncio.ensure_future(asyncio.to_thread(write))
         try:
-            await asyncio.shield(self._writing)
+            await asyncio.shield(self._writing)  # a cancelled caller leaves it to stop()
         except CheckpointError as exc:
             logger.warning("scheduler checkpoint not written: %s", exc)
             self.table.mark_changed(delta.keys)
             return False
+        finally:
+            if self._writing.done():
+                self._writing = None
         self._saved_positions = positions
         logger.debug(
             "scheduler checkpoint written",

@@ -147,6 +147,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         self._writing: asyncio.Future[bool] | None = None
         self._tasks_idle = False
         self.restored_tasks = 0
+        self.restore_seconds: float | None = None
         self._resume_pattern = re.compile(
             f"^{re.escape(settings.topic_prefix)}resume(\\.[A-Za-z0-9_-]+)?$"
         )

@@ -67,8 +67,8 @@ class _TasksTopic:
         began = time.monotonic()
         partitions = await self._tasks_partitions()
         self._task_tps = [TopicPartition(self.names.tasks, p) for p in sorted(partitions)]
+        saved = await self._restore_checkpoint(self.names.tasks)  # before any fetch starts
         self._tasks.assign(self._task_tps)
-        saved = await self._restore_checkpoint(self.names.tasks)
         if saved is None:
             await self._tasks.seek_to_beginning(*self._task_tps)
         else:
