@@ -11,7 +11,7 @@ import pytest
 from deferline.engine._task_pools import Pools
 from deferline.engine._taskstate import TaskTable
 from deferline.engine._taskstate_values import Emit
-from deferline.schemas import ResumeTarget, TaskStateRecord, encode
+from deferline.schemas import ResumeTarget, TaskStateRecord, TriggerEventRecord, encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,10 +96,10 @@ def test_a_restored_standby_table_decides_as_the_original(
     restored = store.restore(world.pools)
     _same(original, restored)
     rng = random.Random(seed)
-    rest = [*log[read:], *world.events_log]
+    rest: list[TaskStateRecord | TriggerEventRecord] = [*log[read:], *world.events_log]
     rng.shuffle(rest)  # any order: both see the same one
-    for record in rest:
-        assert original.apply(record) == restored.apply(record)
+    for item in rest:
+        assert original.apply(item) == restored.apply(item)
         assert _wire(original.drain()) == _wire(restored.drain())
     _same(original, restored)
 
@@ -160,9 +160,9 @@ def test_a_restart_from_a_checkpoint_decides_as_a_full_fold(
     assert restored.snapshot() == full.snapshot()
     assert restored.pool_usage() == full.pool_usage()
     assert _shape(restored.drain()) == _shape(full.drain())
-    for record in world.events_log:  # resume offsets are committed no further than applied
-        restored.apply(record)
-        full.apply(record)
+    for event in world.events_log:  # resume offsets are committed no further than applied
+        restored.apply(event)
+        full.apply(event)
         assert _shape(restored.drain()) == _shape(full.drain())
     assert restored.snapshot() == full.snapshot()
 
