@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 from click.testing import CliRunner
-from deferline.engine import TaskTable
+from deferline.engine import Emit, TaskTable
 from deferline.runners._local_state import CheckpointError
 from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
 from deferline.runners.scheduler import _cli as _scheduler_cli
@@ -94,3 +95,63 @@ def test_command_line_state_dir_per_group(monkeypatch: pytest.MonkeyPatch, tmp_p
         None,
         Path("elsewhere"),
     ]
+
+
+class FlakyStore:
+    """A checkpoint store whose writes fail until told otherwise."""
+
+    def __init__(self) -> None:
+        self.fail = True
+        self.written: list[tuple[dict[int, int], int]] = []
+
+    def write(self, topic: str, positions: dict[int, int], rows: Any) -> None:
+        if self.fail:
+            raise CheckpointError("disk full")
+        self.written.append((positions, len(rows.rows)))
+
+
+def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore]:
+    sched = Scheduler(Settings(bootstrap_servers="127.0.0.1:1"), state_dir=tmp_path)
+    store = FlakyStore()
+    sched._checkpoint = store  # type: ignore[assignment]
+    sched._task_tps = [TopicPartition("p.tasks", 0)]
+    sched._tasks_pos = {TopicPartition("p.tasks", 0): 3}
+    sched.checkpoint_interval = 0.0
+    sched.table = _table(2)
+    return sched, store
+
+
+def test_a_failed_write_is_retried_with_the_next_checkpoint(tmp_path: Path) -> None:
+    sched, store = _scheduler_between_fetches(tmp_path)
+    asyncio.run(sched._maybe_checkpoint())
+    assert store.written == []
+    assert sched._saved_positions is None
+    store.fail = False
+    asyncio.run(sched._maybe_checkpoint())
+    assert store.written == [({0: 3}, 2)], "the failed write's tasks go with the next one"
+    asyncio.run(sched._maybe_checkpoint())
+    assert len(store.written) == 1, "nothing changed, nothing written"
+
+
+def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
+    tmp_path: Path,
+) -> None:
+    sched, store = _scheduler_between_fetches(tmp_path)
+    store.fail = False
+    sched.table._outbox.append(Emit(state_record()))
+    assert sched._capture() is None, "decided, not yet published"
+    sched.table._outbox.clear()
+
+    async def while_publishing() -> object:
+        async with sched._publish_lock:
+            return sched._capture()
+
+    assert asyncio.run(while_publishing()) is None, "a batch is being published"
+    sched._checkpoints_off = True
+    assert sched._capture() is None
+    sched._checkpoints_off = False
+    assert sched._capture() is not None
+
+
+def state_record() -> TaskStateRecord:
+    return TaskStateRecord(task=TaskKey(dag_id="d", task_id="t0", run_id="r"), state="queued")
