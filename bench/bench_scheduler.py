@@ -12,7 +12,12 @@
    CPU (this process: nothing else runs in it meanwhile) from active until every decision is
    published and read back from the tasks topic, CPU per resumed task.
 5. memory: bytes the fold keeps per task (tracemalloc), N tasks deferred, then resumed.
-6. idle: a ``deferline scheduler`` process (``--deferline``) on an empty broker: its CPU
+6. restart: the tasks topic holds N deferred tasks (one record each); time until a
+   scheduler is ready, cold (no checkpoint: the whole topic is folded, as every start did
+   before checkpoints) and from its local checkpoint with N/100 records written after it
+   (restore, then fold the tail). Also reported: the first (full) checkpoint write and its
+   size on disk. ``--backend kafka`` runs it on Apache Kafka.
+7. idle: a ``deferline scheduler`` process (``--deferline``) on an empty broker: its CPU
    share over 30 s.
 
 (2), (3) and (4) run on the embedded Tansu broker (or DEFERLINE_BENCH_BOOTSTRAP=host:port).
@@ -20,6 +25,7 @@ The script uses public or long-standing APIs only, so another checkout's interpr
 it for "before" figures (``cd <checkout> && .venv/bin/python <this file>``).
 
 Run: .venv/bin/python -m bench.bench_scheduler [--n 20000] [--only apply memory]
+     .venv/bin/python -m bench.bench_scheduler --only restart --n 1000000 --backend kafka
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import gc
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 import uuid
@@ -50,7 +57,7 @@ from deferline.schemas import (
 )
 from deferline.topics import Settings, TopicNames, make_producer
 
-from bench._harness import cpu_seconds, local_broker
+from bench._harness import cpu_seconds, local_broker, produce_batched
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 TARGET = ResumeTarget(operator="pkg.Op")
@@ -211,9 +218,9 @@ async def bench_apply(n: int) -> None:
             )
 
 
-async def bench_idle(exe: str) -> None:
+async def bench_idle(exe: str, backend: str) -> None:
     """A ``deferline scheduler`` process on an empty broker: CPU share over 30 s."""
-    async with local_broker("tansu", os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
+    async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
         command = [exe, "scheduler", "--bootstrap-servers", bootstrap, "--log-level", "WARNING"]
         command += ["--topic-prefix", f"idle{uuid.uuid4().hex[:6]}."]
         process = await asyncio.create_subprocess_exec(*command, stderr=subprocess.DEVNULL)
@@ -259,13 +266,98 @@ def bench_memory(n: int) -> None:
     )
 
 
-CASES = ("fold", "broker", "apply", "memory", "idle")
+def _deferred_rows(first: int, n: int) -> list[tuple[bytes, bytes]]:
+    rows = []
+    for i in range(first, first + n):
+        task = TaskKey(dag_id="bench", task_id=f"t{i}", run_id="r")
+        record = TaskStateRecord(
+            task=task,
+            state="deferred",
+            trigger_id=make_trigger_id(task, 0),
+            next_method="done",
+            next_kwargs={"i": i},
+            source="worker",
+            resume=TARGET,
+            updated_at=T0,
+        )
+        rows.append((task.ti_key.encode(), encode(record)))
+    return rows
+
+
+def _disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+async def _time_to_ready(settings: Settings, pools: Pools, **options: object) -> Scheduler:
+    began = time.perf_counter()
+    sched = Scheduler(settings, pools=pools, **options)  # type: ignore[arg-type]
+    await sched.start()
+    await sched.wait_ready()
+    sched.recovery_seconds = time.perf_counter() - began  # start → ready, connect included
+    return sched
+
+
+async def bench_restart(n: int, backend: str) -> None:
+    tail = max(1, n // 100)
+    async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
+        settings = Settings(
+            bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
+        )
+        names = TopicNames(settings.topic_prefix)
+        pools = Pools(slots={}, default_slots=None)
+        async with Scheduler(settings, pools=pools) as first:
+            await first.wait_ready()  # creates the topics
+        producer = make_producer(settings, linger_ms=20, max_batch_size=512 * 1024)
+        await producer.start()
+        try:
+            await produce_batched(producer, names.tasks, _deferred_rows(0, n), settings.partitions)
+            state_dir = Path(tempfile.mkdtemp(prefix="deferline-bench-"))
+            cold = await _time_to_ready(settings, pools)
+            print(
+                f"restart  n={n:>7}  {backend:<6} cold (no checkpoint): ready in "
+                f"{cold.recovery_seconds:6.2f}s, {cold.recovered_records} records folded"
+            )
+            cold_seconds = cold.recovery_seconds or 0.0
+            await cold.stop()
+            del cold
+            gc.collect()
+            saver = await _time_to_ready(settings, pools, state_dir=state_dir)
+            began = time.perf_counter()
+            while saver._saved_positions is None:  # noqa: ASYNC110 - polling a figure
+                await asyncio.sleep(0.01)  # until the first checkpoint (every task) is out
+            wrote = time.perf_counter() - began
+            await saver.stop()
+            size = _disk_bytes(state_dir)
+            print(
+                f"restart  n={n:>7}  {backend:<6} first checkpoint written after ready in "
+                f"{wrote:6.2f}s, {size / 1e6:,.0f} MB on disk ({size / n:,.0f} B per task)"
+            )
+            del saver
+            gc.collect()
+            await produce_batched(
+                producer, names.tasks, _deferred_rows(n, tail), settings.partitions
+            )
+            warm = await _time_to_ready(settings, pools, state_dir=state_dir)
+            print(
+                f"restart  n={n:>7}  {backend:<6} from checkpoint: ready in "
+                f"{warm.recovery_seconds:6.2f}s ({warm.restored_tasks} tasks restored in "
+                f"{warm.restore_seconds or 0.0:.2f}s, {warm.recovered_records} tail records "
+                f"folded), "
+                f"{cold_seconds / (warm.recovery_seconds or 1.0):,.1f}x faster than cold"
+            )
+            assert len(warm.table) == n + tail
+            await warm.stop()
+        finally:
+            await producer.stop()
+
+
+CASES = ("fold", "broker", "apply", "memory", "restart", "idle")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
-    parser.add_argument("--only", nargs="+", choices=CASES, default=CASES)
+    parser.add_argument("--only", nargs="+", choices=CASES, default=CASES[:4])
     parser.add_argument(
         "--deferline",
         default=str(Path(sys.executable).with_name("deferline")),
@@ -276,6 +368,7 @@ def main() -> None:
         action="store_true",
         help="keep CPython's GC thresholds (the scheduler command collects less often)",
     )
+    parser.add_argument("--backend", choices=("tansu", "kafka"), default="tansu")
     args = parser.parse_args()
     if not args.default_gc:
         gc.set_threshold(50_000, 20, 100)  # as `deferline scheduler` sets them
@@ -287,8 +380,10 @@ def main() -> None:
         asyncio.run(bench_apply(args.n))
     if "memory" in args.only:
         bench_memory(args.n)
+    if "restart" in args.only:
+        asyncio.run(bench_restart(args.n, args.backend))
     if "idle" in args.only:
-        asyncio.run(bench_idle(args.deferline))
+        asyncio.run(bench_idle(args.deferline, args.backend))
 
 
 if __name__ == "__main__":

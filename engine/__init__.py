@@ -51,6 +51,7 @@ from ._outcome import OutcomeStatus, TriggerOutcome
 from ._supervisor import TriggerSupervisor
 from ._task_pools import Pools
 from ._taskstate import TaskTable
+from ._taskstate_checkpoint import TableDelta, TableRows
 from ._taskstate_values import (
     FAIL_METHOD,
     HOLDING_STATES,
@@ -104,6 +105,8 @@ __all__ = [
     "SupervisorError",
     "SupervisorMetrics",
     "TableCounters",
+    "TableDelta",
+    "TableRows",
     "TaskDeferralError",
     "TaskDeferralTimeout",
     "TaskDeferred",

@@ -45,6 +45,7 @@ from deferline.schemas import (
 )
 
 from ._task_pools import Pools, _holds, _PoolAdmission
+from ._taskstate_checkpoint import _TableCheckpoint
 from ._taskstate_values import (
     _EPOCH,
     _FINISHED,
@@ -64,7 +65,7 @@ __all__ = ["TaskTable"]
 logger = logging.getLogger(__name__)
 
 
-class TaskTable(_PoolAdmission):
+class TaskTable(_PoolAdmission, _TableCheckpoint):
     """State of every task instance, folded from the tasks and resume topics. No I/O.
 
     Feed records with :meth:`apply`; collect what to publish with :meth:`drain`.
@@ -86,6 +87,7 @@ class TaskTable(_PoolAdmission):
         self._finished: deque[tuple[dt.datetime, str]] = deque()  # (finished at, key)
         self._targets: dict[tuple[str, str, str, int, int, int], ResumeTarget] = {}
         self._clock = _EPOCH
+        self._changed: set[str] | None = None  # keys moved since the last checkpoint
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -164,6 +166,8 @@ class TaskTable(_PoolAdmission):
         view = self._views.pop(ti_key, None)
         if view is not None and view.holds is not None:
             self._used[view.holds[0]] -= view.holds[1]
+        if view is not None and self._changed is not None:
+            self._changed.add(ti_key)
         self._retry.discard(ti_key)
         self._cancel.pop(ti_key, None)
         self._repair.discard(ti_key)
@@ -333,6 +337,8 @@ class TaskTable(_PoolAdmission):
     def _entered(self, key: str, view: _View, previous: _Slim | None) -> None:
         """Book-keeping after ``view.record`` changed: pool slots, queues, follow-ups."""
         record = view.record
+        if self._changed is not None:
+            self._changed.add(key)
         if record.state in _FINISHED:
             self._finished.append((record.updated_at, key))
         holds = _holds(record, view.target)

@@ -137,7 +137,7 @@ def start_processes(children: Children, options: DemoOptions) -> None:
         children.spawn(
             name,
             "scheduler",
-            *("--default-pool-slots", "unlimited", "--log-level", "WARNING"),
+            *("--default-pool-slots", "unlimited", "--log-level", "WARNING", "--no-checkpoint"),
             *("--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--lease-timeout", "6"),
             metrics_port=port,
         )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -12,7 +14,7 @@ from deferline.engine import Pools
 from deferline.schemas import DeferlineError
 from deferline.topics import Settings
 
-from .._gc import collect_less_often
+from .._gc import collect_less_often, spare_what_lives_now
 from .._options import connection_options, layout_options, logging_options, metrics_options
 from .._signals import run_until_signal
 
@@ -87,6 +89,25 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     show_default=True,
     help="Seconds a finished task stays in memory (the tasks topic keeps it).",
 )
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Checkpoint directory of the task table [$XDG_STATE_HOME/deferline/scheduler/"
+    "<group id>]. Two schedulers on one host each need their own.",
+)
+@click.option(
+    "--no-checkpoint",
+    is_flag=True,
+    help="Keep no local checkpoint (every start folds the whole tasks topic).",
+)
+@click.option(
+    "--checkpoint-interval",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds between checkpoints of the task table.",
+)
 @logging_options
 def scheduler_command(
     settings: Settings,
@@ -100,6 +121,9 @@ def scheduler_command(
     lease_timeout: float,
     transactions: str,
     finished_retention: float,
+    state_dir: Path | None,
+    no_checkpoint: bool,
+    checkpoint_interval: float,
 ) -> None:
     """Run the scheduler: fold trigger events into task state and resume tasks."""
     if default_pool_slots == "unlimited":
@@ -108,8 +132,11 @@ def scheduler_command(
         default = int(default_pool_slots)
     else:
         raise click.BadParameter("a number or 'unlimited'", param_hint="--default-pool-slots")
+    from ._checkpoint import default_state_dir
     from ._scheduler import Scheduler
 
+    if not no_checkpoint and state_dir is None:
+        state_dir = default_state_dir(group_id or f"{settings.topic_prefix}scheduler")
     scheduler = Scheduler(
         settings,
         pools=Pools(slots=_parse_pools(pools), default_slots=default),
@@ -121,6 +148,8 @@ def scheduler_command(
         lease_timeout=lease_timeout,
         transactions={"auto": None, "on": True, "off": False}[transactions],
         finished_retention=finished_retention,
+        state_dir=None if no_checkpoint else state_dir,
+        checkpoint_interval=checkpoint_interval,
     )
     collect_less_often()
     try:
@@ -130,5 +159,15 @@ def scheduler_command(
 
 
 async def _serve(scheduler: Scheduler) -> None:
-    await run_until_signal(scheduler)
+    spare = asyncio.create_task(_spare_fold_when_ready(scheduler))
+    try:
+        await run_until_signal(scheduler)
+    finally:
+        spare.cancel()
     logger.info("scheduler stopped")
+
+
+async def _spare_fold_when_ready(scheduler: Scheduler) -> None:
+    with contextlib.suppress(DeferlineError):  # a failed start is reported by the run
+        await scheduler.wait_ready()
+        spare_what_lives_now()

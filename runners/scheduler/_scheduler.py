@@ -30,6 +30,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -54,8 +55,10 @@ from deferline.topics import (
 )
 from prometheus_client import CollectorRegistry
 
+from .._local_state import CheckpointError
 from .._metrics import MetricsServer
 from ..triggerer import LONG_POLL_MS, answers_fetches_early
+from ._checkpoint import SchedulerCheckpoint, _Checkpointing
 from ._cli import scheduler_command
 from ._lease import Outgoing, SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
@@ -71,7 +74,7 @@ class SchedulerError(DeferlineError):
     """The scheduler could not read or publish (broker unreachable, topic missing...)."""
 
 
-class Scheduler(_TasksTopic, Lifecycle):
+class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
     """Fold the tasks and resume topics into task state; publish decisions while active.
 
     Args:
@@ -94,6 +97,13 @@ class Scheduler(_TasksTopic, Lifecycle):
         transactions: write in Kafka transactions (True), never (False), or when the broker
             has them (None).
         finished_retention: seconds (by record time) a finished task stays in memory.
+        state_dir: directory of the local checkpoint of the task table (see
+            :mod:`._checkpoint`); a restart restores it and folds only the tasks topic's tail.
+            ``None``: no checkpoint, every start folds the whole topic. One process per
+            directory (RocksDB locks it).
+        checkpoint_interval: seconds between checkpoints (and one at a clean stop).
+        checkpoint_max_age: an older checkpoint is discarded: compaction may have removed
+            tombstones written since (keep it below the tasks topic's delete.retention.ms).
     """
 
     def __init__(
@@ -112,6 +122,9 @@ class Scheduler(_TasksTopic, Lifecycle):
         lease_timeout: float = 10.0,
         transactions: bool | None = None,
         finished_retention: float = 3600.0,
+        state_dir: str | Path | None = None,
+        checkpoint_interval: float = 10.0,
+        checkpoint_max_age: float = 12 * 3600.0,
     ) -> None:
         if isinstance(pools, Mapping):
             pools = Pools(slots=dict(pools))
@@ -126,6 +139,16 @@ class Scheduler(_TasksTopic, Lifecycle):
         self.lease_timeout = lease_timeout
         self.transactions = transactions
         self.finished_retention = finished_retention
+        self.checkpoint_interval = checkpoint_interval
+        self.checkpoint_max_age = checkpoint_max_age
+        self._checkpoint = SchedulerCheckpoint(state_dir) if state_dir is not None else None
+        self._checkpoints_off = False
+        self._checkpointed_at = 0.0
+        self._saved_positions: dict[int, int] | None = None
+        self._writing: asyncio.Future[bool] | None = None
+        self._tasks_idle = False
+        self.restored_tasks = 0
+        self.restore_seconds: float | None = None
         self._resume_pattern = re.compile(
             f"^{re.escape(settings.topic_prefix)}resume(\\.[A-Za-z0-9_-]+)?$"
         )
@@ -220,6 +243,9 @@ class Scheduler(_TasksTopic, Lifecycle):
         if self._main is not None:
             return
         try:
+            if self._checkpoint is not None:
+                self._checkpoint.open()
+                self.table.track_changes()
             await ensure_topics(
                 self.settings, topic_specs(self.settings, worker_queues=self._worker_queues)
             )
@@ -230,6 +256,9 @@ class Scheduler(_TasksTopic, Lifecycle):
                 self._fetch_wait_ms = LONG_POLL_MS
             self._tasks = self._consumer()
             await self._tasks.start()
+        except CheckpointError as exc:
+            await self._close()
+            raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
         except KafkaError as exc:
             await self._close()
             raise SchedulerError(f"cannot connect the scheduler: {exc}") from exc
@@ -241,11 +270,11 @@ class Scheduler(_TasksTopic, Lifecycle):
     async def stop(self) -> None:
         """Stop applying, commit what is published, leave the group, disconnect. Idempotent."""
         main, self._main = self._main, None
-        if main is not None:
-            main.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await main
-        await self._close()
+        try:
+            if main is not None:
+                await self._last_checkpoint(main)
+        finally:
+            await self._close()
 
     async def wait(self) -> None:
         """Run until stopped; raises if a loop fails."""
@@ -268,6 +297,9 @@ class Scheduler(_TasksTopic, Lifecycle):
         self._lease = self._tasks = None
         if self._metrics is not None:
             await self._metrics.stop()
+        if self._checkpoint is not None:
+            await self._settle_checkpoint()
+            self._checkpoint.close()
         self._ready.clear()
 
     # -- loops ----------------------------------------------------------------------------
@@ -330,6 +362,7 @@ class Scheduler(_TasksTopic, Lifecycle):
                     await asyncio.wait({lead})
             failure = None if lead.cancelled() else lead.exception()
             if failure is not None:
+                self._checkpoints_off = True  # a publish may have failed halfway
                 await self._step_down()
                 raise failure
 

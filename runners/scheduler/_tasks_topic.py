@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +14,8 @@ from deferline.schemas import DeadLetter, SchemaError, TaskStateRecord
 from deferline.topics import TopicNames
 
 from ._records import read_as
+
+logger = logging.getLogger(__name__)
 
 
 class _TasksTopic:
@@ -27,6 +30,8 @@ class _TasksTopic:
     max_records: int
     recovered_records: int
     recovery_seconds: float | None
+    restored_tasks: int
+    _tasks_idle: bool
     _tasks: AIOKafkaConsumer | None
     _task_tps: list[TopicPartition]
     _tasks_pos: dict[TopicPartition, int]
@@ -49,14 +54,26 @@ class _TasksTopic:
     def _dead(self, message: Any, error: str) -> DeadLetter:
         raise NotImplementedError
 
+    async def _restore_checkpoint(self, topic: str) -> dict[TopicPartition, int] | None:
+        raise NotImplementedError
+
+    async def _maybe_checkpoint(self) -> None:
+        raise NotImplementedError
+
     async def _recover(self) -> None:
-        """Fold the whole tasks topic, up to its end as of now, before deciding anything."""
+        """Fold the tasks topic up to its end as of now, before deciding anything: from the
+        local checkpoint's positions when it has one that matches, else from the beginning."""
         assert self._tasks is not None
         began = time.monotonic()
         partitions = await self._tasks_partitions()
         self._task_tps = [TopicPartition(self.names.tasks, p) for p in sorted(partitions)]
+        saved = await self._restore_checkpoint(self.names.tasks)  # before any fetch starts
         self._tasks.assign(self._task_tps)
-        await self._tasks.seek_to_beginning(*self._task_tps)
+        if saved is None:
+            await self._tasks.seek_to_beginning(*self._task_tps)
+        else:
+            for tp, offset in saved.items():
+                self._tasks.seek(tp, offset)
         ends = await self._tasks.end_offsets(self._task_tps)
         await self._sync_tasks_pos()
         while any(self._tasks_pos[tp] < ends[tp] for tp in self._task_tps):
@@ -67,12 +84,27 @@ class _TasksTopic:
                     self.recovered_records += 1
             await self._sync_tasks_pos()
         self.recovery_seconds = time.monotonic() - began
+        logger.info(
+            "tasks topic folded",
+            extra={
+                "from_checkpoint": saved is not None,
+                "tasks_restored": self.restored_tasks,
+                "records_read": self.recovered_records,
+                "tasks": len(self.table),
+                "seconds": round(self.recovery_seconds, 3),
+            },
+        )
 
     async def _tasks_loop(self) -> None:
         """Fold the tasks topic, active or not; publish what it calls for while active."""
         assert self._tasks is not None
         while True:
-            batches = await self._tasks.getmany(timeout_ms=1000, max_records=self.max_records)
+            await self._maybe_checkpoint()
+            self._tasks_idle = True  # between batches: the table is the fold of _tasks_pos
+            try:
+                batches = await self._tasks.getmany(timeout_ms=1000, max_records=self.max_records)
+            finally:
+                self._tasks_idle = False
             dead: list[DeadLetter] = []
             for messages in batches.values():
                 for message in messages:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-from deferline.schemas import DeferlineError
 
+from .._local_state import CheckpointError, open_rocks
 from ._partition_table import ActiveTriggerTable, TableChanges, TableEntry
 
 __all__ = [
@@ -39,10 +39,6 @@ _META = b"m"
 _ENTRY = b"t:"
 _ENTRY_END = b"t;"
 _HEADER = struct.Struct(">qq")  # offset, timestamp
-
-
-class CheckpointError(DeferlineError):
-    """A partition checkpoint could not be read or written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,20 +157,11 @@ class RocksCheckpointStore:
         return self._root / topic / str(partition)
 
     def _db(self, topic: str, partition: int) -> Any:
-        from rocksdict import Options, Rdict
-
         with self._lock:
             db = self._open.get((topic, partition))
             if db is not None:
                 return db
-            path = self._path(topic, partition)
-            options = Options(raw_mode=True)
-            options.create_if_missing(True)
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                db = Rdict(str(path), options)
-            except Exception as exc:  # rocksdict raises a bare Exception (lock, corruption)
-                raise CheckpointError(f"cannot open checkpoint {path}: {exc}") from exc
+            db = open_rocks(self._path(topic, partition))
             self._open[(topic, partition)] = db
             return db
 

@@ -34,6 +34,7 @@ from deferline.topics import (
 from prometheus_client import CollectorRegistry
 
 from .._gc import collect_less_often
+from .._local_state import state_home
 from .._metrics import MetricsServer
 from .._options import (
     connection_options,
@@ -82,8 +83,7 @@ def default_member() -> str:
 
 def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/deferline/triggerer`` (``~/.local/state/...`` when unset)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "deferline" / "triggerer"
+    return state_home() / "triggerer"
 
 
 @dataclass(frozen=True, kw_only=True)

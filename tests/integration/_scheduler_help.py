@@ -35,6 +35,8 @@ class SchedulerProcess(DeferlineProcess):
             "0.5",
             "--log-format",
             "json",
+            "--state-dir",  # one per process: schedulers on one host never share one
+            str(workdir / f"{name}-state"),
             *extra,
         )
 

@@ -1,0 +1,143 @@
+"""The scheduler's local checkpoint on a real broker: a restart folds only the tasks topic's
+tail and resumes every task exactly once; a checkpoint of a recreated topic is discarded."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from deferline.runners.scheduler import Scheduler
+from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
+from deferline.topics import Settings, TopicNames, make_admin, make_consumer, stop_client
+
+from ._taskflow import TaskFlow, task_key
+from ._util import wait_until
+from .test_scheduler import FAST, barrier, until
+
+pytestmark = pytest.mark.integration
+
+
+def _saved_positions(path: Path) -> dict[int, int]:
+    store = SchedulerCheckpoint(path)
+    store.open()
+    try:
+        saved = store.load()
+        assert saved is not None, "no checkpoint was written"
+        return saved.positions
+    finally:
+        store.close()
+
+
+async def _records_after(settings: Settings, positions: dict[int, int]) -> int:
+    """Records on the tasks topic from ``positions`` to its end (transaction markers take
+    offsets but are no records, so offsets alone do not count them)."""
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        topic = TopicNames(settings.topic_prefix).tasks
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, positions[tp.partition])
+        ends = await consumer.end_offsets(tps)
+        count = 0
+        while True:
+            positions = {tp: await consumer.position(tp) for tp in tps}
+            if all(positions[tp] >= ends[tp] for tp in tps):
+                return count
+            batches = await consumer.getmany(timeout_ms=200)
+            count += sum(len(messages) for messages in batches.values())
+    finally:
+        await stop_client(consumer, grace=10.0, name="test consumer")
+
+
+async def test_restart_from_a_checkpoint_reads_only_the_tail(
+    settings: Settings, tmp_path: Path
+) -> None:
+    state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
+    old = [task_key(f"old{n}") for n in range(12)]
+    new = [task_key(f"new{n}") for n in range(3)]
+    async with TaskFlow(settings) as flow:
+        async with Scheduler(settings, **state, **FAST) as first:
+            await first.wait_active()
+            for task in old:
+                await flow.submit(task)
+            await flow.wait_for(lambda: all(flow.runs_of(t, "start") for t in old))
+            for task in old:
+                await flow.worker_state(task, "running")
+                await flow.defer(task)
+            for task in old[:6]:
+                await flow.fire(task)
+            await flow.wait_for(lambda: all(flow.runs_of(t, "resume") for t in old[:6]))
+            await until(
+                lambda: sum(r.state == "deferred" for r in first.table.snapshot().values()) == 6
+            )
+        # Stopped cleanly: the last checkpoint holds the fold up to these positions.
+        saved = _saved_positions(state["state_dir"])
+        for task in new:  # written while no scheduler runs
+            await flow.submit(task)
+        for task in old[6:]:
+            await flow.fire(task)
+        tail = await _records_after(settings, saved)
+        assert tail >= len(new)
+        async with Scheduler(settings, **state, **FAST) as second:
+            await second.wait_active()
+            assert second.restored_tasks == len(old)
+            assert second.recovered_records == tail
+            await flow.wait_for(lambda: all(flow.runs_of(t, "resume") for t in old))
+            await flow.wait_for(lambda: all(flow.runs_of(t, "start") for t in new))
+            await barrier(flow, second)
+            for task in old:
+                assert len(flow.runs_of(task, "start")) == 1, task
+                assert len(flow.runs_of(task, "resume")) == 1, task
+            for task in new:
+                assert len(flow.runs_of(task, "start")) == 1, task
+            assert {r.state for k, r in second.table.snapshot().items() if "old" in k} == {"queued"}
+
+
+async def test_a_checkpoint_of_a_recreated_topic_is_discarded(
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
+    names = TopicNames(settings.topic_prefix)
+    old = [task_key(f"old{n}") for n in range(6)]
+    async with TaskFlow(settings) as flow, Scheduler(settings, **state, **FAST) as first:
+        await first.wait_active()
+        for task in old:
+            await flow.submit(task)
+        await flow.wait_for(lambda: all(flow.runs_of(t, "start") for t in old))
+        for task in old:
+            await flow.worker_state(task, "running")
+            await flow.defer(task)
+        await until(
+            lambda: all(getattr(first.table.get(t.ti_key), "state", "") == "deferred" for t in old)
+        )
+    assert sum(_saved_positions(state["state_dir"]).values()) >= 4 * len(old)
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        await admin.delete_topics([names.tasks])
+
+        async def gone() -> bool:
+            return names.tasks not in await admin.list_topics()
+
+        await wait_until(gone, 30, message="the tasks topic is deleted")
+    finally:
+        await admin.close()
+    x = task_key("x")
+    async with TaskFlow(settings) as flow:  # creates the tasks topic again
+        await flow.submit(x)
+        with caplog.at_level(logging.WARNING):
+            async with Scheduler(settings, **state, **FAST) as second:
+                await second.wait_active()
+                assert second.restored_tasks == 0
+                assert second.recovered_records == 1
+                assert list(second.table) == [x.ti_key]
+                await flow.wait_for(lambda: flow.runs_of(x, "start"))
+                # Stop only once the resume topics are read: a stop while the takeover is
+                # still starting that consumer can leave its bootstrap connection open.
+                await barrier(flow, second)
+        assert any("checkpoint discarded" in r.getMessage() for r in caplog.records)

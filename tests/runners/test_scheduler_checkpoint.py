@@ -1,0 +1,181 @@
+"""The scheduler's checkpoint store and options without a broker: atomic rows and header,
+one process per directory with a clear error, a default directory per scheduler group."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from click.testing import CliRunner
+from deferline.engine import Emit, TaskTable
+from deferline.runners._local_state import CheckpointError
+from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
+from deferline.runners.scheduler import _cli as _scheduler_cli
+from deferline.runners.scheduler import _scheduler as scheduler_module
+from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
+from deferline.schemas import ResumeTarget, TaskKey, TaskStateRecord
+from deferline.topics import Settings
+
+
+def _table(n: int) -> TaskTable:
+    table = TaskTable()
+    table.track_changes()
+    for i in range(n):
+        task = TaskKey(dag_id="d", task_id=f"t{i}", run_id="r")
+        record = TaskStateRecord(
+            task=task, state="scheduled", source="client", resume=ResumeTarget(operator="p.Op")
+        )
+        table.apply(record)
+    return table
+
+
+def test_rows_and_positions_are_stored_together_and_restored(tmp_path: Path) -> None:
+    store = SchedulerCheckpoint(tmp_path / "ckpt")
+    store.open()
+    table = _table(3)
+    store.write("p.tasks", {0: 5, 1: 7}, table.export_changes().encode())
+    table.forget("d/t1/r/-1")
+    store.write("p.tasks", {0: 6, 1: 7}, table.export_changes().encode())
+    store.close()
+    store.open()
+    saved = store.load()
+    assert saved is not None
+    assert (saved.topic, saved.positions) == ("p.tasks", {0: 6, 1: 7})
+    restored = TaskTable()
+    assert restored.restore_rows(store.rows(), saved.state) == 2
+    assert restored.snapshot() == table.snapshot()
+    store.discard()
+    assert store.load() is None
+    assert list(store.rows()) == []
+    store.close()
+
+
+def test_a_directory_in_use_is_named_in_the_error(tmp_path: Path) -> None:
+    first = SchedulerCheckpoint(tmp_path / "ckpt")
+    first.open()
+    try:
+        with pytest.raises(CheckpointError, match="in use by another process"):
+            SchedulerCheckpoint(tmp_path / "ckpt").open()
+
+        async def start() -> None:
+            sched = Scheduler(
+                Settings(bootstrap_servers="127.0.0.1:1"), state_dir=tmp_path / "ckpt"
+            )
+            await sched.start()
+
+        with pytest.raises(SchedulerError, match=r"checkpoint.*in use by another process"):
+            asyncio.run(start())
+    finally:
+        first.close()
+
+
+def test_command_line_state_dir_per_group(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    made: list[dict[str, Any]] = []
+
+    class Recorded:
+        def __init__(self, settings: Settings, **options: Any) -> None:
+            made.append(options)
+
+    async def serve(scheduler: object) -> None:
+        return None
+
+    monkeypatch.setattr(scheduler_module, "Scheduler", Recorded)
+    monkeypatch.setattr(_scheduler_cli, "_serve", serve)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    runner = CliRunner()
+    for args in ([], ["--group-id", "g2"], ["--no-checkpoint"], ["--state-dir", "elsewhere"]):
+        result = runner.invoke(scheduler_command, [*args, "--topic-prefix", "x."])
+        assert result.exit_code == 0, result.output
+    assert [m["state_dir"] for m in made] == [
+        tmp_path / "deferline" / "scheduler" / "x.scheduler",
+        tmp_path / "deferline" / "scheduler" / "g2",
+        None,
+        Path("elsewhere"),
+    ]
+
+
+class FlakyStore:
+    """A checkpoint store whose writes fail until told otherwise."""
+
+    def __init__(self) -> None:
+        self.fail = True
+        self.written: list[tuple[dict[int, int], int]] = []
+
+    def write(self, topic: str, positions: dict[int, int], rows: Any) -> None:
+        if self.fail:
+            raise CheckpointError("disk full")
+        self.written.append((positions, len(rows.rows)))
+
+
+def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore]:
+    sched = Scheduler(Settings(bootstrap_servers="127.0.0.1:1"), state_dir=tmp_path)
+    store = FlakyStore()
+    sched._checkpoint = store  # type: ignore[assignment]
+    sched._task_tps = [TopicPartition("p.tasks", 0)]
+    sched._tasks_pos = {TopicPartition("p.tasks", 0): 3}
+    sched.checkpoint_interval = 0.0
+    sched.table = _table(2)
+    return sched, store
+
+
+def test_a_failed_write_is_retried_with_the_next_checkpoint(tmp_path: Path) -> None:
+    sched, store = _scheduler_between_fetches(tmp_path)
+    asyncio.run(sched._maybe_checkpoint())
+    assert store.written == []
+    assert sched._saved_positions is None
+    store.fail = False
+    asyncio.run(sched._maybe_checkpoint())
+    assert store.written == [({0: 3}, 2)], "the failed write's tasks go with the next one"
+    asyncio.run(sched._maybe_checkpoint())
+    assert len(store.written) == 1, "nothing changed, nothing written"
+
+
+def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
+    tmp_path: Path,
+) -> None:
+    sched, store = _scheduler_between_fetches(tmp_path)
+    store.fail = False
+    sched.table._outbox.append(Emit(state_record()))
+    assert sched._capture() is None, "decided, not yet published"
+    sched.table._outbox.clear()
+
+    async def while_publishing() -> object:
+        async with sched._publish_lock:
+            return sched._capture()
+
+    assert asyncio.run(while_publishing()) is None, "a batch is being published"
+
+    async def while_sending(outcome: BaseException | None) -> tuple[object, object]:
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def send() -> None:
+            await sent
+
+        sched._in_flight = asyncio.create_task(send())
+        on_its_way = sched._capture()
+        if outcome is None:
+            sent.set_result(None)
+        else:
+            sent.set_exception(outcome)
+        await asyncio.wait({sched._in_flight})
+        return on_its_way, sched._capture()
+
+    on_its_way, acked = asyncio.run(while_sending(None))
+    assert on_its_way is None, "a batch handed to the producer is not acknowledged yet"
+    assert acked is not None, "acknowledged: the table is of its positions again"
+    sched._saved_positions = None  # capture again from scratch
+    on_its_way, failed = asyncio.run(while_sending(OSError("broker gone")))
+    assert on_its_way is None
+    assert failed is None, "a batch that failed may have left the table ahead of the topic"
+    sched._in_flight = None
+    sched._checkpoints_off = True
+    assert sched._capture() is None
+    sched._checkpoints_off = False
+    assert sched._capture() is not None
+
+
+def state_record() -> TaskStateRecord:
+    return TaskStateRecord(task=TaskKey(dag_id="d", task_id="t0", run_id="r"), state="queued")
