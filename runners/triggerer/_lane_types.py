@@ -110,8 +110,11 @@ class RebalanceSummary:
     triggers_rebuilt: int = 0
     paused_seconds: dict[int, float] = field(default_factory=dict)
     """Per partition: from revocation (or assignment, for a member that had nothing) until
-    it emitted again (kept) or its rebuild finished (acquired)."""
+    it emitted again (kept) or followed its tail again (acquired: after the fold of the
+    topics, while the folded triggers are still being started; see ``bootstrap_seconds``)."""
     revoked_at: float | None = None
     """Wall-clock time the lane quiesced (None: it owned nothing before)."""
     assigned_at: float = 0.0
     """Wall-clock time the assignment arrived (kept partitions emit again from here)."""
+    rebuilt_at: float | None = None
+    """Wall-clock time the acquired partitions' triggers were all started (None: none)."""
