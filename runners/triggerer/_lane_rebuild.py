@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from ._checkpoint import CheckpointError, PartitionCheckpoint
-from ._lane_client import _set_fetch_wait
+from ._lane_client import _learn_topics, _set_fetch_wait
 from ._lane_state import _LaneCore
 from ._lane_types import BootstrapError, OwnedPartition
 from ._partition_table import ActiveTriggerTable
@@ -72,8 +72,10 @@ class _Rebuild(_LaneCore):
         defer_tps = [p.defer_tp for p in parts]
         resume_tps = [p.resume_tp for p in parts]
         checkpoints = {p.number: await self._load_checkpoint(p) for p in parts}
-        begin_d = await reader.beginning_offsets(defer_tps)
-        begin_r = await reader.beginning_offsets(resume_tps)
+        await _learn_topics(reader, [self.defer_topic, self.resume_topic])
+        begins = await reader.beginning_offsets([*defer_tps, *resume_tps])
+        begin_d = {tp: begins[tp] for tp in defer_tps}
+        begin_r = {tp: begins[tp] for tp in resume_tps}
         ends = await self._end_offsets(reader, [*defer_tps, *resume_tps])
         end_d = {tp: ends[tp] for tp in defer_tps}
         end_r = {tp: ends[tp] for tp in resume_tps}
