@@ -16,8 +16,6 @@ from ._partition_table import ActiveTriggerTable
 if TYPE_CHECKING:
     from ._lane_state import _LaneCore
 
-_YIELD_EVERY = 2000
-
 
 class TriggererError(DeferlineError):
     """The triggerer cannot go on (it stops, and its partitions move to other members)."""
