@@ -3,7 +3,8 @@
 Partition assignment decides which triggers this member runs. For each newly assigned
 partition the lane rebuilds the active set (checkpoint, then the defer tail up to the end
 offset seen at assignment), drops triggers whose event is already on the co-partitioned
-resume topic, starts the rest and follows the live tail.
+resume topic, follows the live tail again and starts the rest beside it (the latest record
+per trigger id wins, whether it came from the fold or the tail).
 
 Rebalances are incremental on top of the eager protocol (which revokes every partition on
 every rebalance): a sticky assignor keeps partitions where they are, and on revocation the

@@ -182,7 +182,7 @@ class _Rebuild(_LaneCore):
         live_after = time.monotonic() - started
 
         # 5. Start the folded triggers beside the tail (see _start_folded).
-        rebuilt = await self._start_folded(parts, emitted)
+        rebuilt = await self._start_folded(parts, emitted, committed)
 
         for part in parts:
             part.ready = True
@@ -216,14 +216,19 @@ class _Rebuild(_LaneCore):
         self.bootstrapped.set()
 
     async def _start_folded(
-        self, parts: list[OwnedPartition], emitted: dict[int, dict[bytes, int]]
+        self,
+        parts: list[OwnedPartition],
+        emitted: dict[int, dict[bytes, int]],
+        committed: dict[int, int],
     ) -> int:
         """Start the triggers folded from the topics while the partitions follow their tail.
 
-        Newest record first: a request written just before or during the rebalance (no member
-        served it meanwhile) is the likeliest to be due now, an old one has had its time to
-        wait. The loop is given back every few milliseconds, so the tail, due timers and
-        other partitions go on while tens of thousands of triggers are decoded and built.
+        First the records at or past the partition's committed offset (the previous owner
+        commits when it quiesces, so no member has served these: a request written during
+        the rebalance waits there), then the rest; each group in log order, so timers that
+        are already due fire in the order they were deferred. The loop is given back every
+        few milliseconds, so the tail, due timers and other partitions go on while tens of
+        thousands of triggers are decoded and built.
 
         The tail may have changed a key meanwhile: it is started only while the table still
         holds the record read here (same offset). A newer value was already dispatched by
@@ -231,12 +236,12 @@ class _Rebuild(_LaneCore):
         key wins, and a key is never started from an older record than the tail's.
         """
         todo = [
-            (entry.timestamp, entry.offset, part, key)
+            (entry.offset < committed.get(part.number, 0), entry.offset, part, key)
             for part in parts
             for key, entry in part.table.items()
             if key not in emitted[part.number]
         ]
-        todo.sort(key=lambda item: (item[0], item[1]), reverse=True)
+        todo.sort(key=lambda item: (item[0], item[1]))
         started = 0
         slice_end = time.perf_counter() + _START_SLICE
         for index, (_, offset, part, key) in enumerate(todo):

@@ -392,10 +392,10 @@ async def test_requests_arriving_while_a_partition_is_rebuilt_are_served_before_
     fires at once and exactly once, and a cancel of a folded trigger wins over its older
     DeferRequest whether that one was started yet or not."""
     names = TopicNames(wide.topic_prefix)
-    old = defer_request(0, due_in=3600, run="old")  # the oldest record: started last
     waiting = [defer_request(i, due_in=3600, run="wait") for i in range(30_000)]
+    old = defer_request(0, due_in=3600, run="old")  # the newest folded record: started last
     producer = await kafka_clients.producer()
-    await produce_requests(producer, wide, [old, *waiting])
+    await produce_requests(producer, wide, [*waiting, old])
     async with TopicReader(wide, names.resume()) as events:
         a = await group.start("a", capacity=100_000)
         lane = a.lanes[0]

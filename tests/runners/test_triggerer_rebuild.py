@@ -43,20 +43,30 @@ def partition(records: list[tuple[bytes, bytes]]) -> OwnedPartition:
     return part
 
 
-def test_folded_triggers_start_newest_first_and_skip_what_already_fired() -> None:
+def test_folded_triggers_start_in_log_order_and_skip_what_already_fired() -> None:
     lane = Starts()
     part = partition([(b"a", b"a0"), (b"b", b"b0"), (b"c", b"c0")])
-    started = asyncio.run(lane._start_folded([part], {0: {b"b": 7}}))
+    started = asyncio.run(lane._start_folded([part], {0: {b"b": 7}}, {}))
     assert started == 2
-    assert lane.dispatched == [(b"c", b"c0", 2), (b"a", b"a0", 0)]
+    assert lane.dispatched == [(b"a", b"a0", 0), (b"c", b"c0", 2)]
+
+
+def test_records_no_member_served_yet_start_first() -> None:
+    lane = Starts()
+    part = partition([(b"a", b"a0"), (b"b", b"b0"), (b"c", b"c0"), (b"d", b"d0")])
+    # The previous owner committed offset 2 when it quiesced: c and d came during the rebalance.
+    started = asyncio.run(lane._start_folded([part], {0: {}}, {0: 2}))
+    assert started == 4
+    assert [key for key, _, _ in lane.dispatched] == [b"c", b"d", b"a", b"b"]
 
 
 def test_a_tail_record_during_the_start_wins_over_the_older_folded_one() -> None:
     lane = Starts()
     part = partition([(b"a", b"a0"), (b"b", b"b0"), (b"c", b"c0")])
-    # While "c" (newest) is started, the tail brings a newer "a" and a tombstone of "b".
+    # Past the committed offset, "c" is started first; meanwhile the tail brings a newer "a"
+    # and a tombstone of "b".
     lane.tail_after[b"c"] = [(b"a", b"a1"), (b"b", None)]
-    started = asyncio.run(lane._start_folded([part], {0: {}}))
+    started = asyncio.run(lane._start_folded([part], {0: {}}, {0: 2}))
     assert lane.dispatched == [(b"c", b"c0", 2), (b"a", b"a1", 3)]
     assert started == 1  # "c" from the fold; "a" came from the tail, "b" was tombstoned
     entry = part.table.get(b"a")
@@ -80,7 +90,7 @@ def test_starting_gives_the_loop_back_between_slices() -> None:
         done = asyncio.Event()
         task = asyncio.create_task(ticker(done))
         await asyncio.sleep(0)
-        started = await lane._start_folded([part], {0: {}})
+        started = await lane._start_folded([part], {0: {}}, {})
         done.set()
         await task
         return started
