@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from ._airflow import (
@@ -108,14 +108,27 @@ def resolve_trigger_class(classpath: str, *, allowed_prefixes: Sequence[str]) ->
 
 
 def load_trigger(
-    classpath: str, kwargs: Mapping[str, Any], *, allowed_prefixes: Sequence[str]
+    classpath: str,
+    kwargs: Mapping[str, Any],
+    *,
+    allowed_prefixes: Sequence[str],
+    classes: MutableMapping[str, type[BaseTrigger]] | None = None,
 ) -> BaseTrigger:
     """Build the trigger a request names; every failure is a :class:`TriggerLoadError`.
 
     ``kwargs`` must already be decrypted. A ``TypeError`` or ``ValueError`` (or any other
     exception) from the class's ``__init__`` becomes :class:`TriggerKwargsError`.
+
+    ``classes`` caches resolved classes by classpath for a caller whose ``allowed_prefixes``
+    never change (a triggerer lane): resolving (allowlist, import lookup, checks) costs more
+    than building a simple trigger, and a rebuild resolves the same few classpaths tens of
+    thousands of times. Only successes are cached; a refused classpath is checked each time.
     """
-    cls = resolve_trigger_class(classpath, allowed_prefixes=allowed_prefixes)
+    cls = None if classes is None else classes.get(classpath)
+    if cls is None:
+        cls = resolve_trigger_class(classpath, allowed_prefixes=allowed_prefixes)
+        if classes is not None:
+            classes[classpath] = cls
     if not isinstance(kwargs, Mapping):
         raise TriggerKwargsError(
             f"kwargs of {classpath} must be a mapping, got {type(kwargs).__name__}",

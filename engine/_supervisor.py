@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -59,6 +59,8 @@ from ._watchdog import LoopWatchdog
 __all__ = ["TriggerSupervisor"]
 
 logger = logging.getLogger(__name__)
+
+_CANCEL_SLICE = 2000  # cancel_many gives the loop back after this many triggers
 
 
 class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff):
@@ -289,6 +291,41 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
             # caller is cancelled meanwhile.
             await asyncio.wait({waiter}, timeout=3 * self._cleanup_timeout)
         return True
+
+    async def cancel_many(self, trigger_ids: Iterable[str]) -> int:
+        """Cancel many triggers like :meth:`cancel`; returns how many were present.
+
+        Waiting timers and pending triggers are dropped on the spot (cancelling one never
+        suspends), so only coroutine triggers are stopped as tasks, together. Cancelling the
+        tens of thousands of timers of a released partition through one task each cost
+        more than a second on the way out of a rebalance or a shutdown. The loop is given
+        back every few thousand triggers.
+        """
+        entries = self._entries
+        runs: list[str] = []
+        waiting: list[str] = []
+        count = 0
+        for tid in trigger_ids:
+            entry = entries.get(tid)
+            if entry is None:
+                continue
+            kind = type(entry)
+            if kind is _Pending:  # first: a freed slot must not admit one of these
+                await self.cancel(tid)  # returns without suspending
+                count += 1
+            elif kind is _Run:
+                runs.append(tid)
+            else:
+                waiting.append(tid)
+        for index, tid in enumerate(waiting, 1):
+            if await self.cancel(tid):  # returns without suspending
+                count += 1
+            if not index % _CANCEL_SLICE:
+                await asyncio.sleep(0)
+        for start in range(0, len(runs), _CANCEL_SLICE):
+            chunk = runs[start : start + _CANCEL_SLICE]
+            count += sum(await asyncio.gather(*(self.cancel(tid) for tid in chunk)))
+        return count
 
     def reject(
         self, trigger_id: str, error: BaseException | str, *, context: object = None

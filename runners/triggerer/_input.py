@@ -9,7 +9,7 @@ gets a failure event that explains why.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,8 +103,13 @@ def interpret(
     *,
     allowed_prefixes: Sequence[str],
     cipher: KwargsCipher | None,
+    classes: MutableMapping[str, type[BaseTrigger]] | None = None,
 ) -> Decision:
-    """Decide what to do with one (non-tombstone) defer-topic record."""
+    """Decide what to do with one (non-tombstone) defer-topic record.
+
+    ``classes``: a cache of resolved trigger classes for these ``allowed_prefixes`` (see
+    :func:`deferline.engine.load_trigger`).
+    """
     if key is None:
         return _bad("record has no key (the key must be the trigger id)", "MissingKey", value)
     try:
@@ -131,7 +136,9 @@ def interpret(
         return CancelTrigger(record)
     try:
         kwargs = open_kwargs(record, cipher)
-        trigger = load_trigger(record.classpath, kwargs, allowed_prefixes=allowed_prefixes)
+        trigger = load_trigger(
+            record.classpath, kwargs, allowed_prefixes=allowed_prefixes, classes=classes
+        )
     except (DecryptionError, TriggerLoadError, DeferlineError, Exception) as exc:
         # Anything a third-party trigger's import or __init__ raises is bad input too.
         return BadRecord(

@@ -3,7 +3,8 @@
 Partition assignment decides which triggers this member runs. For each newly assigned
 partition the lane rebuilds the active set (checkpoint, then the defer tail up to the end
 offset seen at assignment), drops triggers whose event is already on the co-partitioned
-resume topic, starts the rest and follows the live tail.
+resume topic, follows the live tail again and starts the rest beside it (the latest record
+per trigger id wins, whether it came from the fold or the tail).
 
 Rebalances are incremental on top of the eager protocol (which revokes every partition on
 every rebalance): a sticky assignor keeps partitions where they are, and on revocation the
@@ -25,7 +26,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
-from deferline.engine import TriggerSupervisor
+from deferline.engine import BaseTrigger, TriggerSupervisor
 from deferline.schemas import KwargsCipher
 from deferline.topics import Settings, TopicNames, make_consumer, stop_client
 
@@ -106,6 +107,10 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         self._cancel = cancel
         self._on_fatal = on_fatal
         self._allowed = tuple(settings.allowed_trigger_prefixes)
+        self._classes: dict[str, type[BaseTrigger]] = {}
+        """Trigger classes resolved under ``_allowed``, by classpath (a rebuild resolves the
+        same few classpaths for every record)."""
+        self._deferrals = metrics.deferrals.labels(queue=self.label)
         self._parts: dict[int, OwnedPartition] = {}
         self._topic_deleted = False
         self._committed: dict[TopicPartition, int] = {}

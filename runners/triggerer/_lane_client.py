@@ -52,3 +52,21 @@ def _set_fetch_wait(consumer: AIOKafkaConsumer | None, wait_ms: int) -> None:
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is not None and hasattr(fetcher, "_fetch_max_wait_ms"):
         fetcher._fetch_max_wait_ms = wait_ms
+
+
+async def _learn_topics(reader: AIOKafkaConsumer, topics: list[str]) -> None:
+    """Have the rebuild reader's metadata cover ``topics`` before it lists offsets.
+
+    A reader that has not assigned a topic yet holds no metadata for it, and aiokafka
+    answers an offsets request for such a partition with a retry after its backoff
+    (100 ms), once per topic: 200 ms of every first rebuild. Asking for the topics' metadata
+    first costs one round trip. Best effort: without it the offsets request still retries.
+    """
+    client = getattr(reader, "_client", None)
+    set_topics = getattr(client, "set_topics", None)
+    if set_topics is None:
+        return
+    try:
+        await set_topics(topics)
+    except KafkaError as exc:
+        logger.debug("metadata request failed", extra={"error": repr(exc)})

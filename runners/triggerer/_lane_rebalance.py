@@ -14,7 +14,7 @@ from ._checkpoint import CheckpointError
 from ._fetch_wait import SHORT_WAIT_MS
 from ._lane_client import _set_fetch_wait
 from ._lane_state import _LaneCore
-from ._lane_types import _YIELD_EVERY, OwnedPartition, RebalanceSummary
+from ._lane_types import OwnedPartition, RebalanceSummary
 
 logger = logging.getLogger(__name__)
 
@@ -232,9 +232,7 @@ class _Rebalance(_LaneCore):
         if previous is not None:
             with contextlib.suppress(Exception):
                 await previous
-        for start in range(0, len(trigger_ids), _YIELD_EVERY):
-            chunk = trigger_ids[start : start + _YIELD_EVERY]
-            await asyncio.gather(*(self._supervisor.cancel(tid) for tid in chunk))
+        await self._supervisor.cancel_many(trigger_ids)
         for part in parts:
             with contextlib.suppress(CheckpointError):
                 await asyncio.to_thread(self._store.release, self.defer_topic, part.number)
@@ -273,7 +271,7 @@ class _Rebalance(_LaneCore):
             for key in part.table
             if (tid := key.decode(errors="replace")) in self._supervisor
         ]
-        await asyncio.gather(*(self._supervisor.cancel(tid) for tid in ids))
+        await self._supervisor.cancel_many(ids)
         if not await self._emitter.flush(self.options.flush_timeout):
             logger.error(
                 "pending sends not flushed before revocation; the next owner re-runs them",

@@ -13,12 +13,15 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from ._checkpoint import CheckpointError, PartitionCheckpoint
-from ._lane_client import _set_fetch_wait
+from ._lane_client import _learn_topics, _set_fetch_wait
 from ._lane_state import _LaneCore
-from ._lane_types import _YIELD_EVERY, BootstrapError, OwnedPartition
+from ._lane_types import BootstrapError, OwnedPartition
 from ._partition_table import ActiveTriggerTable
 
 logger = logging.getLogger(__name__)
+
+_START_SLICE = 0.005
+"""Seconds of starting folded triggers before the loop is given back (tail, timers, I/O)."""
 
 
 class _Rebuild(_LaneCore):
@@ -69,8 +72,10 @@ class _Rebuild(_LaneCore):
         defer_tps = [p.defer_tp for p in parts]
         resume_tps = [p.resume_tp for p in parts]
         checkpoints = {p.number: await self._load_checkpoint(p) for p in parts}
-        begin_d = await reader.beginning_offsets(defer_tps)
-        begin_r = await reader.beginning_offsets(resume_tps)
+        await _learn_topics(reader, [self.defer_topic, self.resume_topic])
+        begins = await reader.beginning_offsets([*defer_tps, *resume_tps])
+        begin_d = {tp: begins[tp] for tp in defer_tps}
+        begin_r = {tp: begins[tp] for tp in resume_tps}
         ends = await self._end_offsets(reader, [*defer_tps, *resume_tps])
         end_d = {tp: ends[tp] for tp in defer_tps}
         end_r = {tp: ends[tp] for tp in resume_tps}
@@ -154,42 +159,44 @@ class _Rebuild(_LaneCore):
         for part in parts:
             part.table.observe_resume_end(end_r[part.resume_tp])
 
-        # 3. Start what is left; tombstone what already fired; dead-letter bad values.
-        handled = rebuilt = 0
+        # 3. Tombstone what already fired; dead-letter keyless values.
         for part in parts:
-            found = emitted[part.number]
-            for key, entry in list(part.table.items()):
-                offset = found.get(key)
-                if offset is not None:
+            table, found = part.table, emitted[part.number]
+            for key, offset in found.items():
+                if key in table:
                     self._tombstone_only(part, key, offset)
-                else:
-                    self._dispatch(part, key, entry.value, entry.offset)
-                    rebuilt += 1
-                handled += 1
-                if handled % _YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
             for record in keyless[part.number]:
                 self._dispatch(part, None, record.value, record.offset)
 
-        # 4. Follow the live tail from where the rebuild stopped.
+        # 4. Follow the live tail from where the fold stopped, before the triggers are started:
+        #    a request written from here on is served at once, not after the whole partition.
         for part in parts:
             consumer.seek(part.defer_tp, part.table.defer_offset)
-            part.ready = part.live = True
+            part.live = True
+        if not self._paused:
+            consumer.resume(*defer_tps)
+        summary = self._summary
+        if summary is not None:
+            for part in parts:
+                summary.paused_seconds[part.number] = time.monotonic() - self._rebalance_started
+        live_after = time.monotonic() - started
+
+        # 5. Start the folded triggers beside the tail (see _start_folded).
+        rebuilt = await self._start_folded(parts, emitted, committed)
+
+        for part in parts:
+            part.ready = True
             self._metrics.bootstrap_records.labels(queue=self.label, topic="defer").inc(
                 part.read_defer
             )
             self._metrics.bootstrap_records.labels(queue=self.label, topic="resume").inc(
                 part.read_resume
             )
-        if not self._paused:
-            consumer.resume(*defer_tps)
         seconds = time.monotonic() - started
         self._metrics.bootstrap_seconds.labels(queue=self.label).observe(seconds)
-        summary = self._summary
         if summary is not None:
             summary.triggers_rebuilt += rebuilt
-            for part in parts:
-                summary.paused_seconds[part.number] = time.monotonic() - self._rebalance_started
+            summary.rebuilt_at = time.time()
         for part in parts:
             logger.info(
                 "partition bootstrapped",
@@ -200,12 +207,52 @@ class _Rebuild(_LaneCore):
                     defer_records_read=part.read_defer,
                     resume_records_read=part.read_resume,
                     already_emitted=len(emitted[part.number]),
+                    live_after_seconds=round(live_after, 3),
                     seconds=round(seconds, 3),
                 ),
             )
         self._bootstrap = None
         self._finish_rebalance()
         self.bootstrapped.set()
+
+    async def _start_folded(
+        self,
+        parts: list[OwnedPartition],
+        emitted: dict[int, dict[bytes, int]],
+        committed: dict[int, int],
+    ) -> int:
+        """Start the triggers folded from the topics while the partitions follow their tail.
+
+        First the records at or past the partition's committed offset (the previous owner
+        commits when it quiesces, so no member has served these: a request written during
+        the rebalance waits there), then the rest; each group in log order, so timers that
+        are already due fire in the order they were deferred. The loop is given back every
+        few milliseconds, so the tail, due timers and other partitions go on while tens of
+        thousands of triggers are decoded and built.
+
+        The tail may have changed a key meanwhile: it is started only while the table still
+        holds the record read here (same offset). A newer value was already dispatched by
+        the tail; a tombstone or a cancel removed or replaced it. So the latest record per
+        key wins, and a key is never started from an older record than the tail's.
+        """
+        todo = [
+            (entry.offset < committed.get(part.number, 0), entry.offset, part, key)
+            for part in parts
+            for key, entry in part.table.items()
+            if key not in emitted[part.number]
+        ]
+        todo.sort(key=lambda item: (item[0], item[1]))
+        started = 0
+        slice_end = time.perf_counter() + _START_SLICE
+        for index, (_, offset, part, key) in enumerate(todo):
+            entry = part.table.get(key)
+            if entry is not None and entry.offset == offset:
+                self._dispatch(part, key, entry.value, offset)
+                started += 1
+            if not index & 63 and time.perf_counter() > slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.perf_counter() + _START_SLICE
+        return started
 
     async def _resume_start(
         self, reader: AIOKafkaConsumer, part: OwnedPartition, begin: int, end: int

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from deferline.engine import TriggerOutcome, TriggerSupervisor
+from deferline.engine import BaseTrigger, TriggerOutcome, TriggerSupervisor
 from deferline.schemas import KwargsCipher
 from deferline.topics import Settings, TopicNames
 
@@ -46,6 +46,8 @@ class _LaneCore:
     _cancel: Callable[[str], None]
     _on_fatal: Callable[[BaseException], None]
     _allowed: tuple[str, ...]
+    _classes: dict[str, type[BaseTrigger]]
+    _deferrals: Any
     _parts: dict[int, OwnedPartition]
     _topic_deleted: bool
     _committed: dict[TopicPartition, int]

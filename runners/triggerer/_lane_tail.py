@@ -51,26 +51,29 @@ class _Tail(_Outcomes):
 
     def _dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> None:
         """Act on one non-tombstone value: start, cancel, or dead-letter it."""
-        decision = interpret(key, value, allowed_prefixes=self._allowed, cipher=self._cipher)
+        decision = interpret(
+            key, value, allowed_prefixes=self._allowed, cipher=self._cipher, classes=self._classes
+        )
         if isinstance(decision, StartTrigger):
             assert key is not None
             request = decision.request
-            self._metrics.deferrals.labels(queue=self.label).inc()
+            self._deferrals.inc()
             if key in part.done or request.trigger_id in self._supervisor:
                 return  # the same deferral again: keep the running copy
             ref = TriggerRef(self, part.number, key, value)
             self._supervisor.add(
                 request.trigger_id, decision.trigger, timeout_at=request.timeout_at, context=ref
             )
-            logger.debug(
-                "trigger started",
-                extra=self._log(
-                    part.number,
-                    trigger_id=request.trigger_id,
-                    task=str(request.task),
-                    classpath=request.classpath,
-                ),
-            )
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "trigger started",
+                    extra=self._log(
+                        part.number,
+                        trigger_id=request.trigger_id,
+                        task=str(request.task),
+                        classpath=request.classpath,
+                    ),
+                )
         elif isinstance(decision, CancelTrigger):
             assert key is not None
             cancel = decision.request

@@ -16,8 +16,6 @@ from ._partition_table import ActiveTriggerTable
 if TYPE_CHECKING:
     from ._lane_state import _LaneCore
 
-_YIELD_EVERY = 2000
-
 
 class TriggererError(DeferlineError):
     """The triggerer cannot go on (it stops, and its partitions move to other members)."""
@@ -110,8 +108,11 @@ class RebalanceSummary:
     triggers_rebuilt: int = 0
     paused_seconds: dict[int, float] = field(default_factory=dict)
     """Per partition: from revocation (or assignment, for a member that had nothing) until
-    it emitted again (kept) or its rebuild finished (acquired)."""
+    it emitted again (kept) or followed its tail again (acquired: after the fold of the
+    topics, while the folded triggers are still being started; see ``bootstrap_seconds``)."""
     revoked_at: float | None = None
     """Wall-clock time the lane quiesced (None: it owned nothing before)."""
     assigned_at: float = 0.0
     """Wall-clock time the assignment arrived (kept partitions emit again from here)."""
+    rebuilt_at: float | None = None
+    """Wall-clock time the acquired partitions' triggers were all started (None: none)."""

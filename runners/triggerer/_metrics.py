@@ -109,14 +109,14 @@ class TriggererMetrics:
         self.partition_pause_seconds = Histogram(
             "deferline_triggerer_partition_pause_seconds",
             "Per partition and rebalance: seconds from revocation until it emitted again "
-            "(kept) or finished its rebuild (acquired).",
+            "(kept) or followed its tail again (acquired).",
             ["queue"],
             buckets=_BOOTSTRAP_BUCKETS,
             registry=r,
         )
         self.bootstrap_seconds = Histogram(
             "deferline_triggerer_bootstrap_seconds",
-            "Time from assignment to running the partitions' active triggers.",
+            "Time from assignment until every folded trigger of the partitions is started.",
             ["queue"],
             buckets=_BOOTSTRAP_BUCKETS,
             registry=r,

@@ -73,6 +73,23 @@ def test_not_under_an_allowed_prefix_is_refused_before_import() -> None:
         load_trigger("deferline.engine.triggersx.Evil", {}, allowed_prefixes=BUILTINS)
 
 
+def test_a_class_cache_keeps_resolved_classes_and_never_a_refusal() -> None:
+    classes: dict[str, type] = {}
+    moment = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    path = "deferline.engine.triggers.DateTimeTrigger"
+    first = load_trigger(path, {"moment": moment}, allowed_prefixes=BUILTINS, classes=classes)
+    assert classes == {path: DateTimeTrigger}
+    second = load_trigger(path, {"moment": moment}, allowed_prefixes=BUILTINS, classes=classes)
+    assert second is not first
+    assert second.serialize() == first.serialize()
+    for _ in range(2):
+        with pytest.raises(TriggerNotAllowed):
+            load_trigger("json.tool.Anything", {}, allowed_prefixes=BUILTINS, classes=classes)
+    assert list(classes) == [path]
+    with pytest.raises(TriggerKwargsError):  # kwargs are still checked with a cached class
+        load_trigger(path, {"moment": "soon"}, allowed_prefixes=BUILTINS, classes=classes)
+
+
 def test_class_must_be_a_base_trigger_subclass() -> None:
     expected = r"not a subclass of deferline\.engine\.BaseTrigger"
     with pytest.raises(TriggerNotAllowed, match=expected):

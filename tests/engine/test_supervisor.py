@@ -398,6 +398,31 @@ async def test_pending_triggers_can_be_cancelled_and_time_out(sink: Sink) -> Non
         assert not doomed.started.is_set()
 
 
+async def test_cancel_many_drops_timers_and_pending_and_stops_runs_without_emitting(
+    sink: Sink,
+) -> None:
+    from deferline.engine.triggers import DateTimeTrigger
+
+    async with TriggerSupervisor(capacity=3, on_event=sink, block_threshold=None) as sup:
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+        sup.add("t1", DateTimeTrigger(later))
+        sup.add("t2", DateTimeTrigger(later))
+        run = GateTrigger("run")
+        sup.add("run", run)
+        pending = GateTrigger("pending")
+        sup.add("pending", pending)
+        await run.started.wait()
+        assert (sup.waiting_timers, sup.pending) == (2, 1)
+        count = await sup.cancel_many(["t1", "run", "unknown", "pending", "t2"])
+        assert count == 4
+        assert run.cleaned.is_set()  # awaited before cancel_many() returned
+        assert len(sup) == 0
+        assert (sup.running, sup.waiting_timers, sup.pending) == (0, 0, 0)
+        assert not pending.started.is_set()
+        assert sup.metrics.cancelled == 4
+        assert sink.outcomes == []
+
+
 async def test_add_rules(sup: TriggerSupervisor) -> None:
     trigger = GateTrigger()
     assert sup.add("dup", trigger) is True

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from deferline.runners.triggerer import Triggerer, TriggererOptions
 from deferline.runners.triggerer._lane import RebalanceSummary
+from deferline.schemas import CancelRequest, encode
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
 from tests.integration._triggerer_help import (
@@ -23,6 +24,7 @@ from tests.integration._triggerer_help import (
     TriggererProcess,
     defer_request,
     partition_of,
+    produce,
     produce_requests,
 )
 from tests.integration._util import KafkaClients, wait_until
@@ -381,3 +383,42 @@ async def test_every_queue_lane_rebalances_incrementally(
         20,
         message="every waiting trigger runs once across the three members",
     )
+
+
+async def test_requests_arriving_while_a_partition_is_rebuilt_are_served_before_it_ends(
+    group: Group, wide: Settings, kafka_clients: KafkaClients
+) -> None:
+    """The tail is followed while the folded triggers are still being started: a new request
+    fires at once and exactly once, and a cancel of a folded trigger wins over its older
+    DeferRequest whether that one was started yet or not."""
+    names = TopicNames(wide.topic_prefix)
+    waiting = [defer_request(i, due_in=3600, run="wait") for i in range(30_000)]
+    old = defer_request(0, due_in=3600, run="old")  # the newest folded record: started last
+    producer = await kafka_clients.producer()
+    await produce_requests(producer, wide, [*waiting, old])
+    async with TopicReader(wide, names.resume()) as events:
+        a = await group.start("a", capacity=100_000)
+        lane = a.lanes[0]
+        await wait_until(
+            lambda: any(p.live and not p.ready for p in lane._parts.values()),
+            60,
+            interval=0.002,
+            message="a partition follows its tail while its triggers are started",
+        )
+        probe = defer_request(1, due_in=0, run="probe")
+        cancel = CancelRequest(trigger_id=old.trigger_id, task=old.task, reason="test")
+        await produce_requests(producer, wide, [probe])
+        await produce(producer, names.defer(), [(cancel.trigger_id.encode(), encode(cancel))])
+        both = {probe.trigger_id, old.trigger_id}
+        await wait_until(lambda: events.distinct_triggers() == both, 60)
+        await wait_until(lane.bootstrapped.is_set, 60, interval=0.01)
+        await wait_until(lambda: a.supervisor.running == len(waiting), 30)
+    per_trigger = Counter(event.trigger_id for event in events.events())
+    assert per_trigger == {probe.trigger_id: 1, old.trigger_id: 1}
+    statuses = {event.trigger_id: event.status for event in events.events()}
+    assert statuses == {probe.trigger_id: "fired", old.trigger_id: "cancelled"}
+    assert old.trigger_id not in a.supervisor, "the older DeferRequest did not win"
+    rebuilt_at = log(a)[-1].rebuilt_at
+    assert rebuilt_at is not None
+    fired = next(e for e in events.events() if e.trigger_id == probe.trigger_id)
+    assert fired.emitted_at.timestamp() < rebuilt_at, "served before the rebuild ended"
