@@ -37,6 +37,7 @@ from deferline.schemas import (
     SchemaError,
     TaskStateRecord,
     decode,
+    dumps_kept,
     encode,
     from_tagged,
     to_tagged,
@@ -109,7 +110,7 @@ def _target_of(row: list[Any]) -> ResumeTarget:
 
 def encode_row(record: _Slim, at: Progress, target: ResumeTarget | None) -> bytes:
     """One task's view as a compact row (see :func:`restore_rows`)."""
-    return orjson.dumps(
+    return dumps_kept(
         (
             record.dag_id,
             record.task_id,

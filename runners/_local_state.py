@@ -15,6 +15,8 @@ from deferline.schemas import DeferlineError
 
 __all__ = ["CheckpointError", "open_rocks", "state_home"]
 
+_WRITE_BUFFER = 4 << 20
+
 
 class CheckpointError(DeferlineError):
     """A checkpoint could not be opened, read or written."""
@@ -32,6 +34,10 @@ def open_rocks(path: Path) -> Any:
 
     options = Options(raw_mode=True)
     options.create_if_missing(True)
+    # RocksDB's default memtable is 64 MB per database (and up to two of them): a
+    # checkpoint writes a few MB at a time, so a small one saves memory at no cost.
+    options.set_write_buffer_size(_WRITE_BUFFER)
+    options.set_max_write_buffer_number(2)
     try:
         path.mkdir(parents=True, exist_ok=True)
         return Rdict(str(path), options)

@@ -1,6 +1,6 @@
 """Wire contract: versioned records, the tagged value codec and kwargs encryption. No I/O."""
 
-from ._codec import dumps_value, from_tagged, loads_value, to_tagged
+from ._codec import dumps_kept, dumps_value, from_tagged, loads_value, to_tagged
 from ._crypto import KwargsCipher, open_kwargs, seal
 from ._errors import (
     DecryptionError,
@@ -54,6 +54,7 @@ __all__ = [
     "UnknownSchemaVersion",
     "decode",
     "decode_as",
+    "dumps_kept",
     "dumps_value",
     "encode",
     "from_tagged",

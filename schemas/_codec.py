@@ -22,7 +22,7 @@ import orjson
 
 from ._errors import SchemaError
 
-__all__ = ["dumps_value", "from_tagged", "loads_value", "to_tagged"]
+__all__ = ["dumps_kept", "dumps_value", "from_tagged", "loads_value", "to_tagged"]
 
 TYPE = "__type"
 VAR = "__var"
@@ -252,6 +252,16 @@ def from_tagged(value: JsonValue) -> Any:
         return _decode(value, "")
     except RecursionError:
         raise SchemaError("value is nested too deeply to decode") from None
+
+
+def dumps_kept(value: Any) -> bytes:
+    """``orjson.dumps(value)`` in a bytes object of its own size, for JSON kept in memory.
+
+    orjson hands back its whole working buffer (about 4 KB) as the bytes object, however
+    short the JSON: a hundred thousand checkpoint rows or events waiting for their acks held
+    400 MB where they needed 40. The copy costs a fraction of a microsecond.
+    """
+    return memoryview(orjson.dumps(value)).tobytes()
 
 
 def dumps_value(value: Any) -> bytes:

@@ -14,7 +14,7 @@ import datetime as dt
 from typing import Any
 
 import orjson
-from deferline.schemas import SCHEMA_VERSION, to_tagged
+from deferline.schemas import SCHEMA_VERSION, dumps_kept, to_tagged
 
 __all__ = ["EventEncoder", "encode_event", "request_fields"]
 
@@ -85,7 +85,7 @@ class EventEncoder:
         resumed_directly: bool,
     ) -> bytes:
         """The wire JSON of the TriggerEventRecord (see :func:`encode_event`), emitted now."""
-        return orjson.dumps(
+        return dumps_kept(  # held until acked: not in orjson's 4 KB buffer
             {
                 "version": SCHEMA_VERSION,
                 "kind": "trigger_event",
@@ -128,7 +128,7 @@ def encode_event(
     resumed_directly: bool = False,
 ) -> bytes:
     """The wire JSON of the TriggerEventRecord for ``request`` (a :func:`request_fields`)."""
-    return orjson.dumps(
+    return dumps_kept(
         {
             "version": SCHEMA_VERSION,
             "kind": "trigger_event",

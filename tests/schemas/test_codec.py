@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import tracemalloc
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -10,7 +11,14 @@ from zoneinfo import ZoneInfo
 
 import orjson
 import pytest
-from deferline.schemas import SchemaError, dumps_value, from_tagged, loads_value, to_tagged
+from deferline.schemas import (
+    SchemaError,
+    dumps_kept,
+    dumps_value,
+    from_tagged,
+    loads_value,
+    to_tagged,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -260,3 +268,16 @@ def test_deep_nesting_is_a_schema_error_not_a_crash() -> None:
         from_tagged(nested)
     with pytest.raises(SchemaError):
         loads_value(b"[" * 5000 + b"]" * 5000)
+
+
+def test_kept_json_is_held_at_its_own_size() -> None:
+    row = ("dag", "task", "run", -1, 1, "deferred", {"moment": "2025-01-01T00:00:00Z"})
+    assert dumps_kept(row) == orjson.dumps(row)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [dumps_kept((*row, i)) for i in range(1000)]
+        per_row = (tracemalloc.get_traced_memory()[0] - before) / len(kept)
+    finally:
+        tracemalloc.stop()
+    assert per_row < 256, f"{per_row:.0f} B per {len(kept[0])}-byte row"
