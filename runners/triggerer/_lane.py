@@ -201,10 +201,16 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
                 await ticker
 
     async def release_all(self) -> None:
-        """Give up every owned partition cleanly (shutdown): cancel, flush, checkpoint, commit."""
+        """Give up every owned partition cleanly (shutdown): flush, checkpoint, commit.
+
+        The triggers are not cancelled here: the supervisor stops them all once the member
+        has left the group, so the peers start rebuilding these partitions that much sooner
+        (33,000 timers took 0.4 s to cancel). Nothing is emitted for them meanwhile: their
+        partitions are no longer live, and an outcome of a partition not held is dropped.
+        """
         await self._cancel_bootstrap()
         await self._await_dropping()
-        await self._release(list(self._parts.values()))
+        await self._release(list(self._parts.values()), cancel=False)
 
     async def close(self) -> None:
         """Leave the group (peers take the partitions over at once) and close the reader."""

@@ -259,7 +259,9 @@ class _Rebalance(_LaneCore):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _release(self, parts: list[OwnedPartition]) -> None:
+    async def _release(self, parts: list[OwnedPartition], *, cancel: bool = True) -> None:
+        """Stop emitting for ``parts``, flush, checkpoint, commit and forget them; with
+        ``cancel``, their triggers are cancelled first (else the caller stops them)."""
         if not parts:
             return
         started = time.monotonic()
@@ -271,7 +273,8 @@ class _Rebalance(_LaneCore):
             for key in part.table
             if (tid := key.decode(errors="replace")) in self._supervisor
         ]
-        await self._supervisor.cancel_many(ids)
+        if cancel:
+            await self._supervisor.cancel_many(ids)
         if not await self._emitter.flush(self.options.flush_timeout):
             logger.error(
                 "pending sends not flushed before revocation; the next owner re-runs them",
@@ -289,7 +292,7 @@ class _Rebalance(_LaneCore):
             "partitions released",
             extra=self._log(
                 partitions=[p.number for p in parts],
-                triggers_cancelled=len(ids),
+                triggers_cancelled=len(ids) if cancel else 0,
                 seconds=round(time.monotonic() - started, 3),
             ),
         )
