@@ -135,7 +135,9 @@ def scheduler_command(
     from ._checkpoint import default_state_dir
     from ._scheduler import Scheduler
 
-    if not no_checkpoint and state_dir is None:
+    if no_checkpoint:
+        state_dir = None
+    elif state_dir is None:
         state_dir = default_state_dir(group_id or f"{settings.topic_prefix}scheduler")
     scheduler = Scheduler(
         settings,
@@ -148,7 +150,7 @@ def scheduler_command(
         lease_timeout=lease_timeout,
         transactions={"auto": None, "on": True, "off": False}[transactions],
         finished_retention=finished_retention,
-        state_dir=None if no_checkpoint else state_dir,
+        state_dir=state_dir,
         checkpoint_interval=checkpoint_interval,
     )
     collect_less_often()

@@ -23,7 +23,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, ProducerFenced, UnknownError, UnsupportedVersionError
 from aiokafka.structs import OffsetAndMetadata
 from deferline.schemas import DeferlineError
-from deferline.topics import Murmur2Partitioner, Settings, make_consumer, make_producer, murmur2
+from deferline.topics import (
+    Murmur2Partitioner,
+    Settings,
+    make_consumer,
+    make_producer,
+    partition_for,
+)
 
 __all__ = ["Outgoing", "SchedulerFenced", "SchedulerLease", "SchedulerPublisher"]
 
@@ -179,13 +185,16 @@ class SchedulerPublisher:
                 logger.warning("scheduler producer did not stop cleanly: %s", exc)
 
     async def _send(
-        self, producer: AIOKafkaProducer, wave: Sequence[Outgoing], hashes: dict[bytes, int]
+        self,
+        producer: AIOKafkaProducer,
+        wave: Sequence[Outgoing],
+        chosen: dict[tuple[bytes, int], int],
     ) -> list[asyncio.Future[Any]]:
         """Queue one wave as one record batch per partition (far cheaper than a ``send`` per
         record); returns the futures of the batches.
 
-        ``hashes`` keeps each key's murmur2 across the waves of one publish: a task's state
-        and its RunTask share the key, and the hash is pure Python."""
+        ``chosen`` keeps each key's partition across the waves of one publish: a task's
+        state and its RunTask share the key, and murmur2 is pure Python."""
         by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
         partitions: dict[str, list[int]] = {}
         for topic, key, value in wave:
@@ -195,10 +204,10 @@ class SchedulerPublisher:
             if key is None:
                 partition = self._partitioner(key, ids, ids)
             else:
-                positive = hashes.get(key)
-                if positive is None:
-                    positive = hashes[key] = murmur2(key) & 0x7FFFFFFF
-                partition = ids[positive % len(ids)]  # as partition_for does
+                index = chosen.get((key, len(ids)))
+                if index is None:
+                    index = chosen[key, len(ids)] = partition_for(key, len(ids))
+                partition = ids[index]
             by_partition.setdefault((topic, partition), []).append((key, value))
         futures: list[asyncio.Future[Any]] = []
         for (topic, partition), records in by_partition.items():
@@ -229,15 +238,15 @@ class SchedulerPublisher:
         if producer is None:
             raise SchedulerFenced("the scheduler is not active")
         try:
-            hashes: dict[bytes, int] = {}
+            chosen: dict[tuple[bytes, int], int] = {}
             if not self.transactional:
                 for wave in waves:
-                    futures = await self._send(producer, wave, hashes)
+                    futures = await self._send(producer, wave, chosen)
                     if futures:
                         await asyncio.gather(*futures)
                 return
             await producer.begin_transaction()
-            futures = [f for wave in waves for f in await self._send(producer, wave, hashes)]
+            futures = [f for wave in waves for f in await self._send(producer, wave, chosen)]
             if offsets:
                 await producer.send_offsets_to_transaction(dict(offsets), self.group_id)
             await producer.commit_transaction()
