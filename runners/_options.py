@@ -171,7 +171,7 @@ def metrics_options(func: F) -> F:
 def group_timing_options(func: F) -> F:
     """Add ``--session-timeout-ms`` and ``--heartbeat-interval-ms`` (consumer-group liveness)."""
     func = click.option(
-        "--heartbeat-interval-ms", type=click.IntRange(min=100), default=1_000, show_default=True
+        "--heartbeat-interval-ms", type=click.IntRange(min=100), default=250, show_default=True
     )(func)
     return click.option(
         "--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True

@@ -34,7 +34,7 @@ from ._checkpoint import CheckpointStore
 from ._emitter import Emitter
 from ._events import EventEncoder
 from ._fetch_wait import SHORT_WAIT_MS
-from ._lane_client import _leave_from_generation_zero
+from ._lane_client import _join_once, _leave_from_generation_zero
 from ._lane_commits import _Commits
 from ._lane_outcomes import _Outcomes
 from ._lane_rebalance import _Listener, _Rebalance
@@ -143,6 +143,7 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
             fetch_max_wait_ms=min(self.options.fetch_max_wait_ms, SHORT_WAIT_MS),
             **common,
         )
+        rebalance_ms = max(self.options.session_timeout_ms, 30_000)
         self._consumer = make_consumer(
             self.settings,
             group_id=self.group_id,
@@ -152,7 +153,7 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
             consumer_timeout_ms=max(200, self.options.fetch_max_wait_ms),
             session_timeout_ms=self.options.session_timeout_ms,
             heartbeat_interval_ms=self.options.heartbeat_interval_ms,
-            rebalance_timeout_ms=max(self.options.session_timeout_ms, 30_000),
+            rebalance_timeout_ms=rebalance_ms,
             max_poll_records=self.options.max_poll_records,
             partition_assignment_strategy=(self._assignor, RoundRobinPartitionAssignor),
             group_instance_id=self.options.group_instance_id,
@@ -161,7 +162,8 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         await self._reader.start()
         await self._consumer.start()
         _leave_from_generation_zero(self._consumer)
-        self._consumer.subscribe([self.defer_topic], listener=_Listener(self))
+        _join_once(self._consumer)
+        self._consumer.subscribe([self.defer_topic], listener=_Listener(self, rebalance_ms / 2000))
         logger.info(
             "triggerer lane joining group",
             extra=self._log(

@@ -6,7 +6,7 @@ import logging
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.group import LeaveGroupRequest
+from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,37 @@ def _leave_from_generation_zero(consumer: AIOKafkaConsumer) -> None:
         await original()
 
     coordinator._maybe_leave_group = leave
+
+
+class _NotSent:
+    """Stands for the answer to a JoinGroup that :func:`_join_once` keeps from being sent."""
+
+    error_code = 0
+
+
+def _join_once(consumer: AIOKafkaConsumer) -> None:
+    """Make the consumer send one JoinGroup per join, offering every assignor in it.
+
+    aiokafka 0.14 sends a JoinGroup per configured assignor, each with the protocols listed
+    so far (its ``perform_group_join`` has the request loop inside the loop over assignors),
+    and keeps only the last answer. With the sticky assignor and round robin (listed for
+    rolling upgrades) every join therefore ran two rebalances: the first request completed a
+    generation nobody synced, and the second, its protocols changed, started another, which
+    every member then joined again (generations went 2, 4, 6...). The requests before the
+    last are answered here without being sent; the last one offers every protocol.
+    """
+    coordinator = getattr(consumer, "_coordinator", None)
+    original = getattr(coordinator, "_send_req", None)
+    if coordinator is None or original is None:
+        return
+    offered = len(coordinator._assignors)
+
+    async def send(request: object) -> object:
+        if isinstance(request, JoinGroupRequest) and len(request._group_protocols) < offered:
+            return _NotSent()
+        return await original(request)
+
+    coordinator._send_req = send
 
 
 def _set_fetch_wait(consumer: AIOKafkaConsumer | None, wait_ms: int) -> None:

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from aiokafka.client import ConnectionGroup
 from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 from aiokafka.protocol.metadata import MetadataRequest
 
@@ -90,12 +91,21 @@ class _Commits(_LaneCore):
         if consumer is None:
             return False
         client = consumer._client
-        node = client.get_random_node()
+        # Asked over the group coordinator's connection: the fetch connection may hold a
+        # long poll, and a broker answers one connection's requests in order, so asking
+        # there waited up to the fetch wait (500 ms) before each commit, in every
+        # revocation and before a leaver's LeaveGroup among them.
+        node = getattr(consumer._coordinator, "coordinator_id", None)
+        group = ConnectionGroup.COORDINATION
+        if node is None:
+            node, group = client.get_random_node(), ConnectionGroup.DEFAULT
         if node is None:
             return False
         try:
             response = await client.send(
-                node, MetadataRequest([self.defer_topic], allow_auto_topic_creation=False)
+                node,
+                MetadataRequest([self.defer_topic], allow_auto_topic_creation=False),
+                group=group,
             )
         except KafkaError:
             return False  # the broker cannot say now; the commit reports what it reports

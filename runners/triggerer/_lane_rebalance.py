@@ -20,13 +20,30 @@ logger = logging.getLogger(__name__)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Rebalance callbacks of one lane, as aiokafka's listener object."""
+    """Rebalance callbacks of one lane, as aiokafka's listener object.
 
-    def __init__(self, lane: _Rebalance) -> None:
+    aiokafka rejoins only once the revocation callback returns, and the whole group waits
+    for that rejoin (up to the rebalance timeout, then without this member): so the
+    quiesce is bounded by ``within`` seconds. Cut short, it has already stopped emitting
+    for the revoked partitions (its first step); what it did not flush, checkpoint or
+    commit the next owner redoes from the topics.
+    """
+
+    def __init__(self, lane: _Rebalance, within: float) -> None:
         self._lane = lane
+        self._within = within
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        await self._lane.on_partitions_revoked(set(revoked))
+        revoked = set(revoked)
+        try:
+            await asyncio.wait_for(self._lane.on_partitions_revoked(revoked), self._within)
+        except TimeoutError:
+            logger.error(
+                "revocation not quiesced within %.0f s; rejoining the group anyway",
+                self._within,
+                extra=self._lane._log(),
+            )
+            self._lane.drop_unready(revoked)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         await self._lane.on_partitions_assigned(set(assigned))
@@ -119,21 +136,7 @@ class _Rebalance(_LaneCore):
 
         # Lost: forget them now (outcomes of their triggers are dropped from here on), cancel
         # their triggers in the background, without emitting.
-        cancelled: list[str] = []
-        for part in lost:
-            self._parts.pop(part.number, None)
-            part.held.clear()
-            cancelled.extend(
-                tid
-                for key in part.table
-                if (tid := key.decode(errors="replace")) in self._supervisor
-            )
-        summary.triggers_cancelled = len(cancelled)
-        if lost:
-            previous = self._dropping
-            self._dropping = asyncio.create_task(
-                self._drop(previous, lost, cancelled), name="drop-lost-partitions"
-            )
+        summary.triggers_cancelled = self._forget(lost)
 
         # Kept: follow the tail from where the lane stopped, emit what was held.
         for part in kept:
@@ -220,6 +223,39 @@ class _Rebalance(_LaneCore):
                 },
                 max_paused_seconds=round(max(pauses), 3) if pauses else 0.0,
             ),
+        )
+
+    def _forget(self, parts: list[OwnedPartition]) -> int:
+        """Forget ``parts`` now and cancel their triggers in the background, without
+        emitting (a rebuild waits for that); the number of triggers cancelled."""
+        cancelled: list[str] = []
+        for part in parts:
+            self._parts.pop(part.number, None)
+            part.held.clear()
+            cancelled.extend(
+                tid
+                for key in part.table
+                if (tid := key.decode(errors="replace")) in self._supervisor
+            )
+        if parts:
+            previous = self._dropping
+            self._dropping = asyncio.create_task(
+                self._drop(previous, parts, cancelled), name="drop-lost-partitions"
+            )
+        return len(cancelled)
+
+    def drop_unready(self, revoked: set[TopicPartition]) -> None:
+        """After a revocation cut short: forget the revoked partitions that were not ready
+        (their rebuild or release interrupted), so the next assignment rebuilds them
+        rather than keep them half-built. Ready ones stay: kept, they resume; lost, dropped."""
+        self._forget(
+            [
+                part
+                for tp in revoked
+                if tp.topic == self.defer_topic
+                and (part := self._parts.get(tp.partition)) is not None
+                and not part.ready
+            ]
         )
 
     async def _drop(

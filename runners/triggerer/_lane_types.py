@@ -36,7 +36,7 @@ class LaneOptions:
     member: str
     direct_resume: bool = False
     session_timeout_ms: int = 10_000
-    heartbeat_interval_ms: int = 1_000
+    heartbeat_interval_ms: int = 250
     fetch_max_wait_ms: int = 20
     max_poll_records: int = 2_000
     checkpoint_interval: float = 5.0

@@ -110,7 +110,9 @@ class TriggererOptions:
             fire again, in order, once half of them are acked. Bounds the memory of a burst
             (a million timers due at once) without dropping or reordering anything.
         session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
-            member's partitions move after the session timeout.
+            member's partitions move after the session timeout. The other members hear of
+            a rebalance (a join, a leave) at their next heartbeat, so the interval is part
+            of the pause of every rebalance: 250 ms costs about 0.1 % of a core.
         fetch_max_wait_ms: broker-side fetch wait of the group consumer; ``None`` (default)
             chooses at start from the brokers' ApiVersions answer: 500 ms on Apache Kafka,
             which answers as soon as a record arrives (a long poll costs no latency and keeps
@@ -138,7 +140,7 @@ class TriggererOptions:
     max_pending: int | None = None
     max_unsent: int = 10_000
     session_timeout_ms: int = 10_000
-    heartbeat_interval_ms: int = 1_000
+    heartbeat_interval_ms: int = 250
     fetch_max_wait_ms: int | None = None
     checkpoint_interval: float = 5.0
     checkpoint_max_age: float = 12 * 3600.0

@@ -115,7 +115,7 @@ class Worker(Lifecycle):
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
         session_timeout_ms: int = 10_000,
-        heartbeat_interval_ms: int = 1_000,
+        heartbeat_interval_ms: int = 250,
     ) -> None:
         self.settings = settings
         self._group_timing = {

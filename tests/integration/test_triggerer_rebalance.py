@@ -118,6 +118,7 @@ async def test_join_and_leave_move_only_the_moved_share_and_lose_nothing(
         await produce_requests(producer, wide, due)
         before = {m: set(t.lanes[0].owned) for m, t in group.members.items()}
         rebalances = {m: len(log(t)) for m, t in group.members.items()}
+        generation = log(a)[-1].generation
 
         c = await group.start("c")
         await wait_until(
@@ -148,6 +149,9 @@ async def test_join_and_leave_move_only_the_moved_share_and_lose_nothing(
             assert counter(
                 triggerer, "deferline_triggerer_rebalance_triggers_total", action="kept"
             ) >= sum(s.triggers_kept for s in log(triggerer)[-1:])
+        # One JoinGroup per member per rebalance, offering both assignors: the join is one
+        # generation (two requests, one per assignor, made it two).
+        assert {log(t)[-1].generation for t in group.members.values()} == {generation + 1}
         moved = [n for n in range(PARTITIONS) if after[n] == "c"]
         assert len(moved) == 2
         assert sorted(log(c)[-1].acquired) == moved
