@@ -29,6 +29,7 @@ import contextlib
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,9 @@ from ._tasks_topic import _TasksTopic
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
 
 logger = logging.getLogger(__name__)
+
+_BATCHES_AHEAD = 3
+"""Folded batches handed to the producer, beyond the one being sent, before the fold waits."""
 
 
 class SchedulerError(DeferlineError):
@@ -440,6 +444,8 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
     async def _events_loop(self) -> None:
         assert self._events is not None
         last_commit = last_refresh = time.monotonic()
+        committing: asyncio.Task[None] | None = None
+        handed: deque[asyncio.Task[None] | None] = deque()
         while True:
             batches = await self._events.getmany(timeout_ms=1000, max_records=self.max_records)
             if batches:
@@ -462,8 +468,9 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
                             read[tp] = messages[-1].offset + 1
                     self._events_done.update(read)
                     out = self.table.drain()
-                    previous = self._in_flight
-                    self._start_publish(out, dead, offsets=True)
+                    handed.append(self._start_publish(out, dead, offsets=True))
+                if self._publisher.transactional:
+                    last_commit = time.monotonic()  # the batch's transaction carries its offsets
                 logger.debug(
                     "events batch folded",
                     extra={
@@ -472,10 +479,14 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
                         "fold_seconds": round(time.monotonic() - began, 4),
                     },
                 )
-                # The next batch is fetched and folded while this one is sent; the batch
-                # before it must be out first (at most two in flight; its error stops us).
-                if previous is not None:
-                    await asyncio.shield(previous)  # a step-down lets it finish
+                # The next batches are fetched and folded while this one is sent (each
+                # goes out after the one before it): the fold, not the broker's time to
+                # complete a transaction before the next may begin, sets the pace. At most
+                # _BATCHES_AHEAD are handed over and unsent; a failed one's error stops us.
+                while len(handed) > _BATCHES_AHEAD:
+                    oldest = handed.popleft()
+                    if oldest is not None:
+                        await asyncio.shield(oldest)  # a step-down lets it finish
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
@@ -483,7 +494,12 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
                     if not self._active.is_set():
                         return
                     if self._publisher.transactional:
-                        await self._publish([], offsets=True)
+                        # Handed over, not awaited: chained after a batch in flight, waiting
+                        # for it here would stop the fold for as long (up to the time the
+                        # broker takes to complete the previous transaction, 0.5 s seen).
+                        if committing is not None and committing.done():
+                            committing.result()  # a failed commit stops the loop, as a batch does
+                        committing = self._start_publish([], offsets=True)
                     else:
                         await self._commit()
                 last_commit = now

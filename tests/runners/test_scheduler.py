@@ -381,3 +381,75 @@ def test_command_line() -> None:
     assert result.exit_code == 2
     assert "'unlimited'" in result.output
     assert _scheduler_cli._parse_pools(["a=1", "b=20"]) == {"a": 1, "b": 20}
+
+
+class GatedProducer(FakeTransactionalProducer):
+    """A transactional producer whose transactions wait at ``gate`` (a broker still
+    completing the previous transaction)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def begin_transaction(self) -> None:
+        await self.gate.wait()
+        await super().begin_transaction()
+
+
+class Message:
+    def __init__(self, offset: int) -> None:
+        self.topic, self.partition, self.offset = TPS.topic, TPS.partition, offset
+        self.key, self.value = None, b"not an event"
+
+
+class FakeEvents:
+    """The events consumer: one unreadable record per fetch, ``batches`` fetches."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+        self.fetched = 0
+        self.drained = asyncio.Event()
+
+    async def getmany(self, *, timeout_ms: int, max_records: int) -> Any:
+        if self.fetched == self.batches:
+            self.drained.set()
+            await asyncio.Event().wait()  # nothing more arrives
+        self.fetched += 1
+        await asyncio.sleep(0)
+        return {TPS: [Message(self.fetched - 1)]}
+
+
+async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
+    sched: Scheduler,
+) -> None:
+    producer = GatedProducer()
+    sched._publisher._producer = producer
+    sched._publisher.transactional = True
+    sched._active.set()
+    events = FakeEvents(batches=6)
+    sched._events = events
+    loop = asyncio.create_task(sched._events_loop())
+    try:
+        ahead = scheduler_module._BATCHES_AHEAD
+        await wait_for_condition(lambda: events.fetched == ahead + 1)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not producer.log, "the first transaction is still waiting"
+        assert events.fetched == ahead + 1, "one waiting to be sent, ahead more, then it waits"
+        producer.gate.set()
+        await asyncio.wait_for(events.drained.wait(), 5)
+        await sched._settle()
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+    assert [o[TPS] for o in producer.offsets] == [1, 2, 3, 4, 5, 6], "in order, each once"
+    dead = [key for kind, topic, key in producer.log if kind == "send" and topic == "p.dead"]
+    assert len(dead) == 6
+
+
+async def wait_for_condition(condition: Any, within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
