@@ -55,8 +55,10 @@ def _join_once(consumer: AIOKafkaConsumer) -> None:
     and keeps only the last answer. With the sticky assignor and round robin (listed for
     rolling upgrades) every join therefore ran two rebalances: the first request completed a
     generation nobody synced, and the second, its protocols changed, started another, which
-    every member then joined again (generations went 2, 4, 6...). The requests before the
-    last are answered here without being sent; the last one offers every protocol.
+    every member then joined again (generations went 2, 4, 6...); and two members joining
+    together could start a new rebalance with each other's second request, forever (seen:
+    generations climbing for minutes, no partition assigned). The requests before the last
+    are answered here without being sent; the last one offers every protocol.
     """
     coordinator = getattr(consumer, "_coordinator", None)
     original = getattr(coordinator, "_send_req", None)
