@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import Sequence
 
-from aiokafka.client import ConnectionGroup
 from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 from aiokafka.protocol.metadata import MetadataRequest
 
@@ -58,13 +57,20 @@ class _Commits(_LaneCore):
         for part in parts:
             await self._checkpoint(part)
         if commit:
-            await self._commit(parts)
+            await self._commit(parts, periodic=True)
 
-    async def _commit(self, parts: Sequence[OwnedPartition]) -> None:
-        """Commit read positions (informational: lag, and where keyless records were seen)."""
+    async def _commit(self, parts: Sequence[OwnedPartition], *, periodic: bool = False) -> None:
+        """Commit read positions (informational: lag, and where keyless records were seen).
+
+        Only the periodic commit first asks whether the defer topic still exists: that
+        question goes over the fetch connection, where a long poll (500 ms) is usually in
+        flight and a broker answers one connection's requests in order, so asking it in a
+        revocation or before a leaver's LeaveGroup held either up to the fetch wait (the
+        bounded commit copes with a deleted topic there).
+        """
         consumer = self._consumer
         offsets = {p.defer_tp: p.table.defer_offset for p in parts if p.ready}
-        if consumer is None or not offsets or await self._defer_topic_deleted():
+        if consumer is None or not offsets or (periodic and await self._defer_topic_deleted()):
             return  # (aiokafka would retry a commit to a deleted topic every 100 ms)
         if all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
             return  # nothing new (an idle member commits nothing)
@@ -91,21 +97,12 @@ class _Commits(_LaneCore):
         if consumer is None:
             return False
         client = consumer._client
-        # Asked over the group coordinator's connection: the fetch connection may hold a
-        # long poll, and a broker answers one connection's requests in order, so asking
-        # there waited up to the fetch wait (500 ms) before each commit, in every
-        # revocation and before a leaver's LeaveGroup among them.
-        node = getattr(consumer._coordinator, "coordinator_id", None)
-        group = ConnectionGroup.COORDINATION
-        if node is None:
-            node, group = client.get_random_node(), ConnectionGroup.DEFAULT
+        node = client.get_random_node()
         if node is None:
             return False
         try:
             response = await client.send(
-                node,
-                MetadataRequest([self.defer_topic], allow_auto_topic_creation=False),
-                group=group,
+                node, MetadataRequest([self.defer_topic], allow_auto_topic_creation=False)
             )
         except KafkaError:
             return False  # the broker cannot say now; the commit reports what it reports
