@@ -57,20 +57,13 @@ class _Commits(_LaneCore):
         for part in parts:
             await self._checkpoint(part)
         if commit:
-            await self._commit(parts, periodic=True)
+            await self._commit(parts)
 
-    async def _commit(self, parts: Sequence[OwnedPartition], *, periodic: bool = False) -> None:
-        """Commit read positions (informational: lag, and where keyless records were seen).
-
-        Only the periodic commit first asks whether the defer topic still exists: that
-        question goes over the fetch connection, where a long poll (500 ms) is usually in
-        flight and a broker answers one connection's requests in order, so asking it in a
-        revocation or before a leaver's LeaveGroup held either up to the fetch wait (the
-        bounded commit copes with a deleted topic there).
-        """
+    async def _commit(self, parts: Sequence[OwnedPartition]) -> None:
+        """Commit read positions (informational: lag, and where keyless records were seen)."""
         consumer = self._consumer
         offsets = {p.defer_tp: p.table.defer_offset for p in parts if p.ready}
-        if consumer is None or not offsets or (periodic and await self._defer_topic_deleted()):
+        if consumer is None or not offsets or await self._defer_topic_deleted():
             return  # (aiokafka would retry a commit to a deleted topic every 100 ms)
         if all(self._committed.get(tp) == offset for tp, offset in offsets.items()):
             return  # nothing new (an idle member commits nothing)
