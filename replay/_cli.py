@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import functools
 import re
@@ -14,7 +13,7 @@ from typing import Any, TypeVar
 import click
 from deferline.runners._options import connection_options
 from deferline.schemas import DeferlineError, KwargsCipher
-from deferline.topics import Settings
+from deferline.topics import Settings, run_closing
 from rich.console import Console
 
 from ._collect import ReplaySession, StuckReport
@@ -209,7 +208,7 @@ def _split(kwargs: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
 
 def _arun(coro: Coroutine[Any, Any, T]) -> T:
     try:
-        return asyncio.run(coro)
+        return run_closing(coro)
     except DeferlineError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -472,7 +471,7 @@ def run_command(
     )
     enable_asyncio_debug()
     allowed = [*run.settings.allowed_trigger_prefixes, *allow_prefix]
-    result = asyncio.run(
+    result = run_closing(
         run_trigger(
             request,
             cipher=run.cipher,

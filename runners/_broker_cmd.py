@@ -7,7 +7,13 @@ import signal
 from pathlib import Path
 
 import click
-from deferline.topics import KAFKA_VERSION, BrokerStartError, KRaftBroker, TansuBroker
+from deferline.topics import (
+    KAFKA_VERSION,
+    BrokerStartError,
+    KRaftBroker,
+    TansuBroker,
+    run_closing,
+)
 
 
 @click.command("broker")
@@ -59,7 +65,7 @@ def broker(
     else:
         server = TansuBroker(port, host, advertised_host=advertised_host)
     try:
-        asyncio.run(_serve(server))
+        run_closing(_serve(server))
     except BrokerStartError as exc:
         raise click.ClickException(str(exc)) from exc
 

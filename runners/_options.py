@@ -3,14 +3,13 @@ the metrics, group-timing and logging flags every process shares."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 import click
-from deferline.topics import Settings, access_error, principal_of
+from deferline.topics import Settings, access_error, principal_of, run_closing
 from deferline.topics._clients import is_bootstrap_failure, probe_access
 from pydantic import ValidationError
 
@@ -104,7 +103,7 @@ def access_errors_named(settings: Settings) -> Iterator[None]:
         mapped = access_error(exc, principal=principal_of(settings))
         if mapped is None and is_bootstrap_failure(exc):
             # aiokafka says only "Unable to bootstrap": ask the broker once more for why.
-            mapped = asyncio.run(probe_access(settings))
+            mapped = run_closing(probe_access(settings))
         if mapped is None:
             raise
         raise click.ClickException(f"{type(mapped).__name__}: {mapped}") from exc

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, get_args
@@ -11,7 +10,7 @@ import click
 import orjson
 from deferline.client import Client, TaskNotFound
 from deferline.schemas import DeferlineError, TaskState, TaskStateRecord, encode, utcnow
-from deferline.topics import Settings
+from deferline.topics import Settings, run_closing
 from rich.console import Console
 from rich.table import Table
 
@@ -42,7 +41,7 @@ def _run(settings: Settings, work: Callable[[Client], Awaitable[T]]) -> T:
             return await work(client)
 
     try:
-        return asyncio.run(main())
+        return run_closing(main())
     except TaskNotFound as exc:
         raise click.ClickException(str(exc)) from exc
     except DeferlineError as exc:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 from deferline.topics import (
     ROLES,
@@ -15,6 +13,7 @@ from deferline.topics import (
     ensure_acls,
     ensure_topics,
     parse_role_principals,
+    run_closing,
     topic_specs,
 )
 
@@ -72,10 +71,10 @@ def ensure(
     except (InvalidQueueName, ValueError) as exc:
         raise click.BadParameter(str(exc)) from exc
     try:
-        asyncio.run(ensure_topics(settings, specs, strict=True))
-        found = asyncio.run(describe_topics(settings, [s.name for s in specs]))
+        run_closing(ensure_topics(settings, specs, strict=True))
+        found = run_closing(describe_topics(settings, [s.name for s in specs]))
         bindings = (
-            asyncio.run(
+            run_closing(
                 ensure_acls(settings, principals, queues=queues, worker_queues=worker_queues)
             )
             if principals
@@ -99,7 +98,7 @@ def ensure(
 def list_topics(settings: Settings, show_all: bool) -> None:
     """List topics with partitions, replication factor and retention/compaction configs."""
     try:
-        found = asyncio.run(describe_topics(settings, prefix="" if show_all else None))
+        found = run_closing(describe_topics(settings, prefix="" if show_all else None))
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from exc
     if not found:

@@ -23,7 +23,7 @@ from ._errors import (
 from ._kafka_runtime import KAFKA_VERSION, fetch_kafka_jars
 from ._kraft import BrokerSecurity, KRaftBroker
 from ._kraft_cluster import KRaftCluster
-from ._lifecycle import Lifecycle
+from ._lifecycle import Lifecycle, run_closing
 from ._names import TopicNames, validate_queue_name
 from ._partitioner import Murmur2Partitioner, murmur2, partition_for
 from ._settings import Settings
@@ -76,6 +76,7 @@ __all__ = [
     "parse_role_principals",
     "partition_for",
     "principal_of",
+    "run_closing",
     "stop_client",
     "supports_idempotence",
     "topic_specs",

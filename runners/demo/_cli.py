@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 from deferline.schemas import DeferlineError
+from deferline.topics import run_closing
 from rich.console import Console
 
 from ._plan import DemoOptions
@@ -81,7 +82,7 @@ def demo_command(
         broker=broker,
     )
     try:
-        summary = asyncio.run(_main(options, console))
+        summary = run_closing(_main(options, console))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; every process was stopped[/]")
         raise SystemExit(130) from None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 from deferline.engine import Pools
 from deferline.schemas import DeferlineError
-from deferline.topics import Settings
+from deferline.topics import Settings, run_closing
 
 from .._gc import collect_less_often, spare_what_lives_now
 from .._options import connection_options, layout_options, logging_options, metrics_options
@@ -155,7 +155,7 @@ def scheduler_command(
     )
     collect_less_often()
     try:
-        asyncio.run(_serve(scheduler))
+        run_closing(_serve(scheduler))
     except DeferlineError as exc:
         raise click.ClickException(f"scheduler failed: {exc}") from exc
 

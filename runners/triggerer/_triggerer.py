@@ -27,6 +27,7 @@ from deferline.topics import (
     Settings,
     ensure_topics,
     make_producer,
+    run_closing,
     stop_client,
     topic_specs,
     validate_queue_name,
@@ -529,7 +530,7 @@ def triggerer_command(
         raise click.UsageError(str(exc)) from exc
     collect_less_often()
     try:
-        asyncio.run(Triggerer(settings, options).run())
+        run_closing(Triggerer(settings, options).run())
     except DeferlineError as exc:
         click.echo(f"triggerer failed: {exc}", err=True)
         sys.exit(1)

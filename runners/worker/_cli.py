@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 from deferline.schemas import DeferlineError
-from deferline.topics import InvalidQueueName, Settings
+from deferline.topics import InvalidQueueName, Settings, run_closing
 
 from .._options import (
     connection_options,
@@ -63,7 +61,7 @@ def worker_command(
     except InvalidQueueName as exc:
         raise click.BadParameter(str(exc), param_hint="--queue") from exc
     try:
-        asyncio.run(run_until_signal(worker))
+        run_closing(run_until_signal(worker))
     except DeferlineError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"worker stopped: {worker.metrics.as_dict()}")

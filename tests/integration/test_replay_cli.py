@@ -156,8 +156,9 @@ def test_redrive_dry_run_then_publish(settings: Settings):
     assert code == 0
     assert "re-published 1 of 2" in out
     after = asyncio.run(read_defer(settings, request.trigger_id))
-    assert len(after) == len(before) + 1
-    _, value, headers = after[-1]
+    # The defer topic is compacted: the cleaner may have dropped the request the tombstone
+    # superseded by now, so count what lies past the last record seen before.
+    [(_, value, headers)] = [r for r in after if r[0] > before[-1][0]]
     assert value is not None
     republished = decode(value)
     assert isinstance(republished, DeferRequest)

@@ -96,7 +96,11 @@ async def test_injected_duplicate_events_are_never_applied(settings: Settings) -
 
 
 async def test_event_read_before_its_deferral_waits_for_it(settings: Settings) -> None:
-    async with TaskFlow(settings) as flow, Scheduler(settings, **FAST) as sched:
+    # An event waits for its deferral until the next orphan check finds the tasks topic
+    # caught up without it: checks far apart here, so the test's own writes cannot lose
+    # that race (the orphan drop has its own tests).
+    slow_orphans = {**FAST, "orphan_check_interval": 120.0}
+    async with TaskFlow(settings) as flow, Scheduler(settings, **slow_orphans) as sched:
         await sched.wait_active()
         a = task_key("a")
         await flow.submit(a)
