@@ -115,6 +115,7 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at = math.inf
         self._resched = False
+        self._last_due: tuple[float, dt.datetime, bytes] | None = None
         self._firing = False
         self._filling = False
         self._held = False

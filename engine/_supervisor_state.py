@@ -178,6 +178,7 @@ class _SupervisorCore:
     _wake: asyncio.TimerHandle | None
     _wake_at: float
     _resched: bool
+    _last_due: tuple[float, dt.datetime, bytes] | None
     _firing: bool
     _held: bool
     _state: str

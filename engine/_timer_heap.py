@@ -3,13 +3,14 @@ of millisecond buckets, woken by a single loop timer."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import time
 from heapq import heapify, heappop, heappush
 from typing import Final
 
-from deferline.schemas import make_event_id, to_tagged
+from deferline.schemas import canonical_json, make_event_id, to_tagged
 
 from ._outcome import TriggerOutcome
 from ._supervisor_state import (
@@ -166,16 +167,27 @@ class _TimerHeap(_SupervisorCore):
                 self._begin_stop(entry)
                 self._emit_timeout(tid, deadline, entry.context)
 
+    def _due_at(self, deadline: float) -> tuple[dt.datetime, bytes]:
+        """The due time of ``deadline`` and its canonical JSON, shared by the timers of a
+        burst (computed once per distinct deadline, not once per timer)."""
+        last = self._last_due
+        if last is None or last[0] != deadline:
+            due = _from_epoch(deadline)
+            last = self._last_due = (deadline, due, canonical_json(due))
+        return last[1], last[2]
+
     def _fire_timer(self, tid: str, timer: _Timer) -> None:
         fired = time.time()
         self.metrics.fire_lag.observe(fired - timer.deadline)
         payload = timer.payload
-        due = _from_epoch(timer.deadline)
-        if payload is _AT_DEADLINE:
-            payload = due
         end = timer.end
         try:
-            event_id = make_event_id(tid, "fired", payload)
+            due, due_json = self._due_at(timer.deadline)
+            if payload is _AT_DEADLINE:
+                payload = due
+                event_id = make_event_id(tid, "fired", payload, canonical=due_json)
+            else:
+                event_id = make_event_id(tid, "fired", payload)
             xcoms = None if end is None else end.xcoms
             if xcoms is not None:
                 to_tagged(xcoms)

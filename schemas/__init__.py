@@ -1,6 +1,6 @@
 """Wire contract: versioned records, the tagged value codec and kwargs encryption. No I/O."""
 
-from ._codec import dumps_kept, dumps_value, from_tagged, loads_value, to_tagged
+from ._codec import canonical_json, dumps_kept, dumps_value, from_tagged, loads_value, to_tagged
 from ._crypto import KwargsCipher, open_kwargs, seal
 from ._errors import (
     DecryptionError,
@@ -52,6 +52,7 @@ __all__ = [
     "TaskStateRecord",
     "TriggerEventRecord",
     "UnknownSchemaVersion",
+    "canonical_json",
     "decode",
     "decode_as",
     "dumps_kept",

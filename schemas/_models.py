@@ -189,17 +189,20 @@ def make_trigger_id(task: TaskKey, defer_seq: int) -> str:
     return str(uuid.uuid5(_TRIGGER_NS, name))
 
 
-def make_event_id(trigger_id: str, status: str, payload: Any) -> str:
+def make_event_id(
+    trigger_id: str, status: str, payload: Any, *, canonical: bytes | None = None
+) -> str:
     """Deterministic event id: the same event from two copies of a trigger has one id.
 
     32 hex digits of BLAKE2b-128 over ``trigger_id 0x1F status 0x1F canonical(payload)``,
     where canonical is the tagged JSON with sorted keys (and sorted pairs of tagged dicts),
-    so neither dict order nor set order changes the id.
+    so neither dict order nor set order changes the id. ``canonical``: the payload's
+    :func:`canonical_json`, when the caller has it already (timers of a burst share one).
     """
     digest = hashlib.blake2b(digest_size=16)
     digest.update(trigger_id.encode())
     digest.update(b"\x1f" + status.encode() + b"\x1f")
-    digest.update(canonical_json(payload))
+    digest.update(canonical_json(payload) if canonical is None else canonical)
     return digest.hexdigest()
 
 

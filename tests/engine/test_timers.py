@@ -36,6 +36,24 @@ async def sup(sink: Sink) -> AsyncIterator[TriggerSupervisor]:
         yield s
 
 
+async def test_timers_of_a_burst_share_their_due_time_each_with_its_own_event_id(
+    sup: TriggerSupervisor, sink: Sink
+) -> None:
+    """The due time and its canonical JSON are computed once per deadline; every timer
+    still gets the id of its own trigger id and the payload of its own moment."""
+    first, second = _in(0.05), _in(0.08)
+    for i in range(3):
+        sup.add(f"a{i}", DateTimeTrigger(first))
+    sup.add("b", DateTimeTrigger(second))
+    await wait_until(lambda: sup.running == 0)
+    for tid, moment in [("a0", first), ("a1", first), ("a2", first), ("b", second)]:
+        out = sink.one(tid)
+        assert out.payload == moment
+        assert out.due_at == moment
+        assert out.event_id == make_event_id(tid, "fired", moment)
+    assert len({sink.one(t).event_id for t in ("a0", "a1", "a2", "b")}) == 4
+
+
 async def test_datetime_trigger_waits_in_the_heap_and_fires_at_its_moment(
     sup: TriggerSupervisor, sink: Sink
 ) -> None:
