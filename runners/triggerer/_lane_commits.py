@@ -89,7 +89,11 @@ class _Commits(_LaneCore):
         consumer = self._consumer
         if consumer is None:
             return False
-        client = consumer._client
+        # Asked over the rebuild reader's connections when it runs: the group consumer's
+        # fetch connection usually holds a long poll (500 ms on Apache Kafka), and a broker
+        # answers one connection's requests in order, so every revocation and every leaver's
+        # last commit waited for it. The reader's fetches, when it has any, wait 20 ms.
+        client = (self._reader or consumer)._client
         node = client.get_random_node()
         if node is None:
             return False
