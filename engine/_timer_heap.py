@@ -168,8 +168,9 @@ class _TimerHeap(_SupervisorCore):
                 self._emit_timeout(tid, deadline, entry.context)
 
     def _due_at(self, deadline: float) -> tuple[dt.datetime, bytes]:
-        """The due time of ``deadline`` and its canonical JSON, shared by the timers of a
-        burst (computed once per distinct deadline, not once per timer)."""
+        """The due time of ``deadline`` and its canonical JSON (the payload of a timer that
+        fires with its moment), shared by the timers of a burst: computed once per distinct
+        deadline, not once per timer."""
         last = self._last_due
         if last is None or last[0] != deadline:
             due = _from_epoch(deadline)
@@ -182,11 +183,12 @@ class _TimerHeap(_SupervisorCore):
         payload = timer.payload
         end = timer.end
         try:
-            due, due_json = self._due_at(timer.deadline)
             if payload is _AT_DEADLINE:
+                due, due_json = self._due_at(timer.deadline)
                 payload = due
                 event_id = make_event_id(tid, "fired", payload, canonical=due_json)
             else:
+                due = _from_epoch(timer.deadline)
                 event_id = make_event_id(tid, "fired", payload)
             xcoms = None if end is None else end.xcoms
             if xcoms is not None:
