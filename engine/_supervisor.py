@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 from deferline.schemas import make_event_id
 
@@ -61,6 +61,10 @@ __all__ = ["TriggerSupervisor"]
 logger = logging.getLogger(__name__)
 
 _CANCEL_SLICE = 2000  # cancel_many gives the loop back after this many triggers
+
+# Below 2**32 s (the year 2106) the epoch float of a datetime is within half a microsecond of
+# it, so the datetime rebuilt from the float is the datetime itself; past that, compare.
+_EPOCH_EXACT: Final = 2.0**32
 
 
 class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff):
@@ -431,7 +435,7 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
                 if (
                     payload is spec.moment
                     and payload.tzinfo is _UTC
-                    and _from_epoch(fire_at) == payload
+                    and (0 <= fire_at < _EPOCH_EXACT or _from_epoch(fire_at) == payload)
                 ):
                     payload = _AT_DEADLINE  # rebuilt when fired: saves a datetime per timer
                 self._entries[tid] = _Timer(fire_at, payload, end, context)

@@ -2,6 +2,7 @@
 
 from ._codec import canonical_json, dumps_kept, dumps_value, from_tagged, loads_value, to_tagged
 from ._crypto import KwargsCipher, open_kwargs, seal
+from ._deferral import DeferFields, decode_deferral
 from ._errors import (
     DecryptionError,
     DeferlineError,
@@ -38,6 +39,7 @@ __all__ = [
     "CancelRequest",
     "DeadLetter",
     "DecryptionError",
+    "DeferFields",
     "DeferRequest",
     "DeferlineError",
     "EventStatus",
@@ -55,6 +57,7 @@ __all__ = [
     "canonical_json",
     "decode",
     "decode_as",
+    "decode_deferral",
     "dumps_kept",
     "dumps_value",
     "encode",

@@ -124,9 +124,10 @@ def _want(var: JsonValue, what: str, *kinds: type) -> None:
 
 
 def _datetime(var: JsonValue, path: str) -> dt.datetime:
-    if isinstance(var, int | float) and not isinstance(var, bool):
-        return dt.datetime.fromtimestamp(var, dt.UTC)
-    _want(var, "an ISO 8601 string or epoch seconds", str)
+    if not isinstance(var, str):
+        if isinstance(var, int | float) and not isinstance(var, bool):
+            return dt.datetime.fromtimestamp(var, dt.UTC)
+        _want(var, "an ISO 8601 string or epoch seconds", str)
     value = dt.datetime.fromisoformat(var)
     if value.utcoffset() is None:
         raise ValueError("naive datetime; give an offset such as +00:00 or Z")
@@ -246,10 +247,36 @@ def _decode(value: JsonValue, path: str) -> Any:
         raise SchemaError(f"bad {name} value {shown}: {exc}", field=path or None) from exc
 
 
+class _Unread(Exception):
+    """:func:`_quick` met a value it leaves to :func:`_decode` (which names what is wrong)."""
+
+
+def _quick(value: JsonValue) -> Any:
+    # _decode without the field paths, which only its error messages use: on anything that
+    # is not read plainly, from_tagged starts again with _decode.
+    if isinstance(value, dict):
+        if TYPE not in value:
+            return {k: _quick(v) for k, v in value.items()}
+        name = value[TYPE]
+        decoder = _DECODERS.get(name) if isinstance(name, str) else None
+        if decoder is None or len(value) != 2 or VAR not in value:
+            raise _Unread
+        try:
+            return decoder(value[VAR], "")
+        except (SchemaError, ValueError, TypeError, ArithmeticError, OSError):
+            raise _Unread from None
+    if isinstance(value, list):
+        return [_quick(v) for v in value]
+    return value
+
+
 def from_tagged(value: JsonValue) -> Any:
     """Inverse of :func:`to_tagged`; raises :class:`SchemaError` naming the field on bad input."""
     try:
-        return _decode(value, "")
+        try:
+            return _quick(value)
+        except _Unread:
+            return _decode(value, "")
     except RecursionError:
         raise SchemaError("value is nested too deeply to decode") from None
 

@@ -13,6 +13,7 @@ from typing import Any
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from ._codec import dumps_value, loads_value
+from ._deferral import DeferFields
 from ._errors import DecryptionError, InvalidKwargsKey, SchemaError
 from ._models import DeferRequest
 
@@ -99,7 +100,7 @@ def seal(request: DeferRequest, cipher: KwargsCipher | None) -> DeferRequest:
     return request.model_copy(update={"kwargs": {}, "kwargs_token": cipher.encrypt(request.kwargs)})
 
 
-def open_kwargs(request: DeferRequest, cipher: KwargsCipher | None) -> dict[str, Any]:
+def open_kwargs(request: DeferRequest | DeferFields, cipher: KwargsCipher | None) -> dict[str, Any]:
     """The trigger kwargs of a request: in clear, or decrypted from ``kwargs_token``.
 
     Raises :class:`DecryptionError` when the token cannot be opened, including when no key is

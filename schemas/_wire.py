@@ -14,7 +14,7 @@ from ._models import RECORD_TYPES, SCHEMA_VERSION, WIRE_CONTEXT, AnyRecord, _Rec
 
 R = TypeVar("R", bound=_Record)
 
-__all__ = ["decode", "decode_as", "encode"]
+__all__ = ["decode", "decode_as", "decode_raw", "encode", "load_raw"]
 
 
 def _join(path: str, part: str | int) -> str:
@@ -80,7 +80,8 @@ def _validate(raw: dict[str, Any], model: type[R]) -> R:
         raise _describe(exc.errors()[0], exc.error_count()) from exc
 
 
-def _load(data: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+def load_raw(data: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+    """The JSON object of a record whose schema version this build reads."""
     try:
         raw = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -119,13 +120,17 @@ def decode(data: bytes | bytearray | memoryview | str) -> AnyRecord:
     An unknown ``version`` raises :class:`UnknownSchemaVersion` (a ``SchemaError``); unknown
     fields are ignored, so newer writers of the same version stay readable.
     """
-    raw = _load(data)
+    return decode_raw(load_raw(data))
+
+
+def decode_raw(raw: dict[str, Any]) -> AnyRecord:
+    """:func:`decode` of a :func:`load_raw` object."""
     return _validate(raw, RECORD_TYPES[_kind(raw)])  # type: ignore[return-value]
 
 
 def decode_as(data: bytes | bytearray | memoryview | str, model: type[R]) -> R:
     """Parse a record that must be of one type."""
-    raw = _load(data)
+    raw = load_raw(data)
     kind = _kind(raw)
     expected = model.model_fields["kind"].default
     if kind != expected:

@@ -18,12 +18,12 @@ from deferline.engine import BaseTrigger, TriggerLoadError, load_trigger
 from deferline.schemas import (
     CancelRequest,
     DecryptionError,
+    DeferFields,
     DeferlineError,
-    DeferRequest,
     KwargsCipher,
     SchemaError,
     TaskKey,
-    decode,
+    decode_deferral,
     open_kwargs,
 )
 from pydantic import ValidationError
@@ -31,11 +31,11 @@ from pydantic import ValidationError
 __all__ = ["BadRecord", "CancelTrigger", "StartTrigger", "interpret", "peek_identity"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StartTrigger:
-    """A valid DeferRequest and the trigger instance built from it."""
+    """A valid DeferRequest (what running it needs) and the trigger instance built from it."""
 
-    request: DeferRequest
+    request: DeferFields
     trigger: BaseTrigger
 
 
@@ -117,10 +117,10 @@ def interpret(
     except UnicodeDecodeError:
         return _bad("record key is not UTF-8", "BadKey", value)
     try:
-        record = decode(value)
+        record = decode_deferral(value)
     except SchemaError as exc:
         return _bad(exc, None, value)
-    if not isinstance(record, DeferRequest | CancelRequest):
+    if not isinstance(record, DeferFields | CancelRequest):
         return _bad(
             f"a {record.__class__.__name__} does not belong on a defer topic", "WrongKind", value
         )

@@ -242,16 +242,19 @@ class _Rebuild(_LaneCore):
             if key not in emitted[part.number]
         ]
         todo.sort(key=lambda item: (item[0], item[1]))
-        started = 0
+        started = deferrals = 0
         slice_end = time.perf_counter() + _START_SLICE
         for index, (_, offset, part, key) in enumerate(todo):
             entry = part.table.get(key)
             if entry is not None and entry.offset == offset:
-                self._dispatch(part, key, entry.value, offset)
+                deferrals += self._dispatch(part, key, entry.value, offset)
                 started += 1
             if not index & 63 and time.perf_counter() > slice_end:
+                self._deferrals.inc(deferrals)
+                deferrals = 0
                 await asyncio.sleep(0)
                 slice_end = time.perf_counter() + _START_SLICE
+        self._deferrals.inc(deferrals)
         return started
 
     async def _resume_start(

@@ -71,7 +71,7 @@ class _LaneCore:
     def handle_outcome(self, ref: TriggerRef, outcome: TriggerOutcome) -> None:
         raise NotImplementedError
 
-    def _dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> None:
+    def _dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> bool:
         raise NotImplementedError
 
     def _tombstone_only(self, part: OwnedPartition, key: bytes, event_offset: int) -> None:

@@ -21,6 +21,7 @@ class _Tail(_Outcomes):
 
     def _apply_live(self, part: OwnedPartition, records: Sequence[Any]) -> None:
         table = part.table
+        deferrals = 0
         for record in records:
             if record.offset < table.defer_offset:
                 continue  # already folded (redelivery after a seek)
@@ -34,7 +35,9 @@ class _Tail(_Outcomes):
             if value is None:
                 self._on_tombstone(part, key)
             else:
-                self._dispatch(part, key, value, record.offset)
+                deferrals += self._dispatch(part, key, value, record.offset)
+        if deferrals:
+            self._deferrals.inc(deferrals)
 
     def _on_tombstone(self, part: OwnedPartition, key: bytes) -> None:
         if key in part.done:
@@ -49,17 +52,19 @@ class _Tail(_Outcomes):
             )
             self._cancel(tid)
 
-    def _dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> None:
-        """Act on one non-tombstone value: start, cancel, or dead-letter it."""
+    def _dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> bool:
+        """Act on one non-tombstone value: start, cancel, or dead-letter it.
+
+        True when it is a deferral, for the caller's count (one counter update per batch).
+        """
         decision = interpret(
             key, value, allowed_prefixes=self._allowed, cipher=self._cipher, classes=self._classes
         )
         if isinstance(decision, StartTrigger):
             assert key is not None
             request = decision.request
-            self._deferrals.inc()
             if key in part.done or request.trigger_id in self._supervisor:
-                return  # the same deferral again: keep the running copy
+                return True  # the same deferral again: keep the running copy
             ref = TriggerRef(self, part.number, key, value)
             self._supervisor.add(
                 request.trigger_id, decision.trigger, timeout_at=request.timeout_at, context=ref
@@ -74,12 +79,13 @@ class _Tail(_Outcomes):
                         classpath=request.classpath,
                     ),
                 )
-        elif isinstance(decision, CancelTrigger):
+            return True
+        if isinstance(decision, CancelTrigger):
             assert key is not None
             cancel = decision.request
             self._metrics.cancel_requests.labels(queue=self.label).inc()
             if key in part.done:
-                return
+                return False
             part.done.add(key)
             part.table.note_emitting(key)
             if cancel.trigger_id in self._supervisor:
@@ -107,8 +113,9 @@ class _Tail(_Outcomes):
                 ),
             )
             self._submit_record(part, key, record)
-        else:
-            self._dead_letter(part, key, value, offset, decision)
+            return False
+        self._dead_letter(part, key, value, offset, decision)
+        return False
 
     def _tombstone_only(self, part: OwnedPartition, key: bytes, event_offset: int) -> None:
         """The event is already on the resume topic: only the tombstone is missing."""

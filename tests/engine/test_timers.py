@@ -15,6 +15,7 @@ from deferline.engine import (
     TriggerEvent,
     TriggerSupervisor,
 )
+from deferline.engine._supervisor_state import _AT_DEADLINE, _Timer
 from deferline.engine.triggers import DateTimeTrigger, TimeDeltaTrigger
 from deferline.schemas import make_event_id
 
@@ -52,6 +53,24 @@ async def test_timers_of_a_burst_share_their_due_time_each_with_its_own_event_id
         assert out.due_at == moment
         assert out.event_id == make_event_id(tid, "fired", moment)
     assert len({sink.one(t).event_id for t in ("a0", "a1", "a2", "b")}) == 4
+
+
+async def test_a_timer_keeps_its_moment_where_the_epoch_float_cannot_hold_it(
+    sup: TriggerSupervisor,
+) -> None:
+    """A waiting timer rebuilds its payload from the epoch float only where that gives the
+    moment back to the microsecond (up to the year 2106); later moments are kept as given."""
+    near = dt.datetime(2105, 6, 1, 12, 0, 0, 123457, tzinfo=dt.UTC)
+    far = dt.datetime(9000, 1, 1, 0, 0, 0, 1, tzinfo=dt.UTC)
+    assert dt.datetime.fromtimestamp(far.timestamp(), dt.UTC) != far
+    sup.add("near", DateTimeTrigger(near))
+    sup.add("far", DateTimeTrigger(far))
+    waiting = sup._entries["near"], sup._entries["far"]
+    assert isinstance(waiting[0], _Timer)
+    assert isinstance(waiting[1], _Timer)
+    assert waiting[0].payload is _AT_DEADLINE  # rebuilt from the deadline when it fires
+    assert dt.datetime.fromtimestamp(waiting[0].deadline, dt.UTC) == near
+    assert waiting[1].payload is far
 
 
 async def test_datetime_trigger_waits_in_the_heap_and_fires_at_its_moment(

@@ -10,6 +10,14 @@ from deferline.runners.triggerer._lane_types import OwnedPartition
 from deferline.runners.triggerer._partition_table import ActiveTriggerTable
 
 
+class Count:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+
+
 class Starts(_Rebuild):
     """Only what ``_start_folded`` uses: ``_dispatch`` records what it is given, and may run a
     tail step (what the live tail does between two slices) right after a given key."""
@@ -18,8 +26,9 @@ class Starts(_Rebuild):
         self.dispatched: list[tuple[bytes | None, bytes, int]] = []
         self.tail_after: dict[bytes, list[tuple[bytes, bytes | None]]] = {}
         self.work = work
+        self._deferrals = Count()
 
-    def _dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> None:
+    def _dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> bool:
         self.dispatched.append((key, value, offset))
         for _ in range(self.work):  # a few microseconds, as decoding a request takes
             pass
@@ -31,6 +40,7 @@ class Starts(_Rebuild):
             table.apply(tail_key, tail_value, offset=tail_offset, timestamp=9_000 + tail_offset)
             if tail_value is not None:
                 self._dispatch(part, tail_key, tail_value, tail_offset)
+        return True
 
 
 def partition(records: list[tuple[bytes, bytes]]) -> OwnedPartition:
@@ -48,6 +58,7 @@ def test_folded_triggers_start_in_log_order_and_skip_what_already_fired() -> Non
     part = partition([(b"a", b"a0"), (b"b", b"b0"), (b"c", b"c0")])
     started = asyncio.run(lane._start_folded([part], {0: {b"b": 7}}, {}))
     assert started == 2
+    assert lane._deferrals.value == 2
     assert lane.dispatched == [(b"a", b"a0", 0), (b"c", b"c0", 2)]
 
 
