@@ -40,6 +40,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from deferline.schemas import (
     DeferRequest,
+    ResumeTarget,
     TaskKey,
     TriggerEventRecord,
     decode,
@@ -75,6 +76,10 @@ AIRFLOW: dict[str, Any] = {
 }
 
 
+# What a worker writes with every deferral: how to resume the task (ResumeTarget).
+RESUME = ResumeTarget(operator="deferline.engine.examples.WaitOperator", op_kwargs={"seconds": 5})
+
+
 def request(i: int, moment: dt.datetime, run: str) -> DeferRequest:
     task = TaskKey(dag_id="bench", task_id="wait", run_id=f"{run}-{i}")
     return DeferRequest(
@@ -82,6 +87,7 @@ def request(i: int, moment: dt.datetime, run: str) -> DeferRequest:
         task=task,
         classpath=DATETIME,
         kwargs={"moment": moment},
+        resume=RESUME,
     )
 
 

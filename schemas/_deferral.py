@@ -4,8 +4,8 @@ A triggerer reads every DeferRequest of its partitions, live and on each rebuild
 only a few of its fields. Validating the whole model costs more than everything else it does
 with the record. :func:`decode_deferral` checks the usual shape of a request by hand and
 hands anything else (a missing field, a value the model would coerce, a value it would
-reject, a resume target) to the model, so every error is the model's own and nothing the
-model refuses is ever run. ``tests/schemas/test_deferral.py`` holds the two to each other.
+reject) to the model, so every error is the model's own and nothing the model refuses is
+ever run. ``tests/schemas/test_deferral.py`` holds the two to each other.
 """
 
 from __future__ import annotations
@@ -76,6 +76,29 @@ def _tagged_object(value: Any) -> dict[str, Any] | None:
     return decoded
 
 
+def _resume_ok(resume: Any) -> bool:
+    """A ResumeTarget the model takes as it is (or none): what every worker writes."""
+    if resume is None:
+        return True
+    if type(resume) is not dict:
+        return False
+    queue = resume.get("worker_queue", "default")
+    slots = resume.get("pool_slots", 1)
+    retries = resume.get("retries", 0)
+    return (
+        type(resume.get("operator")) is str
+        and type(queue) is str
+        and _QUEUE.fullmatch(queue) is not None
+        and type(resume.get("pool", "")) is str
+        and type(slots) is int
+        and slots >= 1
+        and type(resume.get("priority_weight", 1)) is int
+        and type(retries) is int
+        and retries >= 0
+        and _tagged_object(resume.get("op_kwargs", {})) is not None
+    )
+
+
 def quick_defer_fields(raw: dict[str, Any]) -> DeferFields | None:
     """The fields of a decoded DeferRequest ``raw`` in its usual shape; None: ask the model.
 
@@ -97,7 +120,7 @@ def quick_defer_fields(raw: dict[str, Any]) -> DeferFields | None:
         or type(raw.get("next_method", "")) is not str
         or type(raw.get("end_from_trigger", False)) is not bool
         or (queue is not None and (type(queue) is not str or _QUEUE.fullmatch(queue) is None))
-        or raw.get("resume") is not None
+        or not _resume_ok(raw.get("resume"))
         or ("requested_at" in raw and _instant(raw["requested_at"]) is None)
     ):
         return None

@@ -49,8 +49,13 @@ def model_fields(raw: dict[str, Any]) -> DeferFields | None:
         return None
 
 
+TARGET = ResumeTarget(
+    operator="pkg.mod.Op", op_kwargs={"at": MOMENT, "n": 3}, worker_queue="gpu", pool_slots=2
+)
 USUAL = [
     request(),
+    request(resume=TARGET),
+    request(resume=ResumeTarget(operator="pkg.mod.Op"), next_kwargs={"at": MOMENT}),
     request(defer_seq=3, queue="gpu-pool_2", next_kwargs={"at": MOMENT}),
     request(timeout_at=MOMENT + dt.timedelta(hours=1), end_from_trigger=True),
     request(kwargs={}, kwargs_token="gAAAAA-token"),
@@ -115,6 +120,13 @@ ODD: list[Any] = [
     "2026-11-25T00:00:00+2400",
     1_764_000_000,
     {"operator": "pkg.mod.Op"},
+    {"operator": "pkg.mod.Op", "op_kwargs": {"at": {"__type": "bytes", "__var": "!"}}},
+    {"operator": "pkg.mod.Op", "worker_queue": "bad queue!", "pool": "p"},
+    {"operator": "pkg.mod.Op", "pool_slots": 0, "retries": 2, "priority_weight": -5},
+    {"operator": "pkg.mod.Op", "retries": -1},
+    {"operator": "pkg.mod.Op", "priority_weight": True},
+    {"operator": "pkg.mod.Op", "pool_slots": "2"},
+    {"operator": 7},
     {"dag_id": "d", "task_id": "t", "run_id": "r"},
     {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "2"},
     {"dag_id": "d/x", "task_id": "t", "run_id": "r"},
@@ -159,17 +171,24 @@ def test_each_field_odd_or_missing_is_read_as_the_model_reads_it() -> None:
     assert taken >= 40  # the usual values of every field are still read quickly
 
 
+def test_each_resume_target_field_odd_or_missing_is_read_as_the_model_reads_it() -> None:
+    base = orjson.loads(encode(request(resume=TARGET)))
+    taken = 0
+    for name in ResumeTarget.model_fields:
+        missing = copy.deepcopy(base)
+        del missing["resume"][name]
+        taken += agrees(missing)
+        for value in ODD:
+            raw = copy.deepcopy(base)
+            raw["resume"][name] = copy.deepcopy(value)
+            taken += agrees(raw)
+    assert taken >= 10
+
+
 @settings(deadline=None, max_examples=400)
 @given(st.dictionaries(st.sampled_from(FIELDS), st.sampled_from(ODD), max_size=4))
 def test_any_mix_of_odd_fields_is_read_as_the_model_reads_it(changes: dict[str, Any]) -> None:
     agrees(copy.deepcopy(BASE) | copy.deepcopy(changes))
-
-
-def test_a_request_with_a_resume_target_is_left_to_the_model() -> None:
-    record = request(resume=ResumeTarget(operator="pkg.mod.Op", op_kwargs={"at": MOMENT}))
-    raw = orjson.loads(encode(record))
-    assert quick_defer_fields(raw) is None
-    assert decode_deferral(encode(record)) == DeferFields.of(record)
 
 
 @pytest.mark.parametrize(
