@@ -43,7 +43,12 @@ class MetricsServer(Lifecycle):
         self.port: int | None = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self._registry)
+        # ``?name[]=a&name[]=b`` serves only those series, as prometheus_client's own
+        # handler does: a poller watching one counter need not render them all.
+        names = request.query.getall("name[]", [])
+        body = generate_latest(
+            self._registry.restricted_registry(names) if names else self._registry
+        )
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, request: web.Request) -> web.Response:

@@ -57,8 +57,42 @@ _SUPERVISOR_FIGURES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
+# The other families read at scrape time: (name, help).
+_FIRE_LAG = (
+    "deferline_trigger_fire_lag_seconds",
+    "Fire time minus due time of timers and timeouts.",
+)
+_ACTIVE = (
+    "deferline_triggerer_active_triggers",
+    "Active triggers in the owned partitions' tables.",
+)
+_LAG = (
+    "deferline_triggerer_consumer_lag",
+    "Defer-topic records not yet read (high watermark minus position).",
+)
+_BACKLOG = (
+    "deferline_triggerer_emitter_backlog",
+    "Outcomes queued for producing and not yet acked.",
+)
+
+
+def _described() -> list[Metric]:
+    """The families :class:`_CallbackCollector` builds, without samples."""
+    families: list[Metric] = [
+        GaugeMetricFamily(name, doc) if kind == "g" else CounterMetricFamily(name, doc)
+        for _, name, doc, kind in _SUPERVISOR_FIGURES
+    ]
+    families.append(HistogramMetricFamily(*_FIRE_LAG))
+    families += [GaugeMetricFamily(*pair) for pair in (_ACTIVE, _LAG, _BACKLOG)]
+    return families
+
+
 class _CallbackCollector(Collector):
-    """Builds metric families from live state at scrape time."""
+    """Builds metric families from live state at scrape time.
+
+    ``describe()`` names them before any source is attached, so the registry knows them: a
+    scrape that asks for some series by name (``?name[]=``) finds these too.
+    """
 
     def __init__(self, build: Callable[[], Iterable[Metric]]) -> None:
         self._build = build
@@ -67,7 +101,7 @@ class _CallbackCollector(Collector):
         yield from self._build()
 
     def describe(self) -> Iterator[Metric]:
-        return iter(())
+        return iter(_described())
 
 
 class TriggererMetrics:
@@ -213,31 +247,14 @@ class TriggererMetrics:
                     ("+Inf" if bound == float("inf") else repr(bound), count)
                     for bound, count in lag.cumulative()
                 ]
-                yield HistogramMetricFamily(
-                    "deferline_trigger_fire_lag_seconds",
-                    "Fire time minus due time of timers and timeouts.",
-                    buckets=buckets,
-                    sum_value=lag.sum,
-                )
+                yield HistogramMetricFamily(*_FIRE_LAG, buckets=buckets, sum_value=lag.sum)
         if self._partitions is not None:
-            active = GaugeMetricFamily(
-                "deferline_triggerer_active_triggers",
-                "Active triggers in the owned partitions' tables.",
-                labels=["queue", "partition"],
-            )
-            lag_family = GaugeMetricFamily(
-                "deferline_triggerer_consumer_lag",
-                "Defer-topic records not yet read (high watermark minus position).",
-                labels=["queue", "partition"],
-            )
+            active = GaugeMetricFamily(*_ACTIVE, labels=["queue", "partition"])
+            lag_family = GaugeMetricFamily(*_LAG, labels=["queue", "partition"])
             for queue, partition, size, lag_records in self._partitions():
                 active.add_metric([queue, str(partition)], size)
                 lag_family.add_metric([queue, str(partition)], lag_records)
             yield active
             yield lag_family
         if self._backlog is not None:
-            yield GaugeMetricFamily(
-                "deferline_triggerer_emitter_backlog",
-                "Outcomes queued for producing and not yet acked.",
-                value=self._backlog(),
-            )
+            yield GaugeMetricFamily(*_BACKLOG, value=self._backlog())

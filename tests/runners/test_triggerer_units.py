@@ -330,6 +330,18 @@ async def test_metrics_server_serves_its_own_registry() -> None:
     assert "deferline_test_things_total 3.0" in body
 
 
+async def test_metrics_server_serves_only_the_series_asked_for() -> None:
+    registry = CollectorRegistry()
+    Counter("deferline_test_things", "Things.", registry=registry).inc(3)
+    Counter("deferline_test_others", "Others.", registry=registry).inc(5)
+    async with MetricsServer(registry, host="127.0.0.1", port=0) as server:
+        url = f"http://127.0.0.1:{server.port}/metrics?name[]=deferline_test_others_total"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            body = await response.text()
+    assert "deferline_test_others_total 5.0" in body
+    assert "deferline_test_things" not in body
+
+
 def test_triggerer_metrics_read_live_sources_at_scrape_time() -> None:
     from deferline.engine import LagHistogram
     from prometheus_client import generate_latest
@@ -361,6 +373,12 @@ def test_triggerer_metrics_read_live_sources_at_scrape_time() -> None:
         assert line in text, line
     state["running"] = 6.0
     assert "deferline_triggers_running 6.0" in generate_latest(metrics.registry).decode()
+    # Asked for by name (a scrape with ?name[]=...), the live series are there too.
+    names = ["deferline_triggers_running", "deferline_triggerer_consumer_lag"]
+    some = generate_latest(metrics.registry.restricted_registry(names)).decode()
+    assert "deferline_triggers_running 6.0" in some
+    assert 'deferline_triggerer_consumer_lag{partition="0",queue="default"} 2.0' in some
+    assert "deferline_triggerer_emitter_backlog" not in some
 
 
 # -- logs and options --------------------------------------------------------------------------
