@@ -20,6 +20,7 @@ from deferline.schemas import (
     TaskKey,
     decode,
     decode_as,
+    decode_deferral,
     encode,
     make_event_id,
     make_trigger_id,
@@ -65,6 +66,11 @@ def main() -> None:
         ("encode DeferRequest (plain)", len(plain), lambda: encode(request)),
         ("decode DeferRequest (plain)", len(plain), lambda: decode(plain)),
         ("decode_as DeferRequest (plain)", len(plain), lambda: decode_as(plain, DeferRequest)),
+        (
+            "decode_deferral (plain: the triggerer's read)",
+            len(plain),
+            lambda: decode_deferral(plain),
+        ),
         ("seal + encode DeferRequest", len(sealed), lambda: encode(seal(request, cipher))),
         (
             "decode + open_kwargs (sealed)",
