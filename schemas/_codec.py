@@ -124,10 +124,9 @@ def _want(var: JsonValue, what: str, *kinds: type) -> None:
 
 
 def _datetime(var: JsonValue, path: str) -> dt.datetime:
-    if not isinstance(var, str):
-        if isinstance(var, int | float) and not isinstance(var, bool):
-            return dt.datetime.fromtimestamp(var, dt.UTC)
-        _want(var, "an ISO 8601 string or epoch seconds", str)
+    if isinstance(var, int | float) and not isinstance(var, bool):
+        return dt.datetime.fromtimestamp(var, dt.UTC)
+    _want(var, "an ISO 8601 string or epoch seconds", str)
     value = dt.datetime.fromisoformat(var)
     if value.utcoffset() is None:
         raise ValueError("naive datetime; give an offset such as +00:00 or Z")

@@ -19,7 +19,14 @@ from pydantic import ValidationError
 
 from ._codec import TYPE, from_tagged
 from ._errors import SchemaError
-from ._models import AnyRecord, DeferRequest, TaskKey
+from ._models import (
+    QUEUE_MAX,
+    QUEUE_PATTERN,
+    TRIGGER_ID_MAX,
+    AnyRecord,
+    DeferRequest,
+    TaskKey,
+)
 from ._wire import decode_raw, load_raw
 
 __all__ = ["DeferFields", "decode_deferral", "quick_defer_fields"]
@@ -29,7 +36,7 @@ _INSTANT = re.compile(
     r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d"
     r"(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
 )
-_QUEUE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+_QUEUE = re.compile(QUEUE_PATTERN)
 
 
 @dataclass(slots=True)
@@ -66,6 +73,11 @@ def _instant(value: Any) -> dt.datetime | None:
         return None
 
 
+def _queue_ok(value: Any) -> bool:
+    # fullmatch: the pattern's "$" does not let a final newline by, as in the model.
+    return type(value) is str and len(value) <= QUEUE_MAX and _QUEUE.fullmatch(value) is not None
+
+
 def _tagged_object(value: Any) -> dict[str, Any] | None:
     if type(value) is not dict or TYPE in value:
         return None
@@ -87,8 +99,7 @@ def _resume_ok(resume: Any) -> bool:
     retries = resume.get("retries", 0)
     return (
         type(resume.get("operator")) is str
-        and type(queue) is str
-        and _QUEUE.fullmatch(queue) is not None
+        and _queue_ok(queue)
         and type(resume.get("pool", "")) is str
         and type(slots) is int
         and slots >= 1
@@ -111,7 +122,7 @@ def quick_defer_fields(raw: dict[str, Any]) -> DeferFields | None:
     queue = raw.get("queue")
     if (
         type(trigger_id) is not str
-        or not 0 < len(trigger_id) <= 200
+        or not 0 < len(trigger_id) <= TRIGGER_ID_MAX
         or type(classpath) is not str
         or not classpath
         or type(defer_seq) is not int
@@ -119,7 +130,7 @@ def quick_defer_fields(raw: dict[str, Any]) -> DeferFields | None:
         or (token is not None and (type(token) is not str or not token))
         or type(raw.get("next_method", "")) is not str
         or type(raw.get("end_from_trigger", False)) is not bool
-        or (queue is not None and (type(queue) is not str or _QUEUE.fullmatch(queue) is None))
+        or (queue is not None and not _queue_ok(queue))
         or not _resume_ok(raw.get("resume"))
         or ("requested_at" in raw and _instant(raw["requested_at"]) is None)
     ):

@@ -35,6 +35,9 @@ from ._errors import SchemaError
 SCHEMA_VERSION = 1
 _NAME = r"^[A-Za-z0-9_.\-]+$"
 _NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
+QUEUE_PATTERN = r"^[A-Za-z0-9_\-]+$"
+QUEUE_MAX = 64
+TRIGGER_ID_MAX = 200
 _TRIGGER_NS = uuid.UUID("6f1c2d0e-9a43-4f57-8f3e-1f0a4d2b7c55")
 WIRE_CONTEXT = {"wire": True}
 
@@ -120,7 +123,7 @@ WireBytes = Annotated[
     PlainSerializer(_serialize_bytes, when_used="json-unless-none"),
     WithJsonSchema({"type": "string", "contentEncoding": "base64"}),
 ]
-QueueName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]+$", max_length=64)]
+QueueName = Annotated[str, Field(pattern=QUEUE_PATTERN, max_length=QUEUE_MAX)]
 TaskState = Literal[
     "scheduled",
     "queued",
@@ -224,7 +227,7 @@ class DeferRequest(_Record):
     """A task asks for a trigger to run; value of the defer topic, keyed by ``trigger_id``."""
 
     kind: Literal["defer_request"] = "defer_request"
-    trigger_id: str = Field(min_length=1, max_length=200)
+    trigger_id: str = Field(min_length=1, max_length=TRIGGER_ID_MAX)
     task: TaskKey
     defer_seq: int = Field(
         default=0, ge=0, description="How many times this attempt deferred before."
@@ -260,7 +263,7 @@ class CancelRequest(_Record):
     """Stop a trigger wherever it runs (task cleared or marked); keyed by ``trigger_id``."""
 
     kind: Literal["cancel_request"] = "cancel_request"
-    trigger_id: str = Field(min_length=1, max_length=200)
+    trigger_id: str = Field(min_length=1, max_length=TRIGGER_ID_MAX)
     task: TaskKey
     defer_seq: int = Field(default=0, ge=0)
     reason: str = "cancelled"

@@ -88,6 +88,7 @@ ODD: list[Any] = [
     "x",
     "default",
     "bad queue!",
+    "default\n",
     "q" * 65,
     "t" * 200,
     "t" * 201,
