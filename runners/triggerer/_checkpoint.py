@@ -1,8 +1,14 @@
 """Per-partition checkpoints of the active-trigger table: state and positions written together.
 
 A checkpoint holds one partition's active set (latest value per trigger id) with the defer
-offset it reflects and the resume offset a restart must read from. Both are written in one
-atomic write batch, so a restored table is always the fold of the log up to its offset.
+offset it reflects and the resume offset a restart must read from. The changed entries are
+written first, in write batches of about a megabyte, and the positions last, with the final
+batch. A checkpoint interrupted in between keeps the previous positions over entries that
+are partly newer; that is safe because the table is a last-value-wins fold: every key that
+changed after the stored defer offset has its latest record after it too, so reading the
+log on from the stored offset ends each such key at the same value, and a key not read again
+did not change. (One batch for a million new triggers held 60 MB per partition and left
+about 700 MB with the allocator after it was written.)
 :class:`RocksCheckpointStore` keeps one rocksdict database per partition under a state
 directory; :class:`MemoryCheckpointStore` is the same contract in memory.
 """
@@ -14,7 +20,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -69,7 +75,7 @@ class CheckpointStore(Protocol):
         """The stored checkpoint of the partition, or None."""
 
     def write(self, topic: str, partition: int, changes: TableChanges) -> None:
-        """Apply ``changes`` and store the positions, atomically."""
+        """Apply ``changes``, then store the positions (never ahead of the entries)."""
 
     def discard(self, topic: str, partition: int) -> None:
         """Forget the partition (e.g. the checkpoint no longer matches the topic)."""
@@ -92,6 +98,14 @@ def _meta(topic: str, partition: int, changes: TableChanges, saved_at: float) ->
             "saved_at": saved_at,
         }
     )
+
+
+def _records(changes: TableChanges) -> Iterator[tuple[bytes, bytes | None]]:
+    """The database records of ``changes``: (key, value), ``None`` to delete the key."""
+    for key in changes.deletes:
+        yield _ENTRY + key, None
+    for key, entry in changes.upserts.items():
+        yield _ENTRY + key, _HEADER.pack(entry.offset, entry.timestamp) + entry.value
 
 
 class MemoryCheckpointStore:
@@ -148,8 +162,9 @@ class RocksCheckpointStore:
     :class:`CheckpointError`; the caller then runs that partition without a checkpoint.
     """
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, *, batch_bytes: int = 1 << 20) -> None:
         self._root = Path(state_dir)
+        self._batch_bytes = batch_bytes
         self._open: dict[tuple[str, int], Any] = {}
         self._lock = threading.Lock()
 
@@ -197,16 +212,23 @@ class RocksCheckpointStore:
         )
 
     def write(self, topic: str, partition: int, changes: TableChanges) -> None:
+        """Write the changes in batches of about ``batch_bytes``, the positions with the last
+        (see the module docstring for why a write interrupted between batches is safe)."""
         from rocksdict import WriteBatch
 
         db = self._db(topic, partition)
-        batch = WriteBatch(raw_mode=True)
-        for key in changes.deletes:
-            batch.delete(_ENTRY + key)
-        for key, entry in changes.upserts.items():
-            batch.put(_ENTRY + key, _HEADER.pack(entry.offset, entry.timestamp) + entry.value)
-        batch.put(_META, _meta(topic, partition, changes, time.time()))
+        batch, size = WriteBatch(raw_mode=True), 0
         try:
+            for key, value in _records(changes):
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+                size += len(key) + (len(value) if value is not None else 0)
+                if size >= self._batch_bytes:
+                    db.write(batch)
+                    batch, size = WriteBatch(raw_mode=True), 0
+            batch.put(_META, _meta(topic, partition, changes, time.time()))
             db.write(batch)
         except Exception as exc:
             raise CheckpointError(f"cannot write checkpoint of {topic}/{partition}: {exc}") from exc

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deferline.runners.triggerer._checkpoint import (
@@ -204,5 +206,80 @@ def test_rocks_store_ignores_a_checkpoint_of_another_topic(tmp_path: Path) -> No
         store.release(TOPIC, 0)
         (tmp_path / "other").symlink_to(tmp_path / TOPIC)
         assert store.load("other", 0) is None
+    finally:
+        store.close()
+
+
+class _CountedWrites:
+    """A rocksdict database that counts its writes; the ``fail_at``-th raises (those before
+    it land)."""
+
+    def __init__(self, db: Any, fail_at: int | None = None) -> None:
+        self._db = db
+        self._fail_at = fail_at
+        self.writes = 0
+
+    def write(self, batch: Any) -> None:
+        self.writes += 1
+        if self.writes == self._fail_at:
+            raise OSError("disk full")
+        self._db.write(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def _log(seed: int, n: int) -> list[tuple[bytes, bytes | None]]:
+    """Deferrals, re-deferrals and tombstones over a few hundred trigger ids."""
+    rng = random.Random(seed)
+    return [
+        (f"t{rng.randrange(300)}".encode(), None if rng.random() < 0.3 else rng.randbytes(200))
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("fail_at", [2, 5, 9])
+def test_a_checkpoint_interrupted_between_batches_reads_on_to_the_same_table(
+    tmp_path: Path, fail_at: int
+) -> None:
+    log = _log(fail_at, 3000)
+    store = RocksCheckpointStore(tmp_path, batch_bytes=4096)
+    try:
+        table = fold(log[:1000])
+        store.write(TOPIC, 0, table.take_changes())
+        before = store.load(TOPIC, 0)
+        assert before is not None
+        for offset in range(1000, len(log)):
+            key, value = log[offset]
+            table.apply(key, value, offset=offset, timestamp=1000 + offset)
+        failing = _CountedWrites(store._db(TOPIC, 0), fail_at)
+        store._open[(TOPIC, 0)] = failing
+        with pytest.raises(CheckpointError, match="disk full"):
+            store.write(TOPIC, 0, table.take_changes())
+        interrupted = store.load(TOPIC, 0)
+        assert interrupted is not None
+        # the positions are the previous checkpoint's, the entries partly newer
+        assert interrupted.defer_offset == before.defer_offset == 1000
+        assert dict(interrupted.entries) != dict(before.entries)
+        restored = interrupted.table()
+        for offset in range(restored.defer_offset, len(log)):
+            key, value = log[offset]
+            restored.apply(key, value, offset=offset, timestamp=1000 + offset)
+        assert dict(restored.items()) == dict(table.items())
+    finally:
+        store.close()
+
+
+def test_a_large_checkpoint_is_written_in_bounded_batches(tmp_path: Path) -> None:
+    store = RocksCheckpointStore(tmp_path, batch_bytes=4096)
+    try:
+        table = fold([(f"t{i}".encode(), bytes(500)) for i in range(100)])
+        counting = _CountedWrites(store._db(TOPIC, 0))
+        store._open[(TOPIC, 0)] = counting
+        store.write(TOPIC, 0, table.take_changes())
+        assert counting.writes >= 100 * 500 // 4096  # about eight entries per batch
+        checkpoint = store.load(TOPIC, 0)
+        assert checkpoint is not None
+        assert dict(checkpoint.entries) == dict(table.items())
     finally:
         store.close()
