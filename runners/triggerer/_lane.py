@@ -118,6 +118,8 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._bootstrap: asyncio.Task[None] | None = None
+        self._closing = False
+        """Set by :meth:`release_all` and :meth:`close`: no rebuild starts from then on."""
         self._paused = False
         self._event_counters: dict[str, Any] = {}
         self._assignor = StickyAssignor()
@@ -210,12 +212,19 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         (33,000 timers took 0.4 s to cancel). Nothing is emitted for them meanwhile: their
         partitions are no longer live, and an outcome of a partition not held is dropped.
         """
+        self._closing = True
         await self._cancel_bootstrap()
         await self._await_dropping()
         await self._release(list(self._parts.values()), cancel=False)
 
     async def close(self) -> None:
-        """Leave the group (peers take the partitions over at once) and close the reader."""
+        """Leave the group (peers take the partitions over at once) and close the reader.
+
+        A rebuild still running is cancelled first: it reads over both clients, and a request
+        of it in flight while they close would open a connection nothing closes.
+        """
+        self._closing = True
+        await self._cancel_bootstrap()
         consumer, self._consumer = self._consumer, None
         reader, self._reader = self._reader, None
         for client in (consumer, reader):

@@ -105,7 +105,10 @@ class _Rebalance(_LaneCore):
         partitions stay paused until their rebuild is done.
         """
         consumer = self._consumer
-        if consumer is None:  # closing: the assignment arrived while leaving
+        if consumer is None or self._closing:
+            # Shutting down: an assignment that arrives while this member releases its
+            # partitions (a peer left or joined meanwhile) is not served; the peers take
+            # it over once this member has left.
             return
         now = time.monotonic()
         started = self._revoked_at if self._revoked_at is not None else now

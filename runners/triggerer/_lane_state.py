@@ -55,6 +55,7 @@ class _LaneCore:
     _consumer: AIOKafkaConsumer | None
     _reader: AIOKafkaConsumer | None
     _bootstrap: asyncio.Task[None] | None
+    _closing: bool
     _paused: bool
     _event_counters: dict[str, Any]
     _assignor: StickyAssignor

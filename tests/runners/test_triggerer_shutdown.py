@@ -1,0 +1,83 @@
+"""A lane shutting down starts no rebuild and leaves none running over closed clients.
+
+A peer joining or leaving while this member releases its partitions can bring an
+assignment in the middle of ``release_all``; a rebuild started then used to read over
+clients that ``close`` was stopping, opening a connection nothing closed. No broker here:
+the group consumer and the reader are fakes that record the order of events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from aiokafka import TopicPartition
+from deferline.engine import TriggerSupervisor
+from deferline.runners.triggerer._checkpoint import MemoryCheckpointStore
+from deferline.runners.triggerer._lane import TriggerLane
+from deferline.runners.triggerer._lane_types import LaneOptions
+from deferline.runners.triggerer._metrics import TriggererMetrics
+from deferline.topics import Settings
+
+
+class FakeClient:
+    """What the lane calls on a consumer here; ``stop`` notes itself in ``journal``."""
+
+    def __init__(self, name: str, journal: list[str]) -> None:
+        self.name = name
+        self.journal = journal
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.journal.append(f"{self.name} paused")
+
+    async def stop(self) -> None:
+        self.journal.append(f"{self.name} stopped")
+
+
+def make_lane(journal: list[str]) -> TriggerLane:
+    supervisor = TriggerSupervisor(capacity=10, on_event=lambda outcome: None)
+    lane = TriggerLane(
+        Settings(bootstrap_servers="unused:9092"),
+        queue=None,
+        options=LaneOptions(member="m"),
+        supervisor=supervisor,
+        emitter=cast(Any, None),  # nothing is emitted
+        store=MemoryCheckpointStore(),
+        metrics=TriggererMetrics(),
+        cipher=None,
+        cancel=lambda trigger_id: None,
+        on_fatal=lambda exc: None,
+    )
+    consumer: Any = FakeClient("consumer", journal)
+    reader: Any = FakeClient("reader", journal)
+    lane._consumer, lane._reader = consumer, reader
+    return lane
+
+
+async def test_an_assignment_arriving_during_release_starts_no_rebuild() -> None:
+    journal: list[str] = []
+    lane = make_lane(journal)
+    await lane.release_all()
+    await lane.on_partitions_assigned({TopicPartition(lane.defer_topic, 3)})
+    assert lane._bootstrap is None, "a rebuild was started while shutting down"
+    assert lane.owned == []
+    assert journal == []
+    await lane.close()
+    assert journal == ["consumer stopped", "reader stopped"]
+
+
+async def test_close_cancels_a_running_rebuild_before_it_stops_the_clients() -> None:
+    journal: list[str] = []
+    lane = make_lane(journal)
+
+    async def rebuild() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            journal.append("rebuild cancelled")
+            raise
+
+    lane._bootstrap = asyncio.create_task(rebuild())
+    await asyncio.sleep(0)  # the rebuild is waiting on the broker
+    await lane.close()
+    assert journal == ["rebuild cancelled", "consumer stopped", "reader stopped"]
