@@ -18,17 +18,11 @@ import asyncio
 import os
 import tempfile
 import time
-from pathlib import Path
 
 from deferline.runners.triggerer._checkpoint import RocksCheckpointStore
 from deferline.runners.triggerer._partition_table import ActiveTriggerTable
 
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+from bench._harness import machine_line, rss_mb
 
 
 async def run(n: int, size: int, partitions: int, batch_bytes: int | None) -> None:
@@ -45,18 +39,18 @@ async def run(n: int, size: int, partitions: int, batch_bytes: int | None) -> No
             if batch_bytes is None
             else RocksCheckpointStore(state, batch_bytes=batch_bytes)
         )
-        base, started = rss_mb(), time.monotonic()
+        base, started = rss_mb(os.getpid()), time.monotonic()
         for number, table in enumerate(tables):
             await asyncio.to_thread(store.write, "defer", number, table.take_changes())
-        written, took = rss_mb(), time.monotonic() - started
+        written, took = rss_mb(os.getpid()), time.monotonic() - started
         print(f"checkpoint of {n:,} new entries: +{written - base:,.0f} MB RSS, {took:.1f} s")
         started = time.monotonic()
         for number, table in enumerate(tables):
             for key in list(table):
                 table.apply(key, None, offset=n)
             await asyncio.to_thread(store.write, "defer", number, table.take_changes())
-        took = time.monotonic() - started
-        print(f"checkpoint deleting them: {rss_mb() - base:+,.0f} MB RSS in all, {took:.1f} s")
+        took, after = time.monotonic() - started, rss_mb(os.getpid())
+        print(f"checkpoint deleting them: {after - base:+,.0f} MB RSS in all, {took:.1f} s")
         store.close()
 
 
@@ -67,6 +61,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--batch-bytes", type=int, default=None, help="the store's default")
     args = parser.parse_args()
+    print(machine_line())
     print(f"{args.partitions} partitions, entries of {args.size} bytes, batch {args.batch_bytes}")
     asyncio.run(run(args.n, args.size, args.partitions, args.batch_bytes))
 

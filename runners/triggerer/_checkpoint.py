@@ -222,9 +222,10 @@ class RocksCheckpointStore:
             for key, value in _records(changes):
                 if value is None:
                     batch.delete(key)
+                    size += len(key)
                 else:
                     batch.put(key, value)
-                size += len(key) + (len(value) if value is not None else 0)
+                    size += len(key) + len(value)
                 if size >= self._batch_bytes:
                     db.write(batch)
                     batch, size = WriteBatch(raw_mode=True), 0
