@@ -9,7 +9,7 @@ from ._collect import ReplaySession, StuckReport, StuckScan, WaitingTask, subjec
 from ._errors import BadSubject, RedriveRefused, ReplayError, TopicsNotFound
 from ._explain import explain, explain_task, explain_trigger
 from ._fold import OwnerGuess, OwnershipLog, ReplayIndex, TaskHistory, TriggerHistory
-from ._html import ReportItem, render_html
+from ._html import REPORT_CSS, ReportItem, render_html, render_item
 from ._live import GroupHints, GroupView, LiveView, MemberView, read_live_view
 from ._records import REDRIVE_HEADER, Position, RawRecord, ReplayRecord, decode_raw, describe
 from ._redrive import RedrivePlan, plan_redrive, publish_redrives
@@ -22,6 +22,7 @@ from ._verdict_progress import scheduler_decisions
 
 __all__ = [
     "REDRIVE_HEADER",
+    "REPORT_CSS",
     "BadSubject",
     "Evidence",
     "GroupHints",
@@ -69,6 +70,7 @@ __all__ = [
     "publish_redrives",
     "read_live_view",
     "render_html",
+    "render_item",
     "run_trigger",
     "scheduler_decisions",
     "subject_filter",

@@ -14,7 +14,7 @@ from ._timeline import TimelineEntry
 from ._topics import TopicRole
 from ._verdict import Verdict
 
-__all__ = ["ReportItem", "render_html"]
+__all__ = ["REPORT_CSS", "ReportItem", "render_html", "render_item"]
 
 _LANES = (
     (TopicRole.TASKS, "tasks"),
@@ -44,7 +44,7 @@ _COLORS = {
     "up_for_retry": "#ea580c",
     "skipped": "#a3a3a3",
 }
-_CSS = """
+REPORT_CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#111827}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 4px;font-family:monospace}
 .meta{color:#6b7280}.badge{display:inline-block;padding:1px 8px;border-radius:10px;
@@ -171,7 +171,8 @@ def _badge(verdict: Verdict) -> str:
     return f'<span class="{cls}">{escape(kind + cause)}</span>'
 
 
-def _item(item: ReportItem, now: dt.datetime) -> str:
+def render_item(item: ReportItem, now: dt.datetime) -> str:
+    """One task or trigger: verdict, evidence, timeline picture and records (an HTML section)."""
     v = item.verdict
     title = v.task.ti_key if v.task else v.subject
     out = [
@@ -220,10 +221,10 @@ def render_html(title: str, items: Sequence[ReportItem], *, now: dt.datetime) ->
     """The whole report as one HTML document (inline CSS and SVG only)."""
     counts = Counter(i.verdict.kind.value for i in items)
     summary = ", ".join(f"{escape(k)}: {n}" for k, n in counts.most_common()) or "nothing"
-    body = "\n".join(_item(item, now) for item in items)
+    body = "\n".join(render_item(item, now) for item in items)
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
-        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+        f"<title>{escape(title)}</title><style>{REPORT_CSS}</style></head><body>"
         f"<h1>{escape(title)}</h1>"
         f'<div class="meta">generated {escape(_t(now))} UTC · {len(items)} item(s) · '
         f"{summary}</div>\n{body}\n</body></html>\n"

@@ -18,6 +18,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("deferline.runners._task_cmds", "submit"),
     "tasks": ("deferline.runners._task_cmds", "tasks"),
     "clear": ("deferline.runners._task_cmds", "clear"),
+    "console": ("deferline.runners.console", "console_command"),
     "demo": ("deferline.runners.demo", "demo_command"),
     "replay": ("deferline.replay._cli", "replay"),
 }
@@ -31,6 +32,7 @@ _HELP: dict[str, str] = {
     "submit": "Submit a task.",
     "tasks": "List tasks and their states.",
     "clear": "Clear a task (cancels its trigger if deferred).",
+    "console": "Serve a live web page: the loop, groups, stuck deferrals, dead letters.",
     "demo": "Run the end-to-end demo on the embedded broker.",
     "replay": "Read the topics back: timelines, stuck deferrals, re-drive.",
 }
