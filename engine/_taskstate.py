@@ -116,6 +116,17 @@ class TaskTable(_PoolAdmission, _TableCheckpoint):
             counts[view.record.state] = counts.get(view.record.state, 0) + 1
         return counts
 
+    def overdue_deferrals(self, now: dt.datetime) -> int:
+        """Deferred task instances whose deferral timed out before ``now`` and still wait
+        (their triggerer should have emitted ``timed_out``)."""
+        return sum(
+            1
+            for view in self._views.values()
+            if view.record.state == "deferred"
+            and view.record.timeout_at is not None
+            and view.record.timeout_at < now
+        )
+
     def pool_usage(self) -> dict[str, tuple[int, int | None]]:
         """Slots in use and pool size, per pool that has been used or configured."""
         names = set(self.pools.slots) | set(self._used)

@@ -162,9 +162,12 @@ def acl_bindings(
             ("TOPIC", [names.tasks, *defer], "WRITE"),
         ],
         # replay: reads everything, writes nothing; sees topic configs and group positions.
+        # The lease topic is asked for by name with the others (a hidden topic must not look
+        # like an empty system), so it must be describable too.
         "replay": [
             ("TOPIC", all_topics, "READ"),
             ("TOPIC", all_topics, "DESCRIBE_CONFIGS"),
+            ("TOPIC", [scheduler.lease_topic], "DESCRIBE"),
             ("GROUP", [*triggerer_groups, scheduler.group, *worker_groups], "DESCRIBE"),
         ],
     }

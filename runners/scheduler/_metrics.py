@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -93,6 +94,11 @@ class SchedulerCollector(Collector):
         for state, count in sorted(table.count_by_state().items()):
             states.add_metric([state], count)
         yield states
+        yield GaugeMetricFamily(
+            "deferline_scheduler_overdue_deferrals",
+            "Deferred tasks whose deferral's timeout has passed.",
+            value=table.overdue_deferrals(dt.datetime.now(dt.UTC)),
+        )
         yield GaugeMetricFamily(
             "deferline_scheduler_pending_events",
             "Events held until their deferral is read.",

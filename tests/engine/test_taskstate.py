@@ -850,3 +850,14 @@ def test_replaying_any_interleaving_of_the_topics_gives_the_same_state(
         assert replay.snapshot() == live
         assert replay.pending_events == 0
         assert replay.counters.events_applied <= world.table.counters.events_applied
+
+
+def test_overdue_deferrals_are_deferred_tasks_past_their_timeout():
+    table = TaskTable()
+    table.apply(deferred(key(1), timeout_at=at(60)))
+    table.apply(deferred(key(2), timeout_at=at(600)))
+    table.apply(deferred(key(3)))  # no timeout
+    table.apply(worker(key(4), "success", timeout_at=at(10)))
+    assert table.overdue_deferrals(at(30)) == 0
+    assert table.overdue_deferrals(at(61)) == 1
+    assert table.overdue_deferrals(at(601)) == 2

@@ -54,7 +54,17 @@ class Browser:
         self._ids = itertools.count(1)
 
     async def __aenter__(self) -> Browser:
+        try:
+            await self._open()
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def _open(self) -> None:
         self._profile.mkdir(parents=True, exist_ok=True)
+        port_file = self._profile / "DevToolsActivePort"
+        port_file.unlink(missing_ok=True)  # a profile used before keeps the old port's file
         self._proc = await asyncio.create_subprocess_exec(
             chromium_path(),
             "--headless=new",
@@ -69,7 +79,6 @@ class Browser:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        port_file = self._profile / "DevToolsActivePort"
         await wait_until(port_file.exists, timeout=30, message="chromium's DevTools port")
         port = int(port_file.read_text().split()[0])
         self._http = aiohttp.ClientSession()
@@ -78,7 +87,6 @@ class Browser:
         page = next(t for t in targets if t["type"] == "page")
         self._ws = await self._http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
         await self.call("Page.enable")
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._ws is not None:

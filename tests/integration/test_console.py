@@ -11,14 +11,17 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from deferline.client import Client
 from deferline.runners.console import Console, ConsoleOptions
 from deferline.runners.scheduler import Scheduler
 from deferline.runners.worker import Worker
-from deferline.topics import Settings
+from deferline.topics import Settings, ensure_acls, ensure_topics, topic_specs
 
 from tests.conftest import SecuredKafka
 from tests.integration import _e2e_ops
@@ -103,13 +106,13 @@ async def test_counts_move_and_a_refused_deferral_is_explained(settings: Setting
         await flow.wait_state(refused, "failed")
         await browser.goto(browser_url(await browser.evaluate("location.origin"), "stuck"))
 
-        async def listed() -> list[str]:
+        async def listed() -> bool:
             rows = await browser.texts("tr.stuck-row")
-            return [r for r in rows if refused.ti_key in r and "classpath_not_allowed" in r]
+            return any(refused.ti_key in r and "classpath_not_allowed" in r for r in rows) and any(
+                waits.ti_key in r and "running" in r for r in rows
+            )
 
-        await wait_until(listed, timeout=30, interval=0.3, message="the refused deferral listed")
-        rows = await browser.texts("tr.stuck-row")
-        assert any(waits.ti_key in r and "running" in r for r in rows), rows
+        await wait_until(listed, timeout=30, interval=0.3, message="both deferrals listed")
         await browser.screenshot(shots / "console-stuck.png")
 
         await browser.evaluate(
@@ -207,11 +210,55 @@ async def test_an_empty_cluster_is_said(settings: Settings, tmp_path: Path):
 
 
 @pytest.mark.integration
-async def test_a_refused_principal_is_said(secured_kafka: SecuredKafka, tmp_path: Path):
+async def test_the_replay_principal_reads_and_one_without_acls_is_refused(
+    secured_kafka: SecuredKafka, tmp_path: Path
+):
     prefix = f"c{uuid.uuid4().hex[:8]}."
-    async with TaskFlow(secured_kafka.settings("admin", prefix=prefix)):
-        noacl = secured_kafka.settings("noacl", prefix=prefix)
-        async with page(noacl, tmp_path) as browser:
-            text = await status_says(browser, "refused")
+    admin = secured_kafka.settings("admin", prefix=prefix)
+    await ensure_topics(admin, topic_specs(admin))
+    await ensure_acls(admin, {"replay": "User:replay"})
+    async with page(secured_kafka.settings("replay", prefix=prefix), tmp_path) as browser:
+        await status_says(browser, "live")
+    async with page(secured_kafka.settings("noacl", prefix=prefix), tmp_path) as browser:
+        text = await status_says(browser, "refused")
     assert "AuthorizationError" in text
     assert "User:noacl" in text
+
+
+@pytest.mark.integration
+async def test_a_redrive_needs_the_flag_and_the_token(settings: Settings, tmp_path: Path):
+    runs = allowed(settings)
+    async with (
+        TaskFlow(runs) as flow,
+        Scheduler(runs, orphan_check_interval=0.5, commit_interval=0.2) as scheduler,
+        Worker(runs, slots=2, poll_interval=0.02, graceful_timeout=5.0),
+        Client(runs) as client,
+        Console(runs, FAST) as read_only,
+        Console(runs, replace(FAST, redrive_token="s3cret")) as console,
+        aiohttp.ClientSession() as http,
+    ):
+        await scheduler.wait_active()
+        task = await submit(client, "orphan", f"{EXAMPLES}.WaitOperator", seconds=600)
+        # No triggerer runs it: it waits for ever.
+        body = {"trigger_id": (await flow.wait_state(task, "deferred")).trigger_id}
+
+        async def post(port: int | None, token: str | None) -> tuple[int, dict[str, Any]]:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            url = f"http://127.0.0.1:{port}/api/redrive"
+            async with http.post(url, json=body, headers=headers) as response:
+                return response.status, await response.json()
+
+        assert (await post(read_only.port, "s3cret"))[0] == 403
+        assert (await post(console.port, None))[0] == 401
+        assert (await post(console.port, "wrong"))[0] == 401
+        status, plan = await post(console.port, "s3cret")
+        assert status == 200, plan
+        assert (plan["action"], plan["published"], plan["verdict"]) == (
+            "publish",
+            1,
+            "no_live_triggerer",
+        )
+        async with Browser(tmp_path / "chromium") as browser:
+            url = f"http://127.0.0.1:{console.port}/#/task/{task.ti_key}"
+            await browser.goto(url)
+            await wait_until(lambda: browser.text("#redrive"), timeout=30, message="the button")

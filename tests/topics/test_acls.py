@@ -48,6 +48,7 @@ def test_a_worker_never_writes_events_or_run_tasks() -> None:
 def test_replay_writes_nothing() -> None:
     assert all(op in ("READ", "DESCRIBE_CONFIGS", "DESCRIBE") for _, _, op in grants("replay"))
     assert ("GROUP", "p.triggerer", "DESCRIBE") in grants("replay")
+    assert ("TOPIC", "p.scheduler.lease", "DESCRIBE") in grants("replay")
 
 
 def test_queues_extend_the_rules_to_their_topics_and_groups() -> None:
