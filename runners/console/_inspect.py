@@ -27,6 +27,9 @@ from deferline.topics import Settings
 
 __all__ = ["Inspector"]
 
+_WAITING_STATES = frozenset({"deferred", "queued", "scheduled"})
+"""States in which a task's page shades the time it has been waiting."""
+
 _FAILURES_EXPLAINED = 20
 """Newest trigger failures explained on the stuck list (each costs one replay read)."""
 
@@ -89,6 +92,7 @@ class Inspector:
             verdict, entries = await session.why(subject)
             now = session.now
         events = [e for e in entries if e.kind == "trigger_event"]
+        waiting = verdict.since if verdict.state in _WAITING_STATES else None
         trigger = next(
             (e.record.record for e in entries if e.kind == "defer_request" and e.record), None
         )
@@ -98,7 +102,7 @@ class Inspector:
             "classpath": getattr(trigger, "classpath", None),
             "events": len(events),
             "duplicates_dropped": sum(1 for e in events if e.decision == "duplicate"),
-            "html": render_item(ReportItem(verdict, entries, verdict.since), now),
+            "html": render_item(ReportItem(verdict, entries, waiting), now),
         }
 
     async def redrive(self, trigger_id: str) -> dict[str, Any]:
