@@ -189,7 +189,10 @@ class Console(Lifecycle):
         if not self._tail.topics or not self.status.ok:
             return
         try:
-            await self._inspector.refresh_stuck(self.feed.failed)
+            waiting = self.feed.waiting.waiting(
+                now=dt.datetime.now(dt.UTC), older_than=self._options.stuck_older_than
+            )
+            await self._inspector.refresh_stuck(waiting, self.feed.failed)
         except Exception as exc:  # shown on the stuck view, tried again next time
             self._stuck_error = self.status.explain(exc)[1]
         else:

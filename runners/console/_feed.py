@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any
 
 import orjson
-from deferline.replay import RawRecord, TopicRole
+from deferline.replay import RawRecord, StuckScan, TopicRole
 
 from ._loop import LoopStats
 
@@ -30,10 +30,15 @@ def _text(value: bytes | None, limit: int = 2000) -> str | None:
 
 
 class RecordFeed:
-    """Routes records by topic role; everything it keeps is bounded except one entry per task."""
+    """Routes records by topic role; everything it keeps is bounded except one entry per task.
+
+    ``waiting`` is pass 1 of ``replay stuck`` kept up to date by the tail: the stuck list is
+    read again only when the set of waiting tasks changes (or has aged), not on every refresh.
+    """
 
     def __init__(self) -> None:
         self.loop = LoopStats()
+        self.waiting = StuckScan()
         self.dead: deque[dict[str, Any]] = deque(maxlen=_KEEP)
         self.failed: deque[dict[str, Any]] = deque(maxlen=_KEEP)
         self.records = 0
@@ -43,6 +48,7 @@ class RecordFeed:
         role = raw.topic.role
         if role is TopicRole.TASKS:
             self.loop.task_state(raw.key, raw.value, raw.timestamp_ms)
+            self.waiting.feed(raw)
         elif role is TopicRole.RESUME:
             self.loop.trigger_event(raw.value)
             if raw.value is not None and b'"failed"' in raw.value:

@@ -9,6 +9,7 @@ never on a page load.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,6 +18,7 @@ from deferline.replay import (
     ReplaySession,
     ReportItem,
     Subject,
+    WaitingTask,
     parse_subject,
     plan_redrive,
     publish_redrives,
@@ -32,6 +34,12 @@ _WAITING_STATES = frozenset({"deferred", "queued", "scheduled"})
 
 _FAILURES_EXPLAINED = 20
 """Newest trigger failures explained on the stuck list (each costs one replay read)."""
+
+_NEW_FAILURES_PER_REFRESH = 5
+"""New trigger failures explained per refresh at most (a storm of failures is caught up on)."""
+
+_REREAD_S = 60.0
+"""An unchanged stuck list is read again after this long (live owners may have changed)."""
 
 
 class Inspector:
@@ -58,19 +66,42 @@ class Inspector:
         self.limit = limit
         self._ended: dict[str, dict[str, Any]] = {}
         self.stuck: dict[str, Any] = {"waiting": [], "ended": [], "count": 0, "at": None}
+        self._waiting: list[dict[str, Any]] = []
+        self._read_keys: frozenset[str] | None = None
+        self._read_at = 0.0
 
     def _session(self) -> ReplaySession:
         return ReplaySession(self._settings, hints=self._hints, cipher=self._cipher)
 
-    async def refresh_stuck(self, failures: Iterable[dict[str, Any]]) -> None:
-        """Re-read the waiting tasks with their verdicts, and explain new trigger failures."""
-        async with self._session() as session:
-            reports = await session.stuck(older_than=self.older_than, limit=self.limit)
-            count = session.waiting_total
-        for failure in list(failures)[:_FAILURES_EXPLAINED]:
-            trigger_id = failure.get("trigger_id")
-            if not isinstance(trigger_id, str) or trigger_id in self._ended:
-                continue
+    async def refresh_stuck(
+        self, waiting: Iterable[WaitingTask], failures: Iterable[dict[str, Any]]
+    ) -> None:
+        """Explain the tasks waiting too long (``replay stuck``) and new trigger failures.
+
+        ``waiting`` is what the console's tail already knows waits: the replay read runs only
+        when that set changed, or after ``_REREAD_S``; none waiting costs no read at all.
+        """
+        now = time.monotonic()
+        keys = frozenset(w.ti_key for w in waiting)
+        count = len(keys)
+        if not keys:
+            self._waiting = []
+        elif keys != self._read_keys or now - self._read_at > _REREAD_S:
+            async with self._session() as session:
+                reports = await session.stuck(older_than=self.older_than, limit=self.limit)
+                count = session.waiting_total
+            self._waiting = [_brief(r.to_json()) for r in reports]
+            self._read_at = now
+        else:
+            count = self.stuck["count"]
+        self._read_keys = keys
+        new = [
+            f
+            for f in list(failures)[:_FAILURES_EXPLAINED]
+            if isinstance(f.get("trigger_id"), str) and f["trigger_id"] not in self._ended
+        ]
+        for failure in new[:_NEW_FAILURES_PER_REFRESH]:
+            trigger_id = failure["trigger_id"]
             async with self._session() as session:
                 verdict, _ = await session.why(Subject(trigger_id, trigger_id=trigger_id))
             self._ended[trigger_id] = {**verdict.to_json(), "ended_at": failure.get("at")}
@@ -78,7 +109,7 @@ class Inspector:
         for stale in recent[_FAILURES_EXPLAINED:]:
             self._ended.pop(str(stale["trigger_id"]), None)
         self.stuck = {
-            "waiting": [_brief(r.to_json()) for r in reports],
+            "waiting": self._waiting,
             "ended": [_brief(v) for v in recent[:_FAILURES_EXPLAINED]],
             "count": count,
             "older_than_s": self.older_than.total_seconds(),
