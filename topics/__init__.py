@@ -30,6 +30,7 @@ from ._settings import Settings
 from ._specs import TopicSpec, topic_specs
 from ._tansu import TansuBroker
 from ._tls import ThrowawayTLS
+from ._tracing import disable_tracing, enable_tracing, trace_receive, trace_send
 
 __all__ = [
     "KAFKA_VERSION",
@@ -65,6 +66,8 @@ __all__ = [
     "access_error",
     "acl_bindings",
     "describe_topics",
+    "disable_tracing",
+    "enable_tracing",
     "ensure_acls",
     "ensure_topics",
     "fetch_kafka_jars",
@@ -80,5 +83,7 @@ __all__ = [
     "stop_client",
     "supports_idempotence",
     "topic_specs",
+    "trace_receive",
+    "trace_send",
     "validate_queue_name",
 ]

@@ -83,12 +83,21 @@ class TopicTail:
             await consumer.stop()
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> None:
+        """Follow every partition of the topics listed; a new one is read from its start.
+
+        ``assign`` forgets every position, so the partitions already followed are sought
+        back to where they were (else the whole history would be read again).
+        """
         current = set(consumer.assignment())
         wanted = {TopicPartition(t, p) for t, (_, n) in self.topics.items() for p in range(n)}
-        consumer.assign(sorted(wanted, key=lambda tp: (tp.topic, tp.partition)))
         new = sorted(wanted - current, key=lambda tp: (tp.topic, tp.partition))
-        if new:
-            await consumer.seek_to_beginning(*new)
+        if not new:
+            return
+        kept = {tp: await consumer.position(tp) for tp in current & wanted}
+        consumer.assign(sorted(wanted, key=lambda tp: (tp.topic, tp.partition)))
+        for tp, position in kept.items():
+            consumer.seek(tp, position)
+        await consumer.seek_to_beginning(*new)
 
     async def _follow(self, consumer: AIOKafkaConsumer) -> None:
         await self._assign(consumer)
@@ -120,6 +129,9 @@ class TopicTail:
             if target:
                 left = 0
                 for tp, end in list(target.items()):
+                    # Some brokers (Tansu) answer ListOffsets short of the true end; the
+                    # fetch responses' high watermark is right.
+                    end = target[tp] = max(end, consumer.highwater(tp) or 0)
                     position = await consumer.position(tp)
                     if position >= end:
                         del target[tp]

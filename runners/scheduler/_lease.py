@@ -29,6 +29,7 @@ from deferline.topics import (
     make_consumer,
     make_producer,
     partition_for,
+    trace_send,
 )
 
 __all__ = ["Outgoing", "SchedulerFenced", "SchedulerLease", "SchedulerPublisher"]
@@ -213,14 +214,19 @@ class SchedulerPublisher:
         for (topic, partition), records in by_partition.items():
             batch = producer.create_batch()
             for key, value in records:
-                if batch.append(key=key, value=value, timestamp=None) is not None:
+                headers = trace_send(topic, value)
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is not None:
                     continue
                 if batch.record_count():  # full: send it, start the next
                     futures.append(await producer.send_batch(batch, topic, partition=partition))
                 batch = producer.create_batch()
-                if batch.append(key=key, value=value, timestamp=None) is None:
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                     # Larger than a batch on its own: send() sends it or says why not.
-                    futures.append(await producer.send(topic, value, key=key, partition=partition))
+                    futures.append(
+                        await producer.send(
+                            topic, value, key=key, partition=partition, headers=headers
+                        )
+                    )
                     batch = producer.create_batch()
             if batch.record_count():
                 futures.append(await producer.send_batch(batch, topic, partition=partition))

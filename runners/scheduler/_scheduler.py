@@ -53,6 +53,7 @@ from deferline.topics import (
     ensure_topics,
     make_consumer,
     topic_specs,
+    trace_receive,
 )
 from prometheus_client import CollectorRegistry
 
@@ -457,6 +458,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
                     read: dict[TopicPartition, int] = {}
                     for tp, messages in batches.items():
                         for message in messages:
+                            trace_receive(tp.topic, message.value, message.headers)
                             bad = self._fold_event(
                                 message.value,
                                 ref=(tp, message.offset),

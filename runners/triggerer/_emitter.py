@@ -34,6 +34,7 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     RecordTooLargeError,
 )
+from deferline.topics import trace_send
 
 __all__ = ["Ack", "Emission", "Emitter", "Send"]
 
@@ -60,6 +61,7 @@ class Producer(Protocol):
         value: bytes | None = None,
         key: bytes | None = None,
         partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
     ) -> asyncio.Future[Any]: ...
 
     def create_batch(self) -> Any: ...
@@ -266,7 +268,11 @@ class Emitter:
     async def _send_one(self, send: Send) -> asyncio.Future[Any] | BaseException:
         try:
             return await self._producer.send(
-                send.topic, value=send.value, key=send.key, partition=send.partition
+                send.topic,
+                value=send.value,
+                key=send.key,
+                partition=send.partition,
+                headers=trace_send(send.topic, send.value),
             )
         except Exception as exc:  # rejected before sending (e.g. record too large)
             return exc
@@ -291,11 +297,20 @@ class Emitter:
             batch = self._producer.create_batch()
             for index in indexes:
                 send = sends[index]
-                if batch.append(timestamp=None, key=send.key, value=send.value) is None:
+                headers = trace_send(topic, send.value)
+                if (
+                    batch.append(timestamp=None, key=send.key, value=send.value, headers=headers)
+                    is None
+                ):
                     if members:
                         batches.append((members, await self._submit(batch, topic, partition)))
                         batch, members = self._producer.create_batch(), []
-                    if batch.append(timestamp=None, key=send.key, value=send.value) is None:
+                    if (
+                        batch.append(
+                            timestamp=None, key=send.key, value=send.value, headers=headers
+                        )
+                        is None
+                    ):
                         singles.append((index, await self._send_one(send)))  # too large
                         continue
                 members.append(index)

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
+from deferline.topics import trace_receive
 
 from ._checkpoint import CheckpointError, PartitionCheckpoint
 from ._lane_client import _learn_topics, _set_fetch_wait
@@ -125,6 +126,8 @@ class _Rebuild(_LaneCore):
                     table.apply(
                         record.key, record.value, offset=record.offset, timestamp=record.timestamp
                     )
+                    if record.offset >= floor:  # not seen by the group before
+                        trace_receive(tp.topic, record.value, record.headers)
 
         await self._read(
             reader, {p.defer_tp: (p.table.defer_offset, end_d[p.defer_tp]) for p in parts}, fold

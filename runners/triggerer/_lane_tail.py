@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deferline.schemas import DeadLetter, TriggerEventRecord, encode, make_event_id
+from deferline.topics import trace_receive
 
 from ._emitter import Emission, Send
 from ._input import BadRecord, CancelTrigger, StartTrigger, interpret
@@ -26,6 +27,7 @@ class _Tail(_Outcomes):
             if record.offset < table.defer_offset:
                 continue  # already folded (redelivery after a seek)
             key, value = record.key, record.value
+            trace_receive(record.topic, value, record.headers)
             if key is None:
                 table.skip(record.offset)
                 if value is not None:

@@ -39,7 +39,7 @@ from deferline.schemas import (
     make_trigger_id,
     seal,
 )
-from deferline.topics import Settings, TopicNames
+from deferline.topics import Settings, TopicNames, trace_send
 
 from ._errors import WorkerError
 from ._state import AttemptProgress, WorkerMetrics
@@ -65,7 +65,8 @@ class ProducerSink:
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None) -> Awaitable[Any]:
         try:
-            future = await self._producer.send(topic, value=value, key=key)
+            headers = trace_send(topic, value)
+            future = await self._producer.send(topic, value=value, key=key, headers=headers)
         except KafkaError as exc:
             raise WorkerError(f"cannot publish to {topic}: {exc}") from exc
         # A task, not a bare coroutine: the ack completes even if nobody awaits it (a run

@@ -37,6 +37,7 @@ from deferline.topics import (
     make_producer,
     stop_client,
     topic_specs,
+    trace_receive,
     validate_queue_name,
 )
 from prometheus_client import CollectorRegistry
@@ -404,6 +405,7 @@ class Worker(Lifecycle):
 
     async def _handle(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> None:
         assert self._runner is not None
+        trace_receive(tp.topic, record.value, record.headers)
         try:
             try:
                 run = decode_as(record.value or b"", RunTask)

@@ -40,7 +40,9 @@ class FakeBatch:
         self.room = room
         self.keys: list[bytes | None] = []
 
-    def append(self, *, key: bytes | None, value: bytes, timestamp: None) -> object | None:
+    def append(
+        self, *, key: bytes | None, value: bytes, timestamp: None, headers: object = ()
+    ) -> object | None:
         if len(self.keys) >= self.room:
             return None
         self.keys.append(key)
@@ -75,7 +77,12 @@ class FakeProducer:
         return asyncio.gather(*futures)
 
     async def send(
-        self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: object = (),
     ) -> asyncio.Future[None]:
         self.log.append(("send", topic, key))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -399,7 +406,7 @@ class GatedProducer(FakeTransactionalProducer):
 class Message:
     def __init__(self, offset: int) -> None:
         self.topic, self.partition, self.offset = TPS.topic, TPS.partition, offset
-        self.key, self.value = None, b"not an event"
+        self.key, self.value, self.headers = None, b"not an event", ()
 
 
 class FakeEvents:

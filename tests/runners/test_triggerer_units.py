@@ -163,7 +163,9 @@ class FakeBatch:
         self.records: list[tuple[bytes | None, bytes | None]] = []
         self.room = room
 
-    def append(self, *, timestamp: float | None, key: bytes | None, value: bytes | None) -> Any:
+    def append(
+        self, *, timestamp: float | None, key: bytes | None, value: bytes | None, headers: Any = ()
+    ) -> Any:
         if len(self.records) >= self.room or (value is not None and len(value) > 10_000):
             return None
         self.records.append((key, value))
@@ -184,6 +186,7 @@ class FakeProducer:
         value: bytes | None = None,
         key: bytes | None = None,
         partition: int | None = None,
+        headers: Any = (),
     ) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         errors = self.fail.get(topic)
