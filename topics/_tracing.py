@@ -37,6 +37,8 @@ _NO_HEADERS: list[tuple[str, bytes]] = []
 _REMEMBERED = 100_000
 """Trigger ids whose last received context a process keeps (oldest forgotten first)."""
 
+_KIND_BYTES = (b'"defer_request"', b'"trigger_event"', b'"run_task"')
+
 _STAGES = {
     ("defer_request", True): "defer",
     ("defer_request", False): "run",
@@ -49,8 +51,8 @@ _STAGES = {
 
 def _subject(value: bytes | None) -> tuple[str, str, str] | None:
     """(kind, trigger id, task key) of a traced record: a DeferRequest, an event, a resume."""
-    if not value:
-        return None
+    if not value or not any(kind in value for kind in _KIND_BYTES):
+        return None  # a task state, a dead letter...: not parsed
     try:
         data = orjson.loads(value)
     except orjson.JSONDecodeError:
