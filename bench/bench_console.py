@@ -130,9 +130,7 @@ async def run(args: argparse.Namespace) -> None:
         argv = [DEFERLINE, "console", "--port", str(port), "--bootstrap-servers", bootstrap]
         argv += ["--topic-prefix", prefix, "--log-level", "WARNING"]
         started = time.perf_counter()
-        console = await asyncio.create_subprocess_exec(
-            *argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        console = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.DEVNULL)
         try:
             async with aiohttp.ClientSession() as http:
                 while True:
@@ -140,6 +138,9 @@ async def run(args: argparse.Namespace) -> None:
                         await snapshot(http, base)
                         break
                     except aiohttp.ClientConnectionError:
+                        if console.returncode is not None:
+                            code = console.returncode
+                            raise SystemExit(f"deferline console exited: {code}") from None
                         await asyncio.sleep(0.05)
                 serving_s = time.perf_counter() - started
                 page_s = await first_page(http, base)

@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import in_ci
+from tests._tools import system_program
 
 ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "monitoring"
+RULES, RULES_TESTS = "deferline-rules.yml", "deferline-rules.test.yml"
 _NAME = re.compile(r"\bdeferline_[a-z_]+")
 _SUFFIX = re.compile(r"_(total|bucket|sum|count)$")
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        reason = "no promtool on PATH (apt-get install prometheus)"
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return path
 
 
 def exported_metrics() -> set[str]:
@@ -38,23 +28,12 @@ def exported_metrics() -> set[str]:
 
 
 def test_the_rules_pass_promtools_unit_tests() -> None:
-    tool = promtool()
-    check = subprocess.run(
-        [tool, "check", "rules", "deferline-rules.yml"],
-        cwd=MONITORING,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
-    tested = subprocess.run(
-        [tool, "test", "rules", "deferline-rules.test.yml"],
-        cwd=MONITORING,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert tested.returncode == 0, tested.stdout + tested.stderr
+    promtool = system_program("promtool", package="prometheus")
+    for command in (["check", "rules", RULES], ["test", "rules", RULES_TESTS]):
+        run = subprocess.run(
+            [promtool, *command], cwd=MONITORING, capture_output=True, text=True, check=False
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_every_alert_has_a_unit_test() -> None:

@@ -16,6 +16,7 @@ import json
 import logging
 import resource
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -156,7 +157,7 @@ class Console(Lifecycle):
             group.create_task(self._every(self._options.stuck_every_s, self._refresh_stuck))
 
     @staticmethod
-    async def _every(seconds: float, step: Any) -> None:
+    async def _every(seconds: float, step: Callable[[], Awaitable[None]]) -> None:
         while True:
             await step()
             await asyncio.sleep(seconds)

@@ -30,16 +30,12 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[rank - 1]
 
 
-def _time(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
+def _epoch(value: Any) -> float | None:
+    """Seconds since the epoch of a wire time (it always carries its offset), or None."""
     try:
-        parsed = dt.datetime.fromisoformat(value)
+        return dt.datetime.fromisoformat(value).timestamp() if isinstance(value, str) else None
     except ValueError:
         return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
 
 
 def _peek(value: bytes | None) -> dict[str, Any] | None:
@@ -122,7 +118,7 @@ class LoopStats:
             return
         self.events_seen += 1
         event_id = data.get("event_id")
-        emitted = _time(data.get("emitted_at"))
+        emitted = _epoch(data.get("emitted_at"))
         if isinstance(event_id, str) and emitted is not None:
             self._pair(event_id, emitted=emitted)
 

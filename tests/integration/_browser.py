@@ -11,29 +11,17 @@ import base64
 import itertools
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
-from tests.conftest import in_ci
+from tests._tools import system_program
 from tests.integration._util import wait_until
 
 SCREENSHOTS_ENV = "DEFERLINE_SCREENSHOTS"
 """A directory to keep the screenshots in (default: ``screenshots/`` under the test's tmp)."""
-
-
-def chromium_path() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        reason = "no chromium on PATH (apt-get install chromium)"
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return path
 
 
 def screenshot_dir(tmp_path: Path) -> Path:
@@ -66,7 +54,7 @@ class Browser:
         port_file = self._profile / "DevToolsActivePort"
         port_file.unlink(missing_ok=True)  # a profile used before keeps the old port's file
         self._proc = await asyncio.create_subprocess_exec(
-            chromium_path(),
+            system_program("chromium", "chromium-browser", package="chromium"),
             "--headless=new",
             "--no-sandbox",
             "--disable-gpu",

@@ -7,9 +7,7 @@ where this contract is checked on machines with Debian 12's kcat 1.7.1 / librdka
 """
 
 import asyncio
-import os
 import re
-import shutil
 import subprocess
 import uuid
 from asyncio.subprocess import PIPE, STDOUT
@@ -21,6 +19,7 @@ from aiokafka.structs import ConsumerRecord
 from deferline.schemas import DeferRequest, TaskKey, decode, encode, make_trigger_id
 from deferline.topics import Settings, TopicNames, ensure_topics, partition_for, topic_specs
 
+from tests._tools import system_program
 from tests.integration._util import wait_until
 
 pytestmark = pytest.mark.integration
@@ -29,19 +28,9 @@ PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 PARTITIONS = 12  # the docs' example states its partition for the default 12
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
 @pytest.fixture(scope="session")
 def kcat() -> str:
-    path = shutil.which("kcat") or shutil.which("kafkacat")
-    if path is None:
-        message = "kcat is not installed (Debian: apt-get install -y kcat)"
-        if _in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return path
+    return system_program("kcat", "kafkacat", package="kcat")
 
 
 def _librdkafka(kcat: str) -> tuple[int, ...]:
