@@ -3,7 +3,7 @@
 One process, nothing else to run: a tail of every deferline topic (the loop's figures, dead
 letters, failures), the consumer groups described every few seconds (members, partitions,
 lags, what moved), and replay sessions for the stuck list and a task's page. The page is
-plain HTML, CSS and JavaScript served from the package; it gets one JSON snapshot a second
+plain HTML, CSS and JavaScript served from the package; it gets a JSON snapshot twice a second
 over ``/api/stream``.
 """
 
@@ -61,7 +61,7 @@ class ConsoleOptions:
 
     host: str = "127.0.0.1"
     port: int = 8780
-    tick_s: float = 1.0
+    tick_s: float = 0.5
     groups_every_s: float = 2.0
     stuck_every_s: float = 10.0
     stuck_older_than: dt.timedelta = dt.timedelta(minutes=10)
