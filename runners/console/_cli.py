@@ -9,6 +9,7 @@ import secrets
 import click
 from deferline.replay import GroupHints
 from deferline.replay._cli import DURATION
+from deferline.schemas import DeferlineError
 from deferline.topics import Settings, run_closing
 
 from .._options import connection_options, logging_options
@@ -84,6 +85,12 @@ def console_command(
             worker=defaults.worker,
         ),
     )
-    console = Console(settings, options)
+    try:
+        console = Console(settings, options)
+    except DeferlineError as exc:  # e.g. a kwargs key that is not a Fernet key
+        raise click.UsageError(str(exc)) from exc
     click.echo(f"deferline console on http://{host}:{port}/", err=True)
-    run_closing(run_until_signal(console))
+    try:
+        run_closing(run_until_signal(console))
+    except DeferlineError as exc:  # e.g. the port is taken
+        raise click.ClickException(str(exc)) from exc

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import socket
 
 import orjson
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+from click.testing import CliRunner
 from deferline.replay import (
     GroupHints,
     GroupView,
@@ -18,6 +20,7 @@ from deferline.replay import (
     TopicRole,
     TopicsNotFound,
 )
+from deferline.runners.cli import main
 from deferline.runners.console._feed import RecordFeed
 from deferline.runners.console._groups import GroupTracker
 from deferline.runners.console._loop import LoopStats, percentile
@@ -254,3 +257,17 @@ async def test_a_topic_listed_later_is_read_from_its_start_and_the_others_keep_t
         TopicPartition("d.tasks", 1): 0,
         TopicPartition("d.dead", 0): 0,
     }
+
+
+def test_the_command_is_listed_and_a_taken_port_is_a_clear_error():
+    listed = CliRunner().invoke(main, ["--help"])
+    assert "console" in listed.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = CliRunner().invoke(
+            main, ["console", "--port", port, "--bootstrap-servers", "127.0.0.1:1"]
+        )
+    assert result.exit_code == 1
+    assert f"cannot serve the console on 127.0.0.1:{port}" in result.output
