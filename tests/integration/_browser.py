@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -66,11 +68,16 @@ class Browser:
             "about:blank",
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: the browser's children go too
         )
-        await wait_until(port_file.exists, timeout=30, message="chromium's DevTools port")
-        port = int(port_file.read_text().split()[0])
+
+        def port() -> int | None:  # the file appears before its contents
+            lines = port_file.read_text().split() if port_file.exists() else []
+            return int(lines[0]) if len(lines) >= 2 else None
+
+        devtools = await wait_until(port, timeout=30, message="chromium's DevTools port")
         self._http = aiohttp.ClientSession()
-        async with self._http.get(f"http://127.0.0.1:{port}/json/list") as response:
+        async with self._http.get(f"http://127.0.0.1:{devtools}/json/list") as response:
             targets = await response.json()
         page = next(t for t in targets if t["type"] == "page")
         self._ws = await self._http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
@@ -82,7 +89,8 @@ class Browser:
         if self._http is not None:
             await self._http.close()
         if self._proc is not None:
-            self._proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
             await asyncio.wait_for(self._proc.wait(), 10)
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
