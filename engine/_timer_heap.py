@@ -109,8 +109,10 @@ class _TimerHeap(_SupervisorCore):
         buckets = self._buckets
         for tid, entry in self._entries.items():
             deadline = entry.deadline
-            if deadline is None or (type(entry) is _Run and entry.state != _RUNNING):
+            if deadline is None:
                 continue
+            if type(entry) is _Run and entry.state != _RUNNING and entry.closing != _CLOSING:
+                continue  # its timeout is stale; a closing run's close bound is live
             key = math.ceil(deadline * 1000.0)
             bucket = buckets.get(key)
             if bucket is None:

@@ -17,6 +17,7 @@ from deferline.engine import (
     TriggerEvent,
     TriggerSupervisor,
 )
+from deferline.engine.triggers import DateTimeTrigger
 from deferline.schemas import make_event_id
 
 from ._support import (
@@ -401,8 +402,6 @@ async def test_pending_triggers_can_be_cancelled_and_time_out(sink: Sink) -> Non
 async def test_cancel_many_drops_timers_and_pending_and_stops_runs_without_emitting(
     sink: Sink,
 ) -> None:
-    from deferline.engine.triggers import DateTimeTrigger
-
     async with TriggerSupervisor(capacity=3, on_event=sink, block_threshold=None) as sup:
         later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
         sup.add("t1", DateTimeTrigger(later))
@@ -547,3 +546,25 @@ async def test_closing_a_run_that_hangs_in_finally_is_bounded(
     assert trigger.cleaned
     assert sup.running == 0
     assert any("closing run() of" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_compaction_while_a_run_closes_keeps_its_close_bound(sink: Sink) -> None:
+    """A mass cancel rebuilds the timer heap; the close bound of a run still closing after
+    its last event is live and survives the rebuild, so a hanging ``finally`` is abandoned
+    after ``cleanup_timeout`` and gives its slot back."""
+    far = _utcnow_plus(3600)
+    count = 10_001  # more stale entries than the heap tolerates before it is rebuilt
+    async with TriggerSupervisor(
+        capacity=count + 1, on_event=sink, cleanup_timeout=0.2, block_threshold=None
+    ) as sup:
+        trigger = HangsWhenClosed()
+        sup.add("close", trigger)
+        await wait_until(lambda: bool(sink.of("close")))  # fired: now closing run()
+        ids = [f"t{i}" for i in range(count)]
+        for tid in ids:
+            sup.add(tid, DateTimeTrigger(far))
+        assert await sup.cancel_many(ids) == count
+        await wait_until(lambda: "close" not in sup, within=3.0)
+        assert sup.running == 0
+        assert trigger.cleaned
+        assert [(o.status, o.final) for o in sink.outcomes] == [("fired", True)]
