@@ -265,7 +265,7 @@ async def test_trigger_ignoring_cancellation_is_bounded_and_abandoned(
     assert sup.metrics.abandoned == 1
     assert any("ignored cancellation" in r.getMessage() for r in caplog.records)
     trigger.release.set()  # the zombie now yields: nothing may be emitted
-    await wait_until(lambda: not sup._abandoned)
+    await wait_until(lambda: not sup._runner._abandoned)
     assert sink.outcomes == []
 
 
@@ -302,7 +302,7 @@ async def test_hanging_cleanup_is_abandoned_after_cleanup_timeout(
         "cleanup()" in r.getMessage() and "abandoned" in r.getMessage() for r in caplog.records
     )
     trigger.forever.set()
-    await wait_until(lambda: not sup._abandoned)
+    await wait_until(lambda: not sup._runner._abandoned)
 
 
 async def test_cleanup_that_raises_is_logged_not_fatal(
@@ -358,7 +358,7 @@ async def test_trigger_that_fires_before_its_timeout_does_not_time_out(
     sup.add("quick", trigger, timeout_at=_utcnow_plus(0.1))
     trigger.gate.set()
     await wait_until(lambda: "quick" not in sup)
-    await wait_until(lambda: not sup._heap)  # the stale timeout entry came due and was dropped
+    await wait_until(lambda: not sup._deadlines)  # the stale timeout entry came due and was dropped
     assert [o.status for o in sink.of("quick")] == ["fired"]
 
 

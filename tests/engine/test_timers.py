@@ -65,7 +65,7 @@ async def test_a_timer_keeps_its_moment_where_the_epoch_float_cannot_hold_it(
     assert dt.datetime.fromtimestamp(far.timestamp(), dt.UTC) != far
     sup.add("near", DateTimeTrigger(near))
     sup.add("far", DateTimeTrigger(far))
-    waiting = sup._entries["near"], sup._entries["far"]
+    waiting = sup._slots.entries["near"], sup._slots.entries["far"]
     assert isinstance(waiting[0], _Timer)
     assert isinstance(waiting[1], _Timer)
     assert waiting[0].payload is _AT_DEADLINE  # rebuilt from the deadline when it fires
@@ -131,7 +131,7 @@ async def test_timeout_before_the_moment_times_out(sup: TriggerSupervisor, sink:
 async def test_timeout_after_the_moment_does_not_matter(sup: TriggerSupervisor, sink: Sink) -> None:
     sup.add("t", DateTimeTrigger(_in(0.01)), timeout_at=_in(0.02))
     await wait_until(lambda: "t" not in sup)
-    await wait_until(lambda: not sup._heap)
+    await wait_until(lambda: not sup._deadlines)
     assert [o.status for o in sink.outcomes] == ["fired"]
 
 
@@ -143,7 +143,7 @@ async def test_cancelled_timer_never_fires_and_frees_capacity(
     assert sup.running == 0
     assert sup.waiting_timers == 0
     assert sup.metrics.cancelled == 1
-    await wait_until(lambda: not sup._heap)
+    await wait_until(lambda: not sup._deadlines)
     assert sink.outcomes == []
     # The same id may be added again (e.g. after a rebalance) and then fires once.
     sup.add("t", DateTimeTrigger(_in(0.0)))
@@ -317,9 +317,9 @@ async def test_cancelled_timers_do_not_linger_in_the_heap(
     for i in range(30):
         assert await sup.cancel(f"t{i}")
     # Rebuilt once stale entries outnumbered live ones: only live timers remain queued.
-    assert len(sup._buckets) < 40
-    assert set(sup._buckets.values()) <= {f"t{i}" for i in range(40)}
-    assert {f"t{i}" for i in range(30, 40)} <= set(sup._buckets.values())
+    assert len(sup._deadlines._buckets) < 40
+    assert set(sup._deadlines._buckets.values()) <= {f"t{i}" for i in range(40)}
+    assert {f"t{i}" for i in range(30, 40)} <= set(sup._deadlines._buckets.values())
     sup.add("now", DateTimeTrigger(dt.datetime.now(dt.UTC)))
     await wait_until(lambda: "now" not in sup)
     assert [o.trigger_id for o in sink.outcomes] == ["now"]
