@@ -68,9 +68,9 @@ class TriggerSupervisor:
     Args:
         capacity: How many triggers run at once; timers count like coroutine triggers
             (as in Airflow's ``--capacity``). Triggers over capacity wait, in the order they
-            were added, and are reported as ``pending``. A waiting timer costs a few hundred
-            bytes, so a large capacity (hundreds of thousands) is reasonable for timer-heavy
-            loads; coroutine triggers cost a few kilobytes each.
+            were added, and are reported as ``pending``. A waiting timer is one small entry
+            in the timer heap, far lighter than a coroutine trigger (docs/benchmarks.md,
+            ``bench_engine_memory``), so a large capacity suits timer-heavy loads.
         on_event: Called synchronously, once per outcome, on the loop thread. Must not
             block; exceptions it raises are logged and counted, never propagated.
         cleanup_timeout: Seconds granted to ``cleanup()`` and, separately, to a cancelled
@@ -254,9 +254,9 @@ class TriggerSupervisor:
         """Cancel many triggers like :meth:`cancel`; returns how many were present.
 
         Waiting timers and pending triggers are dropped on the spot (cancelling one never
-        suspends), so only coroutine triggers are stopped as tasks, together. Cancelling the
-        tens of thousands of timers of a released partition through one task each cost
-        more than a second on the way out of a rebalance or a shutdown. The loop is given
+        suspends), so only coroutine triggers are stopped as tasks, together: the tens of
+        thousands of timers of a released partition are not cancelled through one task each
+        on the way out of a rebalance or a shutdown (docs/benchmarks.md). The loop is given
         back every few thousand triggers.
         """
         entries = self._slots.entries

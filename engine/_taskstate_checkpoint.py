@@ -1,7 +1,7 @@
 """Checkpoints of a :class:`~deferline.engine.TaskTable`: what changed, and a fast restore.
 
 A scheduler restarted over a million tasks should not decode a million pydantic records
-(30 to 80 µs each) to rebuild its fold. The table therefore exports each task's view as a
+to rebuild its fold (docs/benchmarks.md has both costs). The table therefore exports each task's view as a
 compact row (an orjson list of the slim record's fields, its progress and its resume target)
 and restores a whole table from rows without validating them again: the rows were made
 from validated records. Only what changed since the last export is exported: the table
@@ -57,7 +57,7 @@ _TAG = b'"__type"'
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Millions of objects made in a row, none in a cycle: without this the cyclic collector
-    rescans the whole (large) heap again and again, which doubled the restore time."""
+    rescans the whole (large) heap again and again (its cost is in docs/benchmarks.md)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
