@@ -104,6 +104,7 @@ class TriggerSupervisor:
         self._filling = False
         self._last_due: tuple[float, dt.datetime, bytes] | None = None
         self._timer_capable: dict[type, bool] = {}
+        self._timer_refused: set[type] = set()  # classes whose as_timer() failed once
         self._watchdog: LoopWatchdog | None = None
         self._stopped = asyncio.Event()
         self.metrics = SupervisorMetrics(self)
@@ -408,8 +409,10 @@ class TriggerSupervisor:
             return None
         try:
             spec = trigger.as_timer()
-        except Exception:
-            logger.debug("as_timer() raised; running %s as a coroutine", cls, exc_info=True)
+        except Exception as exc:
+            self._not_a_timer(trigger, f"raised {_describe_error(exc)}")
+            return None
+        if spec is None:
             return None
         if (
             not isinstance(spec, TimerSpec)
@@ -417,8 +420,20 @@ class TriggerSupervisor:
             or spec.moment.utcoffset() is None
             or not isinstance(spec.event, TriggerEvent)
         ):
+            self._not_a_timer(
+                trigger, "returned no TimerSpec of an aware datetime and a TriggerEvent"
+            )
             return None
         return spec
+
+    def _not_a_timer(self, trigger: BaseTrigger, what: str) -> None:
+        """Report an ``as_timer()`` that failed: a warning the first time for its class."""
+        cls = type(trigger)
+        level = logging.DEBUG if cls in self._timer_refused else logging.WARNING
+        self._timer_refused.add(cls)
+        logger.log(
+            level, "as_timer() of %s %s; running it as a coroutine", _classpath(trigger), what
+        )
 
     def _fill(self) -> None:
         """Admit queued triggers, oldest first, while there is capacity."""

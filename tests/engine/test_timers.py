@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -252,6 +253,24 @@ async def test_as_timer_that_fails_falls_back_to_running(
     await wait_until(lambda: len(sup) == 0)
     assert sink.one("broken").payload == "ran"
     assert sink.one("naive").payload == "ran too"
+
+
+async def test_a_failing_as_timer_is_reported_once_per_class(
+    sup: TriggerSupervisor, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken(Deadline):
+        def as_timer(self) -> TimerSpec:
+            raise RuntimeError("no deadline today")
+
+    caplog.set_level(logging.WARNING, logger="deferline.engine")
+    for i in range(3):
+        sup.add(f"broken{i}", Broken(_in(0), "ran"))
+    await wait_until(lambda: len(sup) == 0)
+    warned = [r.getMessage() for r in caplog.records if "as_timer()" in r.getMessage()]
+    assert len(warned) == 1
+    assert "Broken" in warned[0]
+    assert "RuntimeError: no deadline today" in warned[0]
+    assert len(sink.outcomes) == 3
 
 
 async def test_unserializable_timer_payload_fails(sup: TriggerSupervisor, sink: Sink) -> None:
