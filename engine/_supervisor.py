@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import enum
 import logging
 import math
 import time
@@ -53,6 +54,21 @@ from ._watchdog import LoopWatchdog
 __all__ = ["TriggerSupervisor"]
 
 logger = logging.getLogger(__name__)
+
+
+class SupervisorState(enum.Enum):
+    """Lifecycle of a supervisor: NEW → RUNNING → STOPPING → STOPPED (or NEW → STOPPED)."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+_NEW: Final = SupervisorState.NEW
+_RUNNING: Final = SupervisorState.RUNNING
+_STOPPING: Final = SupervisorState.STOPPING
+_STOPPED: Final = SupervisorState.STOPPED
 
 _CANCEL_SLICE: Final = 2000  # cancel_many gives the loop back after this many triggers
 _FIRE_SLICE: Final = 0.01  # give the loop back after firing timers for this long
@@ -98,7 +114,7 @@ class TriggerSupervisor:
             raise ValueError("block_threshold must be > 0 or None")
         self._cleanup_timeout = float(cleanup_timeout)
         self._block_threshold = block_threshold
-        self._state = "new"
+        self._state = _NEW
         self._held = False
         self._firing = False
         self._filling = False
@@ -128,10 +144,10 @@ class TriggerSupervisor:
 
     async def start(self) -> None:
         """Start on the running loop (and the watchdog thread)."""
-        if self._state != "new":
-            raise SupervisorError(f"supervisor cannot start: it is {self._state}")
+        if self._state is not _NEW:
+            raise SupervisorError(f"supervisor cannot start: it is {self._state.value}")
         loop = asyncio.get_running_loop()
-        self._state = "running"
+        self._state = _RUNNING
         self._runner.bind(loop)
         if self._block_threshold is not None:
             self._watchdog = LoopWatchdog(
@@ -149,14 +165,14 @@ class TriggerSupervisor:
         waiting timers and pending triggers are dropped. What was running will run again
         wherever the triggers are re-assigned.
         """
-        if self._state in ("stopping", "stopped"):
+        if self._state is _STOPPING or self._state is _STOPPED:
             await self._stopped.wait()
             return
-        if self._state == "new":
-            self._state = "stopped"
+        if self._state is _NEW:
+            self._state = _STOPPED
             self._stopped.set()
             return
-        self._state = "stopping"
+        self._state = _STOPPING
         try:
             self._alarm.cancel()
             runs = self._slots.keep_runs()
@@ -168,7 +184,7 @@ class TriggerSupervisor:
         finally:
             if self._watchdog is not None:
                 await self._watchdog.stop()
-            self._state = "stopped"
+            self._state = _STOPPED
             self._stopped.set()
 
     async def __aenter__(self) -> TriggerSupervisor:
@@ -209,8 +225,10 @@ class TriggerSupervisor:
                 trigger run until ``run()`` returns; each event gets its own id, and the
                 last is marked ``final`` when ``run()`` returns right after yielding it.
         """
-        if self._state != "running":
-            raise SupervisorError(f"cannot add trigger {trigger_id}: supervisor is {self._state}")
+        if self._state is not _RUNNING:
+            raise SupervisorError(
+                f"cannot add trigger {trigger_id}: supervisor is {self._state.value}"
+            )
         if trigger_id in self._slots.entries:
             return False
         if not isinstance(trigger_id, str) or not trigger_id:
@@ -437,7 +455,7 @@ class TriggerSupervisor:
 
     def _fill(self) -> None:
         """Admit queued triggers, oldest first, while there is capacity."""
-        if self._filling or self._state != "running":
+        if self._filling or self._state is not _RUNNING:
             return
         self._filling = True
         try:
@@ -471,7 +489,7 @@ class TriggerSupervisor:
 
     def _next_due(self) -> float | None:
         """What the alarm waits for: the earliest deadline, unless stopped or held."""
-        if self._state != "running" or self._held:
+        if self._state is not _RUNNING or self._held:
             return None
         return self._deadlines.first()
 
@@ -480,7 +498,7 @@ class TriggerSupervisor:
         if (
             self._deadlines.forget(len(self._slots))
             and not self._firing
-            and self._state == "running"
+            and self._state is _RUNNING
         ):
             self._deadlines.rebuild(
                 [
