@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 class RunState(enum.Enum):
     """Lifecycle of a coroutine trigger: RUNNING, then STOPPING or FINISHING, then DONE."""
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs in Python
+
     RUNNING = "running"
     """``run()`` is being iterated."""
     STOPPING = "stopping"

@@ -59,6 +59,8 @@ class SlotBook:
         kind = type(entry)
         if kind is _Queued:
             self.queued -= 1  # its place in the queue is skipped when reached
+            if not self.queued:
+                self._queue.clear()  # only such places are left
         else:
             self.active -= 1
             if kind is not _Run:

@@ -455,7 +455,7 @@ class TriggerSupervisor:
 
     def _fill(self) -> None:
         """Admit queued triggers, oldest first, while there is capacity."""
-        if self._filling or self._state is not _RUNNING:
+        if self._filling or not self._slots.queued or self._state is not _RUNNING:
             return
         self._filling = True
         try:
@@ -496,7 +496,7 @@ class TriggerSupervisor:
     def _forget_deadline(self) -> None:
         """Count a heap entry made stale early; rebuild the heap when most entries are."""
         if (
-            self._deadlines.forget(len(self._slots))
+            self._deadlines.forget(len(self._slots.entries))
             and not self._firing
             and self._state is _RUNNING
         ):
