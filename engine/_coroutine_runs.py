@@ -309,13 +309,7 @@ class CoroutineRunner:
         end = event if isinstance(event, BaseTaskEndEvent) else None
         try:
             outcome = fired_outcome(
-                run.tid,
-                event.payload,
-                end,
-                run.context,
-                final=final,
-                due=None,
-                fired_at=dt.datetime.now(_UTC),
+                run.tid, event.payload, end, run.context, final, None, dt.datetime.now(_UTC)
             )
         except Exception as exc:
             self._fail(

@@ -573,14 +573,7 @@ class TriggerSupervisor:
             else:
                 due = _from_epoch(timer.deadline)
             outcome = fired_outcome(
-                tid,
-                payload,
-                timer.end,
-                timer.context,
-                final=True,
-                due=due,
-                fired_at=_from_epoch(fired),
-                canonical=canonical,
+                tid, payload, timer.end, timer.context, True, due, _from_epoch(fired), canonical
             )
         except Exception as exc:
             self._sink.failed(tid, timer.context, f"event cannot be serialized: {exc}", None)

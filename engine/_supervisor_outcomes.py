@@ -24,7 +24,6 @@ def fired_outcome(
     payload: Any,
     end: BaseTaskEndEvent | None,
     context: object,
-    *,
     final: bool,
     due: dt.datetime | None,
     fired_at: dt.datetime,
@@ -32,7 +31,8 @@ def fired_outcome(
 ) -> TriggerOutcome:
     """A ``fired`` outcome; raises if the payload or the xcoms cannot be serialized.
 
-    ``canonical``: the payload's canonical JSON, when the caller has it already.
+    ``canonical``: the payload's canonical JSON, when the caller has it already. (Called
+    once per fired timer: positional arguments keep the call cheap.)
     """
     event_id = make_event_id(tid, "fired", payload, canonical=canonical)
     xcoms = None if end is None else end.xcoms
@@ -67,9 +67,12 @@ class OutcomeSink:
         self._metrics = metrics
 
     def fired(self, outcome: TriggerOutcome) -> None:
-        """Hand over a ``fired`` outcome."""
+        """Hand over a ``fired`` outcome (once per fired timer: one call, not two)."""
         self._metrics.fired += 1
-        self._deliver(outcome)
+        try:
+            self._on_event(outcome)
+        except Exception:
+            self._callback_failed(outcome)
 
     def failed(
         self, tid: str, context: object, message: str, tb: str | None, *, verb: str = "failed"
@@ -125,9 +128,13 @@ class OutcomeSink:
         try:
             self._on_event(outcome)
         except Exception:
-            self._metrics.callback_errors += 1
-            logger.exception(
-                "on_event raised for %s outcome",
-                outcome.status,
-                extra=_log_extra(outcome.trigger_id, outcome.context),
-            )
+            self._callback_failed(outcome)
+
+    def _callback_failed(self, outcome: TriggerOutcome) -> None:
+        """Count and log what ``on_event`` raised (called from its ``except`` block)."""
+        self._metrics.callback_errors += 1
+        logger.exception(
+            "on_event raised for %s outcome",
+            outcome.status,
+            extra=_log_extra(outcome.trigger_id, outcome.context),
+        )
