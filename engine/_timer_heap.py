@@ -28,10 +28,6 @@ class DeadlineHeap:
         self._buckets: dict[int, str | list[str]] = {}
         self._stale = 0
 
-    def __len__(self) -> int:
-        """How many distinct milliseconds are queued."""
-        return len(self._heap)
-
     def push(self, deadline: float, tid: str) -> None:
         """Add ``tid`` to the bucket of the millisecond its deadline falls in."""
         key = math.ceil(deadline * 1000.0)

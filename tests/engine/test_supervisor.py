@@ -358,7 +358,9 @@ async def test_trigger_that_fires_before_its_timeout_does_not_time_out(
     sup.add("quick", trigger, timeout_at=_utcnow_plus(0.1))
     trigger.gate.set()
     await wait_until(lambda: "quick" not in sup)
-    await wait_until(lambda: not sup._deadlines)  # the stale timeout entry came due and was dropped
+    await wait_until(
+        lambda: sup._deadlines.first() is None
+    )  # the stale timeout entry came due and was dropped
     assert [o.status for o in sink.of("quick")] == ["fired"]
 
 

@@ -108,7 +108,9 @@ class DeadlineHeapMachine(RuleBasedStateMachine):
 
     @invariant()
     def nothing_due_is_left_behind_unseen(self) -> None:
-        assert len(self.heap) or not self.live, "a live entry is missing from the heap"
+        assert self.heap.first() is not None or not self.live, (
+            "a live entry is missing from the heap"
+        )
 
     def teardown(self) -> None:
         self.now_ms = 10**9

@@ -132,7 +132,7 @@ async def test_timeout_before_the_moment_times_out(sup: TriggerSupervisor, sink:
 async def test_timeout_after_the_moment_does_not_matter(sup: TriggerSupervisor, sink: Sink) -> None:
     sup.add("t", DateTimeTrigger(_in(0.01)), timeout_at=_in(0.02))
     await wait_until(lambda: "t" not in sup)
-    await wait_until(lambda: not sup._deadlines)
+    await wait_until(lambda: sup._deadlines.first() is None)
     assert [o.status for o in sink.outcomes] == ["fired"]
 
 
@@ -144,7 +144,7 @@ async def test_cancelled_timer_never_fires_and_frees_capacity(
     assert sup.running == 0
     assert sup.waiting_timers == 0
     assert sup.metrics.cancelled == 1
-    await wait_until(lambda: not sup._deadlines)
+    await wait_until(lambda: sup._deadlines.first() is None)
     assert sink.outcomes == []
     # The same id may be added again (e.g. after a rebalance) and then fires once.
     sup.add("t", DateTimeTrigger(_in(0.0)))
