@@ -4,56 +4,227 @@ cleanup are bounded by ``cleanup_timeout``."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Iterable
-from typing import Any
+import traceback
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from typing import Any, Final
 
+from ._errors import SupervisorError
+from ._metrics import SupervisorMetrics
+from ._supervisor_outcomes import OutcomeSink, fired_outcome
 from ._supervisor_state import (
     _CLEANUP_PREFIX,
-    _CLOSE_EXPIRED,
-    _CLOSING,
-    _DONE,
-    _EXHAUSTED,
-    _FINISHING,
-    _RUNNING,
-    _STOPPING,
     _TASK_PREFIX,
-    _anext,
+    _UTC,
     _classpath,
+    _describe_error,
     _log_extra,
-    _Run,
-    _SupervisorCore,
+    _Request,
 )
-from ._trigger import BaseTrigger, TriggerEvent
+from ._trigger import BaseTaskEndEvent, BaseTrigger, TriggerEvent
 
 logger = logging.getLogger(__name__)
 
 
-class _CoroutineRuns(_SupervisorCore):
-    """Coroutine triggers of a :class:`TriggerSupervisor` (a part of it, not used alone)."""
+class RunState(enum.Enum):
+    """Lifecycle of a coroutine trigger: RUNNING, then STOPPING or FINISHING, then DONE."""
+
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs in Python
+
+    RUNNING = "running"
+    """``run()`` is being iterated."""
+    STOPPING = "stopping"
+    """Cancelled or timed out: the stopper owns cleanup and release."""
+    FINISHING = "finishing"
+    """``run()`` ended on its own: its task owns cleanup and release."""
+    DONE = "done"
+    """Released: its slot is free."""
+
+
+_RUNNING: Final = RunState.RUNNING
+_STOPPING: Final = RunState.STOPPING
+_FINISHING: Final = RunState.FINISHING
+_DONE: Final = RunState.DONE
+_MOVES: Final[dict[RunState, frozenset[RunState]]] = {
+    _RUNNING: frozenset({_STOPPING, _FINISHING}),
+    _STOPPING: frozenset({_DONE}),
+    _FINISHING: frozenset({_DONE}),
+    _DONE: frozenset(),
+}
+
+
+class CloseBound(enum.Enum):
+    """Closing ``run()`` after its last event (its ``finally`` blocks), bounded through the
+    timer heap: the run's deadline is then the close bound."""
+
+    NONE = "none"
+    ARMED = "armed"
+    """Closing; the bound is on the heap."""
+    EXPIRED = "expired"
+    """The bound came due: the closing task is being cancelled."""
+
+
+class _Exhausted:
+    """Marker: the async generator has no more events."""
+
+
+_EXHAUSTED: Final = _Exhausted()
+
+
+async def _anext(agen: AsyncIterator[Any]) -> Any:
+    try:
+        return await agen.__anext__()
+    except StopAsyncIteration:
+        return _EXHAUSTED
+
+
+class _Run(_Request):
+    """A coroutine trigger and the task that iterates its ``run()``.
+
+    Its ``deadline`` is its timeout while RUNNING, its close bound while closing, else None.
+    """
+
+    __slots__ = ("cleaned", "close", "events", "state", "stopper", "task")
+
+    def __init__(
+        self,
+        tid: str,
+        trigger: BaseTrigger,
+        deadline: float | None,
+        context: object,
+        max_events: int | None,
+    ) -> None:
+        super().__init__(tid, trigger, deadline, context, max_events)
+        self.events = 0
+        self.state = _RUNNING
+        self.cleaned = False
+        self.close = CloseBound.NONE
+        self.task: asyncio.Task[None] | None = None
+        self.stopper: asyncio.Task[None] | None = None
+
+
+class CoroutineRunner:
+    """Owns the lifecycle of every coroutine trigger: start, events, stop, close, cleanup
+    and release, each bounded by ``cleanup_timeout``.
+
+    Its host keeps the deadlines and the slots: ``arm`` puts a deadline on the timer heap
+    (and calls :meth:`deadline_due` when it comes due), ``forget`` reports one made stale
+    early, ``release`` gives a finished run's slot back.
+    """
+
+    def __init__(
+        self,
+        *,
+        sink: OutcomeSink,
+        metrics: SupervisorMetrics,
+        cleanup_timeout: float,
+        arm: Callable[[float, str], None],
+        forget: Callable[[], None],
+        release: Callable[[_Run], None],
+    ) -> None:
+        self._sink = sink
+        self._metrics = metrics
+        self._cleanup_timeout = cleanup_timeout
+        self._arm = arm
+        self._forget = forget
+        self._release_slot = release
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stoppers: set[asyncio.Task[None]] = set()
+        self._abandoned: set[asyncio.Task[Any]] = set()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run on ``loop`` from now on."""
+        self._loop = loop
+
+    # -- what the supervisor calls ----------------------------------------------------------
+
+    def start(self, run: _Run) -> None:
+        """Start iterating ``run()`` in a task of its own."""
+        run.trigger.trigger_id = run.tid
+        assert self._loop is not None
+        run.task = self._loop.create_task(self._lifecycle(run), name=_TASK_PREFIX + run.tid)
+        run.task.add_done_callback(self._task_done)
+
+    def stop(self, run: _Run) -> None:
+        """Stop a RUNNING trigger in the background (cancellation or timeout)."""
+        self._move(run, _STOPPING)
+        assert self._loop is not None
+        stopper = self._loop.create_task(self._stop_runs([run]))
+        run.stopper = stopper
+        self._stoppers.add(stopper)
+        stopper.add_done_callback(self._stopper_done)
+
+    def deadline_due(self, run: _Run) -> bool:
+        """The run's deadline came due: expire its close bound, or stop it on its timeout.
+        True when it timed out (the caller emits the timeout)."""
+        if run.close is CloseBound.ARMED:
+            run.close = CloseBound.EXPIRED  # closing run() overran: cancel it
+            if run.task is not None:
+                run.task.cancel()
+            return False
+        if run.state is _RUNNING:
+            self.stop(run)
+            return True
+        return False
+
+    def stop_all(self, runs: Iterable[_Run]) -> list[asyncio.Future[Any]]:
+        """Stop every RUNNING run together; returns what to await until all are released."""
+        runs = list(runs)
+        stopping = [run for run in runs if run.state is _RUNNING]
+        for run in stopping:
+            self._move(run, _STOPPING)
+        waits: list[asyncio.Future[Any]] = [
+            run.task for run in runs if run.state is _FINISHING and run.task is not None
+        ]
+        waits.extend(self._stoppers)
+        if stopping:
+            waits.append(asyncio.ensure_future(self._stop_runs(stopping)))
+        return waits
+
+    def cancel_abandoned(self) -> None:
+        """Cancel the tasks given up on (they ignored cancellation or hung in cleanup)."""
+        for task in list(self._abandoned):
+            task.cancel()
+        if self._abandoned:
+            logger.warning(
+                "%d abandoned trigger task(s) still running at stop", len(self._abandoned)
+            )
+
+    # -- the lifecycle ------------------------------------------------------------------------
+
+    def _move(self, run: _Run, state: RunState) -> None:
+        """The one place a run's state changes; a RUNNING run's timeout goes stale with it."""
+        if state not in _MOVES[run.state]:
+            raise SupervisorError(
+                f"trigger {run.tid} cannot go from {run.state.value} to {state.value}"
+            )
+        if run.state is _RUNNING and run.deadline is not None:
+            if run.deadline > time.time():
+                self._forget()
+            run.deadline = None
+        run.state = state
 
     async def _lifecycle(self, run: _Run) -> None:
         """The task of one coroutine trigger: iterate run(), then clean up and release."""
+        cancelled: asyncio.CancelledError | None = None
         try:
             await self._pump(run)
-        except asyncio.CancelledError:
-            if run.state == _STOPPING:
+        except asyncio.CancelledError as exc:
+            if run.state is _STOPPING:
                 return  # our own cancellation: the stopper cleans up and releases
-            # Cancelled from outside (loop shutdown): clean up quietly, then propagate.
-            run.state = _FINISHING
+            cancelled = exc  # from outside (loop shutdown): clean up quietly, then propagate
+        if run.state is _RUNNING:
+            self._move(run, _FINISHING)
+        if run.state is _FINISHING:
             try:
                 await self._cleanup([run])
             finally:
                 self._release(run)
-            raise
-        if run.state == _RUNNING:
-            run.state = _FINISHING
-        if run.state == _FINISHING:
-            try:
-                await self._cleanup([run])
-            finally:
-                self._release(run)
+        if cancelled is not None:
+            raise cancelled
 
     async def _pump(self, run: _Run) -> None:
         """Iterate ``run()``, emitting events; every error becomes a failed outcome."""
@@ -83,13 +254,13 @@ class _CoroutineRuns(_SupervisorCore):
                     event, ahead = await ahead, None
                 if event is _EXHAUSTED:
                     closed = True
-                    if run.events == 0 and run.state == _RUNNING:
+                    if run.events == 0 and run.state is _RUNNING:
                         self._fail(
                             run,
                             f"{_classpath(trigger)}.run() returned without yielding an event",
                         )
                     return
-                if run.state != _RUNNING:
+                if run.state is not _RUNNING:
                     return  # stopped while it ignored cancellation: emit nothing
                 if not isinstance(event, TriggerEvent):
                     self._fail(
@@ -131,36 +302,68 @@ class _CoroutineRuns(_SupervisorCore):
             if not closed:
                 await self._close_generator(run, agen)
 
+    def _emit_event(self, run: _Run, event: TriggerEvent, *, final: bool) -> bool:
+        """Emit one event; False (and a failure instead) when it cannot be serialized."""
+        if run.state is not _RUNNING:
+            return False
+        end = event if isinstance(event, BaseTaskEndEvent) else None
+        try:
+            outcome = fired_outcome(
+                run.tid, event.payload, end, run.context, final, None, dt.datetime.now(_UTC)
+            )
+        except Exception as exc:
+            self._fail(
+                run, f"{_classpath(run.trigger)} yielded an event that cannot be serialized: {exc}"
+            )
+            return False
+        if final:
+            self._move(run, _FINISHING)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("trigger fired", extra=_log_extra(run.tid, run.context))
+        self._sink.fired(outcome)
+        return True
+
+    def _fail(self, run: _Run, error: BaseException | str) -> None:
+        if run.state is not _RUNNING:
+            return
+        self._move(run, _FINISHING)
+        if isinstance(error, BaseException):
+            message = _describe_error(error)
+            tb = "".join(traceback.format_exception(error))
+        else:
+            message, tb = error, None
+        self._sink.failed(run.tid, run.context, message, tb)
+
     async def _close_generator(self, run: _Run, agen: AsyncIterator[Any]) -> None:
         """Close ``run()`` (its ``finally`` blocks run), bounded by ``cleanup_timeout``.
 
-        The bound is an entry in the shared timer heap that cancels this task when due,
-        cheaper than an ``asyncio.timeout`` handle per trigger.
+        The bound is the run's deadline on the shared timer heap, which cancels this task
+        when due: cheaper than an ``asyncio.timeout`` handle per trigger.
         """
         aclose = getattr(agen, "aclose", None)
         if aclose is None:
             return
         try:
-            if self._entries.get(run.tid) is not run:  # a zombie: already released
+            if run.state is _DONE:  # a zombie: already released
                 async with asyncio.timeout(self._cleanup_timeout):
                     await aclose()
                 return
-            run.closing = _CLOSING
+            run.close = CloseBound.ARMED
             run.deadline = time.time() + self._cleanup_timeout
-            self._push(run.deadline, run.tid)
+            self._arm(run.deadline, run.tid)
             try:
                 await aclose()
             except asyncio.CancelledError:
-                if run.closing != _CLOSE_EXPIRED:
+                if run.close is not CloseBound.EXPIRED:
                     raise
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
                 raise TimeoutError from None
             finally:
-                if run.closing == _CLOSING:
-                    self._forget_deadline()
-                run.closing = 0
+                if run.close is CloseBound.ARMED:
+                    self._forget()
+                run.close = CloseBound.NONE
                 run.deadline = None
         except TimeoutError:
             logger.warning(
@@ -176,15 +379,6 @@ class _CoroutineRuns(_SupervisorCore):
                 exc_info=True,
                 extra=_log_extra(run.tid, run.context),
             )
-
-    def _begin_stop(self, run: _Run) -> None:
-        """Stop a running trigger in the background (cancellation or timeout)."""
-        run.state = _STOPPING
-        assert self._loop is not None
-        stopper = self._loop.create_task(self._stop_runs([run]))
-        run.stopper = stopper
-        self._stoppers.add(stopper)
-        stopper.add_done_callback(self._stopper_done)
 
     async def _stop_runs(self, runs: Collection[_Run]) -> None:
         """Cancel, await (bounded), clean up (bounded) and release stopping triggers."""
@@ -244,7 +438,7 @@ class _CoroutineRuns(_SupervisorCore):
             )
 
     def _abandon(self, task: asyncio.Task[Any], run: _Run, message: str) -> None:
-        self.metrics.abandoned += 1
+        self._metrics.abandoned += 1
         logger.warning(message, extra=_log_extra(run.tid, run.context))
         self._abandoned.add(task)
         task.add_done_callback(self._abandoned_done)
@@ -264,15 +458,10 @@ class _CoroutineRuns(_SupervisorCore):
             logger.error("trigger task failed unexpectedly", exc_info=task.exception())
 
     def _release(self, run: _Run) -> None:
-        """Give the trigger's capacity back and forget it."""
-        if run.state == _DONE:
+        """Give the trigger's slot back and forget it (once)."""
+        if run.state is _DONE:
             return
-        run.state = _DONE
-        if self._entries.get(run.tid) is run:
-            del self._entries[run.tid]
-            self._active -= 1
-            if run.deadline is not None and run.deadline > time.time():
-                self._forget_deadline()
-            self._fill()
+        self._move(run, _DONE)
+        self._release_slot(run)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("trigger finished", extra=_log_extra(run.tid, run.context))

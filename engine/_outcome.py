@@ -13,7 +13,7 @@ OutcomeStatus = Literal["fired", "failed", "timed_out"]
 class TriggerOutcome(NamedTuple):
     """One event of one trigger, as handed to the supervisor's ``on_event`` callback.
 
-    A frozen value (a named tuple: cheap to build at hundreds of thousands per second).
+    A frozen value (a named tuple: the cheapest to build on the fire path).
     ``event_id`` is deterministic (trigger id, status and canonical payload), so the same
     event from two copies of a trigger has one id. ``final`` is True when the trigger has
     finished with this outcome: its last event, a failure or a timeout.

@@ -17,42 +17,37 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import enum
 import logging
 import math
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Final
+from typing import Final
 
-from deferline.schemas import make_event_id
+from deferline.schemas import canonical_json
 
-from ._coroutine_runs import _CoroutineRuns
+from ._alarm import LoopAlarm
+from ._coroutine_runs import CoroutineRunner, RunState, _Run
 from ._errors import SupervisorError
 from ._metrics import SupervisorMetrics
 from ._outcome import TriggerOutcome
-from ._supervisor_outcomes import _Outcomes
+from ._slots import SlotBook
+from ._supervisor_outcomes import OutcomeSink, fired_outcome
 from ._supervisor_state import (
     _AT_DEADLINE,
-    _FINISHING,
-    _RUNNING,
-    _STOPPING,
-    _TASK_PREFIX,
     _UTC,
     _classpath,
     _describe_error,
-    _Entry,
     _epoch,
     _Expiry,
     _from_epoch,
     _log_extra,
-    _Pending,
-    _Run,
+    _Queued,
     _Timer,
 )
-from ._supervisor_watchdog import _WatchdogHandOff
-from ._timer_heap import _TimerHeap
+from ._supervisor_watchdog import BlockReports
+from ._timer_heap import DeadlineHeap
 from ._trigger import BaseTaskEndEvent, BaseTrigger, TimerSpec, TriggerEvent
 from ._watchdog import LoopWatchdog
 
@@ -60,22 +55,38 @@ __all__ = ["TriggerSupervisor"]
 
 logger = logging.getLogger(__name__)
 
-_CANCEL_SLICE = 2000  # cancel_many gives the loop back after this many triggers
+
+class SupervisorState(enum.Enum):
+    """Lifecycle of a supervisor: NEW → RUNNING → STOPPING → STOPPED (or NEW → STOPPED)."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+_NEW: Final = SupervisorState.NEW
+_RUNNING: Final = SupervisorState.RUNNING
+_STOPPING: Final = SupervisorState.STOPPING
+_STOPPED: Final = SupervisorState.STOPPED
+
+_CANCEL_SLICE: Final = 2000  # cancel_many gives the loop back after this many triggers
+_FIRE_SLICE: Final = 0.01  # give the loop back after firing timers for this long
 
 # Below 2**32 s (the year 2106) the epoch float of a datetime is within half a microsecond of
 # it, so the datetime rebuilt from the float is the datetime itself; past that, compare.
 _EPOCH_EXACT: Final = 2.0**32
 
 
-class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff):
+class TriggerSupervisor:
     """Runs triggers under a capacity, with timeouts, cleanup, metrics and a loop watchdog.
 
     Args:
         capacity: How many triggers run at once; timers count like coroutine triggers
             (as in Airflow's ``--capacity``). Triggers over capacity wait, in the order they
-            were added, and are reported as ``pending``. A waiting timer costs a few hundred
-            bytes, so a large capacity (hundreds of thousands) is reasonable for timer-heavy
-            loads; coroutine triggers cost a few kilobytes each.
+            were added, and are reported as ``pending``. A waiting timer is one small entry
+            in the timer heap, far lighter than a coroutine trigger (docs/benchmarks.md,
+            ``bench_engine_memory``), so a large capacity suits timer-heavy loads.
         on_event: Called synchronously, once per outcome, on the loop thread. Must not
             block; exceptions it raises are logged and counted, never propagated.
         cleanup_timeout: Seconds granted to ``cleanup()`` and, separately, to a cancelled
@@ -101,53 +112,51 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
             raise ValueError("cleanup_timeout must be > 0")
         if block_threshold is not None and not block_threshold > 0:
             raise ValueError("block_threshold must be > 0 or None")
-        self._capacity = capacity
-        self._on_event = on_event
         self._cleanup_timeout = float(cleanup_timeout)
         self._block_threshold = block_threshold
-        self._entries: dict[str, _Entry] = {}
-        # The shared timer structure: a heap of millisecond keys, each naming a bucket of
-        # trigger ids (a bare id while alone). Entries are validated lazily when due.
-        self._heap: list[int] = []
-        self._buckets: dict[int, str | list[str]] = {}
-        self._stale = 0
-        self._pending: deque[_Pending] = deque()
-        self._pending_count = 0
-        self._active = 0
-        self._timers = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.TimerHandle | None = None
-        self._wake_at = math.inf
-        self._resched = False
-        self._last_due: tuple[float, dt.datetime, bytes] | None = None
+        self._state = _NEW
+        self._held = False
         self._firing = False
         self._filling = False
-        self._held = False
-        self._state = "new"
-        self._stoppers: set[asyncio.Task[None]] = set()
-        self._abandoned: set[asyncio.Task[Any]] = set()
+        self._last_due: tuple[float, dt.datetime, bytes] | None = None
         self._timer_capable: dict[type, bool] = {}
-        self._metrics_lock = threading.Lock()
+        self._timer_refused: set[type] = set()  # classes whose as_timer() failed once
         self._watchdog: LoopWatchdog | None = None
         self._stopped = asyncio.Event()
         self.metrics = SupervisorMetrics(self)
+        self._slots = SlotBook(capacity)
+        self._deadlines = DeadlineHeap()
+        self._alarm = LoopAlarm(self._on_wake, self._next_due)
+        self._sink = OutcomeSink(on_event, self.metrics)
+        self._runner = CoroutineRunner(
+            sink=self._sink,
+            metrics=self.metrics,
+            cleanup_timeout=self._cleanup_timeout,
+            arm=self._push,
+            forget=self._forget_deadline,
+            release=self._release,
+        )
+        self._reports = BlockReports(
+            self.metrics, trigger_of=self._trigger_of, firing=lambda: self._firing
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start on the running loop (and the watchdog thread)."""
-        if self._state != "new":
-            raise SupervisorError(f"supervisor cannot start: it is {self._state}")
-        self._loop = asyncio.get_running_loop()
-        self._state = "running"
+        if self._state is not _NEW:
+            raise SupervisorError(f"supervisor cannot start: it is {self._state.value}")
+        loop = asyncio.get_running_loop()
+        self._state = _RUNNING
+        self._runner.bind(loop)
         if self._block_threshold is not None:
             self._watchdog = LoopWatchdog(
                 threshold=self._block_threshold,
-                describe=self._describe_task,
-                on_blocked=self._on_blocked,
+                describe=self._reports.describe_task,
+                on_blocked=self._reports.on_blocked,
             )
             self._watchdog.start()
-        self._reschedule()
+        self._alarm.bind(loop)
 
     async def stop(self) -> None:
         """Stop every trigger without emitting anything; idempotent and bounded.
@@ -156,52 +165,26 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
         waiting timers and pending triggers are dropped. What was running will run again
         wherever the triggers are re-assigned.
         """
-        if self._state in ("stopping", "stopped"):
+        if self._state is _STOPPING or self._state is _STOPPED:
             await self._stopped.wait()
             return
-        if self._state == "new":
-            self._state = "stopped"
+        if self._state is _NEW:
+            self._state = _STOPPED
             self._stopped.set()
             return
-        self._state = "stopping"
+        self._state = _STOPPING
         try:
-            if self._wake is not None:
-                self._wake.cancel()
-                self._wake = None
-            runs: list[_Run] = []
-            for entry in self._entries.values():
-                if type(entry) is _Run:
-                    runs.append(entry)
-            for tid in [tid for tid, e in self._entries.items() if type(e) is not _Run]:
-                del self._entries[tid]
-            self._heap.clear()
-            self._buckets.clear()
-            self._stale = 0
-            self._pending.clear()
-            self._pending_count = 0
-            self._timers = 0
-            self._active = len(runs)
-            stopping = [e for e in runs if e.state == _RUNNING]
-            for e in stopping:
-                e.state = _STOPPING
-            waits: list[asyncio.Future[Any]] = [
-                e.task for e in runs if e.state == _FINISHING and e.task is not None
-            ]
-            waits.extend(self._stoppers)
-            if stopping:
-                waits.append(asyncio.ensure_future(self._stop_runs(stopping)))
+            self._alarm.cancel()
+            runs = self._slots.keep_runs()
+            self._deadlines.clear()
+            waits = self._runner.stop_all(runs)
             if waits:
                 await asyncio.wait(waits, timeout=3 * self._cleanup_timeout)
-            for task in list(self._abandoned):
-                task.cancel()
-            if self._abandoned:
-                logger.warning(
-                    "%d abandoned trigger task(s) still running at stop", len(self._abandoned)
-                )
+            self._runner.cancel_abandoned()
         finally:
             if self._watchdog is not None:
                 await self._watchdog.stop()
-            self._state = "stopped"
+            self._state = _STOPPED
             self._stopped.set()
 
     async def __aenter__(self) -> TriggerSupervisor:
@@ -242,9 +225,11 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
                 trigger run until ``run()`` returns; each event gets its own id, and the
                 last is marked ``final`` when ``run()`` returns right after yielding it.
         """
-        if self._state != "running":
-            raise SupervisorError(f"cannot add trigger {trigger_id}: supervisor is {self._state}")
-        if trigger_id in self._entries:
+        if self._state is not _RUNNING:
+            raise SupervisorError(
+                f"cannot add trigger {trigger_id}: supervisor is {self._state.value}"
+            )
+        if trigger_id in self._slots.entries:
             return False
         if not isinstance(trigger_id, str) or not trigger_id:
             raise TypeError("trigger_id must be a non-empty string")
@@ -253,43 +238,30 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
         if max_events is not None and (not isinstance(max_events, int) or max_events < 1):
             raise ValueError("max_events must be a positive integer or None")
         deadline = None if timeout_at is None else _epoch(timeout_at, "timeout_at")
-        if self._active < self._capacity and not self._pending_count:
+        if self._slots.admits():
             self._admit(trigger_id, trigger, deadline, context, max_events, queued=False)
         else:
-            pending = _Pending(trigger_id, trigger, deadline, context, max_events)
-            self._entries[trigger_id] = pending
-            self._pending.append(pending)
-            self._pending_count += 1
+            self._slots.queue(_Queued(trigger_id, trigger, deadline, context, max_events))
             if deadline is not None:
                 self._push(deadline, trigger_id)
         return True
 
     async def cancel(self, trigger_id: str) -> bool:
         """Stop a trigger, await its cleanup (bounded) and emit nothing; False if unknown."""
-        entry = self._entries.get(trigger_id)
+        entry = self._slots.entries.get(trigger_id)
         if entry is None:
             return False
-        kind = type(entry)
-        if kind is _Timer or kind is _Expiry:
-            del self._entries[trigger_id]
-            self._active -= 1
-            self._timers -= 1
-            self.metrics.cancelled += 1
-            self._forget_deadline()
-            self._fill()
-            return True
-        if kind is _Pending:
-            del self._entries[trigger_id]
-            self._pending_count -= 1
+        if type(entry) is not _Run:
+            self._slots.remove(trigger_id)
             self.metrics.cancelled += 1
             if entry.deadline is not None:
                 self._forget_deadline()
+            self._fill()
             return True
-        assert isinstance(entry, _Run)
-        if entry.state == _RUNNING:
+        if entry.state is RunState.RUNNING:
             self.metrics.cancelled += 1
             logger.debug("trigger cancelled", extra=_log_extra(trigger_id, entry.context))
-            self._begin_stop(entry)
+            self._runner.stop(entry)
         waiter = entry.stopper if entry.stopper is not None else entry.task
         if waiter is not None and not waiter.done():
             # asyncio.wait never cancels what it waits for: the stop completes even if our
@@ -301,12 +273,12 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
         """Cancel many triggers like :meth:`cancel`; returns how many were present.
 
         Waiting timers and pending triggers are dropped on the spot (cancelling one never
-        suspends), so only coroutine triggers are stopped as tasks, together. Cancelling the
-        tens of thousands of timers of a released partition through one task each cost
-        more than a second on the way out of a rebalance or a shutdown. The loop is given
+        suspends), so only coroutine triggers are stopped as tasks, together: the tens of
+        thousands of timers of a released partition are not cancelled through one task each
+        on the way out of a rebalance or a shutdown (docs/benchmarks.md). The loop is given
         back every few thousand triggers.
         """
-        entries = self._entries
+        entries = self._slots.entries
         runs: list[str] = []
         waiting: list[str] = []
         count = 0
@@ -315,7 +287,7 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
             if entry is None:
                 continue
             kind = type(entry)
-            if kind is _Pending:  # first: a freed slot must not admit one of these
+            if kind is _Queued:  # first: a freed slot must not admit one of these
                 await self.cancel(tid)  # returns without suspending
                 count += 1
             elif kind is _Run:
@@ -341,40 +313,28 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
         failure then flows like any other, with the same deterministic event id.
         """
         message = error if isinstance(error, str) else _describe_error(error)
-        self.metrics.failed += 1
-        logger.warning("trigger rejected: %s", message, extra=_log_extra(trigger_id, context))
-        self._deliver(
-            TriggerOutcome(
-                trigger_id,
-                "failed",
-                None,
-                make_event_id(trigger_id, "failed", None),
-                error=message,
-                fired_at=dt.datetime.now(_UTC),
-                context=context,
-            )
-        )
+        self._sink.failed(trigger_id, context, message, None, verb="rejected")
 
     def __contains__(self, trigger_id: object) -> bool:
-        return trigger_id in self._entries
+        return trigger_id in self._slots.entries
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._slots)
 
     @property
     def running(self) -> int:
         """Triggers holding capacity (running coroutines, waiting timers, stopping ones)."""
-        return self._active
+        return self._slots.active
 
     @property
     def waiting_timers(self) -> int:
         """Triggers held in the shared timer heap."""
-        return self._timers
+        return self._slots.timers
 
     @property
     def pending(self) -> int:
         """Triggers waiting for capacity."""
-        return self._pending_count
+        return self._slots.queued
 
     @property
     def timers_held(self) -> bool:
@@ -392,19 +352,18 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
         if held == self._held:
             return
         self._held = held
-        if not held and not self._resched and self._loop is not None:
-            self._resched = True
-            self._loop.call_soon(self._reschedule)
+        if not held:
+            self._alarm.soon()
 
     @property
     def capacity(self) -> int:
         """The configured capacity."""
-        return self._capacity
+        return self._slots.capacity
 
     @property
     def capacity_left(self) -> int:
         """Free capacity."""
-        return max(0, self._capacity - self._active)
+        return max(0, self._slots.capacity - self._slots.active)
 
     # -- admission ---------------------------------------------------------------------
 
@@ -419,13 +378,12 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
         queued: bool,
     ) -> None:
         """Place an admitted trigger; ``queued`` means its timeout is already on the heap."""
-        self._active += 1
+        slots = self._slots
         spec = self._timer_spec(trigger)
         if spec is not None:
             fire_at = spec.moment.timestamp()
-            self._timers += 1
             if deadline is not None and deadline < fire_at:
-                self._entries[tid] = _Expiry(deadline, context)
+                slots.place_timer(tid, _Expiry(deadline, context))
                 if not queued:
                     self._push(deadline, tid)
             else:
@@ -438,23 +396,19 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
                     and (0 <= fire_at < _EPOCH_EXACT or _from_epoch(fire_at) == payload)
                 ):
                     payload = _AT_DEADLINE  # rebuilt when fired: saves a datetime per timer
-                self._entries[tid] = _Timer(fire_at, payload, end, context)
+                slots.place_timer(tid, _Timer(fire_at, payload, end, context))
                 self._push(fire_at, tid)
             return
         if deadline is not None and deadline <= time.time():
-            self._timers += 1
-            self._entries[tid] = _Expiry(deadline, context)
+            slots.place_timer(tid, _Expiry(deadline, context))
             if not queued:
                 self._push(deadline, tid)
             return
         run = _Run(tid, trigger, deadline, context, max_events)
-        self._entries[tid] = run
+        slots.place_run(run)
         if deadline is not None and not queued:
             self._push(deadline, tid)
-        trigger.trigger_id = tid
-        assert self._loop is not None
-        run.task = self._loop.create_task(self._lifecycle(run), name=_TASK_PREFIX + tid)
-        run.task.add_done_callback(self._task_done)
+        self._runner.start(run)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("trigger started: %s", _classpath(trigger), extra=_log_extra(tid, context))
 
@@ -473,8 +427,10 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
             return None
         try:
             spec = trigger.as_timer()
-        except Exception:
-            logger.debug("as_timer() raised; running %s as a coroutine", cls, exc_info=True)
+        except Exception as exc:
+            self._not_a_timer(trigger, f"raised {_describe_error(exc)}")
+            return None
+        if spec is None:
             return None
         if (
             not isinstance(spec, TimerSpec)
@@ -482,22 +438,144 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
             or spec.moment.utcoffset() is None
             or not isinstance(spec.event, TriggerEvent)
         ):
+            self._not_a_timer(
+                trigger, "returned no TimerSpec of an aware datetime and a TriggerEvent"
+            )
             return None
         return spec
 
+    def _not_a_timer(self, trigger: BaseTrigger, what: str) -> None:
+        """Report an ``as_timer()`` that failed: a warning the first time for its class."""
+        cls = type(trigger)
+        level = logging.DEBUG if cls in self._timer_refused else logging.WARNING
+        self._timer_refused.add(cls)
+        logger.log(
+            level, "as_timer() of %s %s; running it as a coroutine", _classpath(trigger), what
+        )
+
     def _fill(self) -> None:
-        """Admit pending triggers, oldest first, while there is capacity."""
-        if self._filling or self._state != "running":
+        """Admit queued triggers, oldest first, while there is capacity."""
+        if self._filling or not self._slots.queued or self._state is not _RUNNING:
             return
         self._filling = True
         try:
-            pending = self._pending
-            entries = self._entries
-            while pending and self._active < self._capacity:
-                p = pending.popleft()
-                if entries.get(p.tid) is not p:
-                    continue  # cancelled or timed out while pending
-                self._pending_count -= 1
-                self._admit(p.tid, p.trigger, p.deadline, p.context, p.max_events, queued=True)
+            while (entry := self._slots.next_queued()) is not None:
+                self._admit(
+                    entry.tid,
+                    entry.trigger,
+                    entry.deadline,
+                    entry.context,
+                    entry.max_events,
+                    queued=True,
+                )
         finally:
             self._filling = False
+
+    def _release(self, run: _Run) -> None:
+        """A finished run gave its slot back: admit what waits for one."""
+        if self._slots.release(run):
+            self._fill()
+
+    def _trigger_of(self, tid: str) -> object:
+        """The trigger object of ``tid`` if it has one (read from the watchdog thread)."""
+        return getattr(self._slots.entries.get(tid), "trigger", None)
+
+    # -- deadlines -----------------------------------------------------------------------
+
+    def _push(self, deadline: float, tid: str) -> None:
+        """Queue ``tid`` on the timer heap for ``deadline``."""
+        self._deadlines.push(deadline, tid)
+        self._alarm.earlier(deadline)
+
+    def _next_due(self) -> float | None:
+        """What the alarm waits for: the earliest deadline, unless stopped or held."""
+        if self._state is not _RUNNING or self._held:
+            return None
+        return self._deadlines.first()
+
+    def _forget_deadline(self) -> None:
+        """Count a heap entry made stale early; rebuild the heap when most entries are."""
+        if (
+            self._deadlines.forget(len(self._slots.entries))
+            and not self._firing
+            and self._state is _RUNNING
+        ):
+            self._deadlines.rebuild(
+                [
+                    (tid, deadline)
+                    for tid, entry in self._slots.entries.items()
+                    if (deadline := entry.deadline) is not None
+                ]
+            )
+            self._alarm.rearm()
+
+    def _on_wake(self) -> None:
+        """Fire what is due, bucket by bucket, in slices so the loop stays responsive."""
+        deadlines = self._deadlines
+        now_ms = time.time() * 1000.0
+        stop_at = time.perf_counter() + _FIRE_SLICE
+        handled = 0
+        self._firing = True
+        try:
+            while (due := deadlines.pop_due(now_ms)) is not None:
+                key, tids = due
+                for index, tid in enumerate(tids):
+                    self._due(key, tid)
+                    handled += 1
+                    if self._held or (not handled & 63 and time.perf_counter() > stop_at):
+                        rest = list(tids[index + 1 :])
+                        if rest:
+                            deadlines.requeue(key, rest)
+                        return
+        finally:
+            self._firing = False
+            self._fill()
+            self._alarm.rearm()
+
+    def _due(self, key: int, tid: str) -> None:
+        """A heap entry came due: fire the timer or time the trigger out, unless stale."""
+        entry = self._slots.entries.get(tid)
+        if entry is None:
+            return  # cancelled or finished
+        deadline = entry.deadline
+        if deadline is None or math.ceil(deadline * 1000.0) != key:
+            return  # stale: re-added with another deadline, or now a timer due later
+        kind = type(entry)
+        if kind is _Run:
+            if self._runner.deadline_due(entry):  # type: ignore[arg-type]
+                self._sink.timed_out(tid, deadline, entry.context)
+            return
+        self._slots.remove(tid)
+        if kind is _Timer:
+            self._fire_timer(tid, entry)  # type: ignore[arg-type]
+        else:
+            self._sink.timed_out(tid, deadline, entry.context)
+
+    def _due_at(self, deadline: float) -> tuple[dt.datetime, bytes]:
+        """The due time of ``deadline`` and its canonical JSON (the payload of a timer that
+        fires with its moment), shared by the timers of a burst: computed once per distinct
+        deadline, not once per timer."""
+        last = self._last_due
+        if last is None or last[0] != deadline:
+            due = _from_epoch(deadline)
+            last = self._last_due = (deadline, due, canonical_json(due))
+        return last[1], last[2]
+
+    def _fire_timer(self, tid: str, timer: _Timer) -> None:
+        fired = time.time()
+        self.metrics.fire_lag.observe(fired - timer.deadline)
+        payload = timer.payload
+        canonical = None
+        try:
+            if payload is _AT_DEADLINE:
+                due, canonical = self._due_at(timer.deadline)
+                payload = due
+            else:
+                due = _from_epoch(timer.deadline)
+            outcome = fired_outcome(
+                tid, payload, timer.end, timer.context, True, due, _from_epoch(fired), canonical
+            )
+        except Exception as exc:
+            self._sink.failed(tid, timer.context, f"event cannot be serialized: {exc}", None)
+            return
+        self._sink.fired(outcome)

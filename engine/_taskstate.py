@@ -31,10 +31,9 @@ first and decide once, instead of re-deciding what the topics already record.
 from __future__ import annotations
 
 import datetime as dt
-import heapq
 import logging
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 from deferline.schemas import (
@@ -42,14 +41,14 @@ from deferline.schemas import (
     ResumeTarget,
     TaskStateRecord,
     TriggerEventRecord,
+    decode,
 )
 
-from ._task_pools import Pools, _holds, _PoolAdmission
-from ._taskstate_checkpoint import _TableCheckpoint
+from ._task_pools import PoolBook, Pools, _holds, start_records
+from ._taskstate_checkpoint import FORMAT, TableDelta, read_rows
 from ._taskstate_values import (
     _EPOCH,
     _FINISHED,
-    FAIL_METHOD,
     Emit,
     TableCounters,
     Verdict,
@@ -58,6 +57,7 @@ from ._taskstate_values import (
     _Slim,
     _View,
     progress,
+    resumed_state,
 )
 
 __all__ = ["TaskTable"]
@@ -65,22 +65,20 @@ __all__ = ["TaskTable"]
 logger = logging.getLogger(__name__)
 
 
-class TaskTable(_PoolAdmission, _TableCheckpoint):
+class TaskTable:
     """State of every task instance, folded from the tasks and resume topics. No I/O.
 
     Feed records with :meth:`apply`; collect what to publish with :meth:`drain`.
     """
 
     def __init__(self, *, pools: Pools | None = None) -> None:
-        self.pools = pools if pools is not None else Pools()
+        self._pools = PoolBook(pools if pools is not None else Pools())
         self.counters = TableCounters()
         self._views: dict[str, _View] = {}
         self._pending: dict[str, list[_Pending]] = {}
         self._pending_count = 0
         self._generation = 0
         self._outbox: list[Emit] = []
-        self._used: dict[str, int] = {}
-        self._ready: dict[str, list[tuple[int, dt.datetime, str, int]]] = {}
         self._retry: set[str] = set()
         self._cancel: dict[str, tuple[Emit, TaskStateRecord]] = {}  # cancel, the removal
         self._repair: set[str] = set()
@@ -127,10 +125,14 @@ class TaskTable(_PoolAdmission, _TableCheckpoint):
             and view.record.timeout_at < now
         )
 
+    @property
+    def pools(self) -> Pools:
+        """The pools' slot counts this table admits by."""
+        return self._pools.pools
+
     def pool_usage(self) -> dict[str, tuple[int, int | None]]:
         """Slots in use and pool size, per pool that has been used or configured."""
-        names = set(self.pools.slots) | set(self._used)
-        return {name: (self._used.get(name, 0), self.pools.size(name)) for name in sorted(names)}
+        return self._pools.usage()
 
     @property
     def pending_events(self) -> int:
@@ -176,7 +178,7 @@ class TaskTable(_PoolAdmission, _TableCheckpoint):
         """Drop a task instance (its key was tombstoned on the tasks topic); frees its slot."""
         view = self._views.pop(ti_key, None)
         if view is not None and view.holds is not None:
-            self._used[view.holds[0]] -= view.holds[1]
+            self._pools.hold(view.holds, None)
         if view is not None and self._changed is not None:
             self._changed.add(ti_key)
         self._retry.discard(ti_key)
@@ -261,10 +263,82 @@ class TaskTable(_PoolAdmission, _TableCheckpoint):
                 view.needs_repair = False
                 self.counters.repairs += 1
         self._repair.clear()
-        for pool in sorted(self._ready):
-            self._admit(pool)
+        for pool in self._pools.waiting():
+            for key, view in self._pools.admissible(pool, self._views):
+                assert view.target is not None  # admissible tasks have one
+                state, run = start_records(view.record, view.target, self._clock)
+                self._own(key, view, state)
+                self._outbox.append(Emit(run))
+                self.counters.starts += 1
         out, self._outbox = self._outbox, []
         return out
+
+    # -- checkpoints (see _taskstate_checkpoint) -------------------------------------------
+
+    @property
+    def unpublished(self) -> bool:
+        """True while the table holds decisions that :meth:`drain` has not handed out."""
+        return bool(self._outbox)
+
+    def track_changes(self) -> None:
+        """Note from now on which keys change; every key known so far counts as changed."""
+        self._changed = set(self._views)
+
+    def mark_changed(self, keys: Iterable[str]) -> None:
+        """Count ``keys`` as changed again (an export of them was not stored)."""
+        if self._changed is not None:
+            self._changed.update(keys)
+
+    def export_changes(self) -> TableDelta:
+        """The views changed or forgotten since the last export, and the table-wide state.
+
+        Call at a point where the table is the fold of the positions being saved (plus own
+        writes the broker acknowledged), with nothing decided and not yet published.
+        """
+        changed, self._changed = self._changed or set(), set()
+        views = self._views
+        upserts = []
+        deletes = []
+        for key in changed:
+            view = views.get(key)
+            if view is None:
+                deletes.append(key)
+            else:
+                upserts.append((key, view.record, view.at, view.target))
+        repair = sorted(key for key in self._repair if views[key].needs_repair)
+        cancels = [
+            (key, cancel.record, cancel.queue, removal)
+            for key, (cancel, removal) in sorted(self._cancel.items())
+            if isinstance(cancel.record, CancelRequest)
+        ]
+        return TableDelta(upserts, deletes, repair, cancels, self._clock)
+
+    def restore_rows(self, rows: Iterable[tuple[bytes, bytes]], state: Mapping[str, Any]) -> int:
+        """Fill an empty table from exported rows and state; returns how many tasks.
+
+        Raises ValueError on rows of another format or that do not decode.
+        """
+        if self._views:
+            raise ValueError("restore into an empty table only")
+        if state.get("format") != FORMAT:
+            raise ValueError(f"checkpoint format {state.get('format')!r}, expected {FORMAT}")
+        restored = read_rows(rows, self._shared)
+        views = self._views = restored.views
+        self._pools.restore(restored.used, restored.ready)
+        self._finished = deque(restored.finished)
+        self._retry = restored.retry
+        self._clock = dt.datetime.fromisoformat(state["clock"])
+        for key in state.get("repair", ()):
+            if key in views:
+                views[key].needs_repair = True
+                self._repair.add(key)
+        for key, cancel, queue, removal in state.get("cancels", ()):
+            request, record = decode(cancel.encode()), decode(removal.encode())
+            if isinstance(request, CancelRequest) and isinstance(record, TaskStateRecord):
+                self._cancel[key] = (Emit(request, queue=queue), record)
+        if self._changed is not None:
+            self._changed = set()
+        return len(views)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -354,19 +428,11 @@ class TaskTable(_PoolAdmission, _TableCheckpoint):
             self._finished.append((record.updated_at, key))
         holds = _holds(record, view.target)
         if holds != view.holds:
-            if view.holds is not None:
-                self._used[view.holds[0]] -= view.holds[1]
-            if holds is not None:
-                self._used[holds[0]] = self._used.get(holds[0], 0) + holds[1]
+            self._pools.hold(view.holds, holds)
             view.holds = holds
         if record.state == "scheduled" and record.next_method is None and view.target is not None:
-            entry = (
-                -view.target.priority_weight,
-                record.updated_at,
-                key,
-                record.try_number,
-            )
-            heapq.heappush(self._ready.setdefault(view.target.pool, []), entry)
+            entry = (-view.target.priority_weight, record.updated_at, key, record.try_number)
+            self._pools.wait(view.target.pool, entry)
         elif record.state == "up_for_retry":
             self._retry.add(key)
         elif (
@@ -451,21 +517,6 @@ class TaskTable(_PoolAdmission, _TableCheckpoint):
         return "duplicate"
 
     def _resume(self, key: str, view: _View, event: TriggerEventRecord) -> None:
-        deferred = view.record
-        target = view.target
-        task = event.task  # equal to the deferred record's: the event matched its try
-        base: dict[str, Any] = {
-            "task": task,
-            "trigger_id": event.trigger_id,
-            "defer_seq": event.defer_seq,
-            "event": event.payload,
-            "event_id": event.event_id,
-            "updated_at": event.emitted_at,
-            "source": "scheduler",
-            "resume": target,
-            "queue": deferred.queue,
-            "timeout_at": deferred.timeout_at,
-        }
         self.counters.events_applied += 1
         view.resolve(event.trigger_id)
         if logger.isEnabledFor(logging.DEBUG):  # the extra costs more than the fold itself
@@ -479,56 +530,14 @@ class TaskTable(_PoolAdmission, _TableCheckpoint):
                     "member": event.member,
                 },
             )
-        if event.status == "cancelled":
-            state = TaskStateRecord(
-                state="removed", reason=event.error or "trigger cancelled", **base
-            )
-            self._own(key, view, state)
-            return
-        if event.status == "fired" and event.task_outcome is not None:
-            state = TaskStateRecord(
-                state=event.task_outcome,
-                reason=f"ended by trigger: {event.task_outcome}",
-                xcoms=event.xcoms,
-                **base,
-            )
-            self.counters.ended_by_trigger += 1
-            self._own(key, view, state)
-            return
-        next_method: str
-        next_kwargs: dict[str, Any] | None
-        reason: str | None = None
-        if event.status == "fired":
-            next_method = deferred.next_method or "execute_complete"
-            next_kwargs = deferred.next_kwargs
-        else:
-            reason = (
-                "Trigger/execution timeout"
-                if event.status == "timed_out"
-                else (f"Trigger failure: {event.error}" if event.error else "Trigger failure")
-            )
-            next_method = FAIL_METHOD
-            next_kwargs = {"error": reason, "traceback": event.traceback, "status": event.status}
-        if target is None:
-            # Nobody told us how to run it: publish Airflow's "scheduled with next_method"
-            # for whoever owns the task to pick up.
-            state = TaskStateRecord(
-                state="scheduled",
-                next_method=next_method,
-                next_kwargs=next_kwargs,
-                reason=reason,
-                **base,
-            )
-            self._own(key, view, state)
-            return
-        state = TaskStateRecord(
-            state="queued", next_method=next_method, next_kwargs=next_kwargs, reason=reason, **base
-        )
+        target = view.target
+        state = resumed_state(view.record, target, event)
         self._own(key, view, state)
-        if event.resumed_directly:
-            return
-        self._outbox.append(Emit(_resume_run(state, target, event)))
-        self.counters.resumes += 1
+        if event.status == "fired" and event.task_outcome is not None:
+            self.counters.ended_by_trigger += 1
+        elif state.state == "queued" and target is not None and not event.resumed_directly:
+            self._outbox.append(Emit(_resume_run(state, target, event)))
+            self.counters.resumes += 1
 
     def _resend(self, view: _View, event: TriggerEventRecord) -> bool:
         """Publish again the RunTask of a task ``queued`` on exactly ``event`` (see apply)."""

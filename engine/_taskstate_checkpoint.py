@@ -1,11 +1,11 @@
 """Checkpoints of a :class:`~deferline.engine.TaskTable`: what changed, and a fast restore.
 
 A scheduler restarted over a million tasks should not decode a million pydantic records
-(30 to 80 µs each) to rebuild its fold. The table therefore exports each task's view as a
-compact row (an orjson list of the slim record's fields, its progress and its resume target)
-and restores a whole table from rows without validating them again: the rows were made
-from validated records. Only what changed since the last export is exported: the table
-notes the keys whose view moved or that were forgotten (see :meth:`track_changes`).
+to rebuild its fold (docs/benchmarks.md has both costs). The table therefore exports each
+task's view as a compact row (an orjson list of the slim record's fields, its progress and
+its resume target) and restores a whole table from rows without validating them again: the
+rows were made from validated records. Only what changed since the last export is exported:
+the table notes the keys whose view moved or that were forgotten (see ``track_changes``).
 
 What a checkpoint holds is what a fold of the tasks topic up to the checkpoint's positions
 holds, plus the table's own writes already acknowledged by the broker (they lie past those
@@ -23,10 +23,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gc
-import heapq
 import sys
-from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,14 +34,13 @@ from deferline.schemas import (
     ResumeTarget,
     SchemaError,
     TaskStateRecord,
-    decode,
     dumps_kept,
     encode,
     from_tagged,
     to_tagged,
 )
 
-from ._taskstate_values import _FINISHED, HOLDING_STATES, Emit, Progress, _Slim, _View
+from ._taskstate_values import _FINISHED, HOLDING_STATES, Progress, _Slim, _View
 
 __all__ = ["TableDelta", "TableRows"]
 
@@ -57,7 +54,7 @@ _TAG = b'"__type"'
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Millions of objects made in a row, none in a cycle: without this the cyclic collector
-    rescans the whole (large) heap again and again, which doubled the restore time."""
+    rescans the whole (large) heap again and again (its cost is in docs/benchmarks.md)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -192,178 +189,127 @@ class TableDelta:
         )
 
 
-class _TableCheckpoint:
-    """Export and restore of a :class:`TaskTable` (a part of it, not used alone)."""
+@dataclass(slots=True)
+class RestoredViews:
+    """The views read from a checkpoint's rows, and the structures derived from them."""
 
-    _views: dict[str, _View]
-    _used: dict[str, int]
-    _ready: dict[str, list[tuple[int, dt.datetime, str, int]]]
-    _retry: set[str]
-    _cancel: dict[str, tuple[Emit, TaskStateRecord]]
-    _repair: set[str]
-    _finished: deque[tuple[dt.datetime, str]]
-    _clock: dt.datetime
-    _changed: set[str] | None
-    _outbox: list[Emit]
+    views: dict[str, _View]
+    used: dict[str, int]
+    """Slots in use per pool."""
+    ready: dict[str, list[tuple[int, dt.datetime, str, int]]]
+    """Scheduled tasks waiting for a slot, per pool (not yet in heap order)."""
+    finished: list[tuple[dt.datetime, str]]
+    """(finished at, key) of finished tasks, oldest first."""
+    retry: set[str]
+    """Tasks up for retry."""
 
-    def _shared(self, target: ResumeTarget | None) -> ResumeTarget | None:
-        raise NotImplementedError
 
-    @property
-    def unpublished(self) -> bool:
-        """True while the table holds decisions that :meth:`drain` has not handed out."""
-        return bool(self._outbox)
+def read_rows(
+    rows: Iterable[tuple[bytes, bytes]],
+    shared: Callable[[ResumeTarget], ResumeTarget | None],
+) -> RestoredViews:
+    """Rebuild the views of a table from exported rows, and what derives from them.
 
-    def track_changes(self) -> None:
-        """Note from now on which keys change; every key known so far counts as changed."""
-        self._changed = set(self._views)
+    ``shared`` gives the one object a table keeps per distinct resume target. Raises
+    ValueError on rows that do not decode.
+    """
+    with _collector_paused():
+        return _read_rows(rows, shared)
 
-    def mark_changed(self, keys: Iterable[str]) -> None:
-        """Count ``keys`` as changed again (an export of them was not stored)."""
-        if self._changed is not None:
-            self._changed.update(keys)
 
-    def export_changes(self) -> TableDelta:
-        """The views changed or forgotten since the last export, and the table-wide state.
-
-        Call at a point where the table is the fold of the positions being saved (plus own
-        writes the broker acknowledged), with nothing decided and not yet published.
-        """
-        changed, self._changed = self._changed or set(), set()
-        views = self._views
-        upserts: list[tuple[str, _Slim, Progress, ResumeTarget | None]] = []
-        deletes: list[str] = []
-        for key in changed:
-            view = views.get(key)
-            if view is None:
-                deletes.append(key)
+def _read_rows(
+    rows: Iterable[tuple[bytes, bytes]],
+    shared: Callable[[ResumeTarget], ResumeTarget | None],
+) -> RestoredViews:
+    views: dict[str, _View] = {}
+    retry: set[str] = set()
+    used: dict[str, int] = {}
+    targets: dict[tuple[Any, ...], ResumeTarget | None] = {}
+    ready: dict[str, list[tuple[int, dt.datetime, str, int]]] = {}
+    finished: list[tuple[dt.datetime, str]] = []
+    intern = sys.intern
+    fromiso = dt.datetime.fromisoformat
+    new = object.__new__
+    last_row: list[Any] | None = None
+    last_target: ResumeTarget | None = None
+    try:
+        for raw_key, raw in rows:
+            key = raw_key.decode()
+            (
+                dag_id,
+                task_id,
+                run_id,
+                map_index,
+                try_number,
+                state_name,
+                trigger_id,
+                defer_seq,
+                next_method,
+                next_kwargs,
+                event,
+                event_id,
+                reason,
+                updated_at,
+                source,
+                timeout_at,
+                queue,
+                xcoms,
+                at,
+                target_row,
+                has_resume,
+            ) = orjson.loads(raw)
+            if _TAG in raw:  # some value carries a type JSON lacks: decode the tags
+                next_kwargs, event, xcoms = (
+                    _untagged(next_kwargs),
+                    _untagged(event),
+                    _untagged(xcoms),
+                )
+            record: _Slim = new(_Slim)
+            record.dag_id = intern(dag_id)
+            record.task_id = intern(task_id)
+            record.run_id = run_id
+            record.map_index = map_index
+            record.try_number = try_number
+            record.state = state_name
+            record.trigger_id = trigger_id
+            record.defer_seq = defer_seq
+            record.next_method = None if next_method is None else intern(next_method)
+            record.next_kwargs = next_kwargs
+            record.event = event
+            record.event_id = event_id
+            record.reason = reason
+            record.updated_at = when = fromiso(updated_at)
+            record.source = source
+            record.timeout_at = _when(timeout_at)
+            record.queue = queue
+            record.xcoms = xcoms
+            target: ResumeTarget | None = None
+            if target_row is None:
+                pass
+            elif target_row == last_row:  # neighbours mostly share their target
+                target = last_target
+            elif len(target_row) == 6:
+                shape = tuple(target_row)
+                if shape not in targets:
+                    targets[shape] = shared(_target_of(target_row))
+                target = last_target = targets[shape]
+                last_row = target_row
             else:
-                upserts.append((key, view.record, view.at, view.target))
-        repair = sorted(key for key in self._repair if views[key].needs_repair)
-        cancels = [
-            (key, cancel.record, cancel.queue, removal)
-            for key, (cancel, removal) in sorted(self._cancel.items())
-            if isinstance(cancel.record, CancelRequest)
-        ]
-        return TableDelta(upserts, deletes, repair, cancels, self._clock)
-
-    def restore_rows(self, rows: Iterable[tuple[bytes, bytes]], state: Mapping[str, Any]) -> int:
-        """Fill an empty table from exported rows and state; returns how many tasks.
-
-        Raises ValueError on rows of another format or that do not decode.
-        """
-        if self._views:
-            raise ValueError("restore into an empty table only")
-        if state.get("format") != FORMAT:
-            raise ValueError(f"checkpoint format {state.get('format')!r}, expected {FORMAT}")
-        with _collector_paused():
-            return self._restore(rows, state)
-
-    def _restore(self, rows: Iterable[tuple[bytes, bytes]], state: Mapping[str, Any]) -> int:
-        views = self._views
-        used: dict[str, int] = {}
-        targets: dict[tuple[Any, ...], ResumeTarget | None] = {}
-        ready: dict[str, list[tuple[int, dt.datetime, str, int]]] = {}
-        finished: list[tuple[dt.datetime, str]] = []
-        intern = sys.intern
-        fromiso = dt.datetime.fromisoformat
-        new = object.__new__
-        last_row: list[Any] | None = None
-        last_target: ResumeTarget | None = None
-        try:
-            for raw_key, raw in rows:
-                key = raw_key.decode()
-                (
-                    dag_id,
-                    task_id,
-                    run_id,
-                    map_index,
-                    try_number,
-                    state_name,
-                    trigger_id,
-                    defer_seq,
-                    next_method,
-                    next_kwargs,
-                    event,
-                    event_id,
-                    reason,
-                    updated_at,
-                    source,
-                    timeout_at,
-                    queue,
-                    xcoms,
-                    at,
-                    target_row,
-                    has_resume,
-                ) = orjson.loads(raw)
-                if _TAG in raw:  # some value carries a type JSON lacks: decode the tags
-                    next_kwargs, event, xcoms = (
-                        _untagged(next_kwargs),
-                        _untagged(event),
-                        _untagged(xcoms),
-                    )
-                record: _Slim = new(_Slim)
-                record.dag_id = intern(dag_id)
-                record.task_id = intern(task_id)
-                record.run_id = run_id
-                record.map_index = map_index
-                record.try_number = try_number
-                record.state = state_name
-                record.trigger_id = trigger_id
-                record.defer_seq = defer_seq
-                record.next_method = None if next_method is None else intern(next_method)
-                record.next_kwargs = next_kwargs
-                record.event = event
-                record.event_id = event_id
-                record.reason = reason
-                record.updated_at = when = fromiso(updated_at)
-                record.source = source
-                record.timeout_at = _when(timeout_at)
-                record.queue = queue
-                record.xcoms = xcoms
-                target: ResumeTarget | None = None
-                if target_row is None:
-                    pass
-                elif target_row == last_row:  # neighbours mostly share their target
-                    target = last_target
-                elif len(target_row) == 6:
-                    shape = tuple(target_row)
-                    if shape not in targets:
-                        targets[shape] = self._shared(_target_of(target_row))
-                    target = last_target = targets[shape]
-                    last_row = target_row
-                else:
-                    target = _target_of(target_row)
-                record.resume = target if has_resume else None
-                view = _View(record, (at[0], at[1], at[2]), target)
-                if target is not None and state_name in HOLDING_STATES:
-                    view.holds = holds = (target.pool, target.pool_slots)
-                    used[holds[0]] = used.get(holds[0], 0) + holds[1]
-                views[key] = view
-                if state_name in _FINISHED:
-                    finished.append((when, key))
-                elif state_name == "up_for_retry":
-                    self._retry.add(key)
-                elif state_name == "scheduled" and next_method is None and target is not None:
-                    entry = (-target.priority_weight, when, key, try_number)
-                    ready.setdefault(target.pool, []).append(entry)
-        except (ValueError, TypeError, SchemaError) as exc:
-            raise ValueError(f"checkpoint row does not decode: {exc}") from exc
-        for heap in ready.values():
-            heapq.heapify(heap)
-        self._ready = ready
-        self._used = used
-        finished.sort()
-        self._finished = deque(finished)
-        self._clock = fromiso(state["clock"])
-        for key in state.get("repair", ()):
-            if key in views:
-                views[key].needs_repair = True
-                self._repair.add(key)
-        for key, cancel, queue, removal in state.get("cancels", ()):
-            request, record_ = decode(cancel.encode()), decode(removal.encode())
-            if isinstance(request, CancelRequest) and isinstance(record_, TaskStateRecord):
-                self._cancel[key] = (Emit(request, queue=queue), record_)
-        if self._changed is not None:
-            self._changed = set()
-        return len(views)
+                target = _target_of(target_row)
+            record.resume = target if has_resume else None
+            view = _View(record, (at[0], at[1], at[2]), target)
+            if target is not None and state_name in HOLDING_STATES:
+                view.holds = holds = (target.pool, target.pool_slots)
+                used[holds[0]] = used.get(holds[0], 0) + holds[1]
+            views[key] = view
+            if state_name in _FINISHED:
+                finished.append((when, key))
+            elif state_name == "up_for_retry":
+                retry.add(key)
+            elif state_name == "scheduled" and next_method is None and target is not None:
+                entry = (-target.priority_weight, when, key, try_number)
+                ready.setdefault(target.pool, []).append(entry)
+    except (ValueError, TypeError, SchemaError) as exc:
+        raise ValueError(f"checkpoint row does not decode: {exc}") from exc
+    finished.sort()
+    return RestoredViews(views, used, ready, finished, retry)

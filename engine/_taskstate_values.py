@@ -8,7 +8,7 @@ import datetime as dt
 import sys
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from deferline.schemas import (
     CancelRequest,
@@ -227,4 +227,57 @@ def _resume_run(
         priority_weight=target.priority_weight,
         retries=target.retries,
         enqueued_at=event.emitted_at,
+    )
+
+
+def resumed_state(
+    deferred: _Slim, target: ResumeTarget | None, event: TriggerEventRecord
+) -> TaskStateRecord:
+    """The state a deferred task moves to on an event of its trigger.
+
+    ``cancelled`` → ``removed``; an event with ``task_outcome`` ends the task; otherwise the
+    task resumes into ``next_method`` (``fired``) or :data:`FAIL_METHOD`: ``queued`` when
+    the table knows how to run it, Airflow's ``scheduled`` with ``next_method`` when not.
+    """
+    base: dict[str, Any] = {
+        "task": event.task,  # equal to the deferred record's: the event matched its try
+        "trigger_id": event.trigger_id,
+        "defer_seq": event.defer_seq,
+        "event": event.payload,
+        "event_id": event.event_id,
+        "updated_at": event.emitted_at,
+        "source": "scheduler",
+        "resume": target,
+        "queue": deferred.queue,
+        "timeout_at": deferred.timeout_at,
+    }
+    if event.status == "cancelled":
+        return TaskStateRecord(state="removed", reason=event.error or "trigger cancelled", **base)
+    if event.status == "fired" and event.task_outcome is not None:
+        return TaskStateRecord(
+            state=event.task_outcome,
+            reason=f"ended by trigger: {event.task_outcome}",
+            xcoms=event.xcoms,
+            **base,
+        )
+    next_method: str
+    next_kwargs: dict[str, Any] | None
+    reason: str | None = None
+    if event.status == "fired":
+        next_method = deferred.next_method or "execute_complete"
+        next_kwargs = deferred.next_kwargs
+    else:
+        reason = (
+            "Trigger/execution timeout"
+            if event.status == "timed_out"
+            else (f"Trigger failure: {event.error}" if event.error else "Trigger failure")
+        )
+        next_method = FAIL_METHOD
+        next_kwargs = {"error": reason, "traceback": event.traceback, "status": event.status}
+    return TaskStateRecord(
+        state="queued" if target is not None else "scheduled",
+        next_method=next_method,
+        next_kwargs=next_kwargs,
+        reason=reason,
+        **base,
     )

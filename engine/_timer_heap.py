@@ -1,43 +1,35 @@
-"""The supervisor's shared timer heap: waiting timers and every trigger's deadline in one heap
-of millisecond buckets, woken by a single loop timer."""
+"""The supervisor's deadline heap: trigger ids by the millisecond they fall due. Pure: it
+reads no clock and knows no loop; the supervisor asks it what is due and wakes it."""
 
 from __future__ import annotations
 
-import datetime as dt
-import logging
 import math
-import time
-from heapq import heapify, heappop, heappush
+from collections.abc import Iterable, Sequence
+from heapq import heappop, heappush
 from typing import Final
 
-from deferline.schemas import canonical_json, make_event_id, to_tagged
-
-from ._outcome import TriggerOutcome
-from ._supervisor_state import (
-    _AT_DEADLINE,
-    _CLOSE_EXPIRED,
-    _CLOSING,
-    _RUNNING,
-    _Expiry,
-    _from_epoch,
-    _Pending,
-    _Run,
-    _SupervisorCore,
-    _Timer,
-)
-
-_MAX_SLEEP: Final = 1.0  # re-read the wall clock at least this often while timers wait
-_FIRE_SLICE: Final = 0.01  # give the loop back after firing timers for this long
 _COMPACT_MIN: Final = 10_000  # rebuild the heap once this many entries went stale early
 
-logger = logging.getLogger(__name__)
 
+class DeadlineHeap:
+    """A heap of millisecond keys, each naming a bucket of trigger ids in the order they were
+    pushed (a bare id while alone).
 
-class _TimerHeap(_SupervisorCore):
-    """Timers and timeouts of a :class:`TriggerSupervisor` (a part of it, not used alone)."""
+    Nothing is removed early: the owner checks each id it pops against its own book (an id
+    that is gone, or whose deadline moved to another key, is stale) and reports each entry
+    it made stale with :meth:`forget`; once stale entries outnumber live ones, it calls
+    :meth:`rebuild` with the live ones.
+    """
 
-    def _push(self, deadline: float, tid: str) -> None:
-        """Add ``tid`` to the bucket of the millisecond its deadline falls in (rounded up)."""
+    __slots__ = ("_buckets", "_heap", "_stale")
+
+    def __init__(self) -> None:
+        self._heap: list[int] = []
+        self._buckets: dict[int, str | list[str]] = {}
+        self._stale = 0
+
+    def push(self, deadline: float, tid: str) -> None:
+        """Add ``tid`` to the bucket of the millisecond its deadline falls in."""
         key = math.ceil(deadline * 1000.0)
         buckets = self._buckets
         bucket = buckets.get(key)
@@ -48,168 +40,44 @@ class _TimerHeap(_SupervisorCore):
             buckets[key] = [bucket, tid]
         else:
             bucket.append(tid)  # type: ignore[union-attr]
-        if deadline < self._wake_at:
-            self._wake_at = deadline
-            if not self._resched and self._loop is not None:
-                self._resched = True
-                self._loop.call_soon(self._reschedule)
 
-    def _reschedule(self) -> None:
-        self._resched = False
-        if self._wake is not None:
-            self._wake.cancel()
-            self._wake = None
-        if not self._heap or self._state != "running" or self._loop is None or self._held:
-            self._wake_at = math.inf
-            return
-        due = self._heap[0] / 1000.0
-        self._wake_at = due
-        delay = min(max(0.0, due - time.time()), _MAX_SLEEP)
-        self._wake = self._loop.call_later(delay, self._on_wake)
+    def first(self) -> float | None:
+        """The earliest queued moment (epoch seconds), or None when empty."""
+        return self._heap[0] / 1000.0 if self._heap else None
 
-    def _on_wake(self) -> None:
-        """Fire what is due, bucket by bucket, in slices so the loop stays responsive."""
-        self._wake = None
-        self._wake_at = math.inf
+    def pop_due(self, now_ms: float) -> tuple[int, Sequence[str]] | None:
+        """Take the earliest bucket if its millisecond is at or before ``now_ms``."""
         heap = self._heap
-        buckets = self._buckets
-        now_ms = time.time() * 1000.0
-        stop_at = time.perf_counter() + _FIRE_SLICE
-        handled = 0
-        self._firing = True
-        try:
-            while heap and heap[0] <= now_ms:
-                key = heappop(heap)
-                bucket = buckets.pop(key)
-                tids = (bucket,) if type(bucket) is str else bucket
-                for index, tid in enumerate(tids):
-                    self._due(key, tid)
-                    handled += 1
-                    if self._held or (not handled & 63 and time.perf_counter() > stop_at):
-                        rest = list(tids[index + 1 :])
-                        if rest:
-                            self._requeue(key, rest)
-                        return
-        finally:
-            self._firing = False
-            self._fill()
-            self._reschedule()
+        if not heap or heap[0] > now_ms:
+            return None
+        key = heappop(heap)
+        bucket = self._buckets.pop(key)
+        return key, (bucket,) if type(bucket) is str else bucket
 
-    def _forget_deadline(self) -> None:
-        """Count a heap entry made stale early; rebuild the heap when most entries are."""
-        self._stale += 1
-        if self._stale > _COMPACT_MIN and self._stale > len(self._entries) and not self._firing:
-            self._compact()
-
-    def _compact(self) -> None:
-        """Rebuild the timer heap from live entries (cancelled ones would linger until due)."""
-        self._stale = 0
-        self._heap = []
-        self._buckets = {}
-        buckets = self._buckets
-        for tid, entry in self._entries.items():
-            deadline = entry.deadline
-            if deadline is None or (type(entry) is _Run and entry.state != _RUNNING):
-                continue
-            key = math.ceil(deadline * 1000.0)
-            bucket = buckets.get(key)
-            if bucket is None:
-                buckets[key] = tid
-            elif type(bucket) is str:
-                buckets[key] = [bucket, tid]
-            else:
-                bucket.append(tid)  # type: ignore[union-attr]
-        self._heap = list(buckets)
-        heapify(self._heap)
-        if self._loop is not None and self._state == "running":
-            self._reschedule()
-
-    def _requeue(self, key: int, rest: list[str]) -> None:
-        """Put back the part of a bucket that the last slice did not reach, in order."""
+    def requeue(self, key: int, rest: list[str]) -> None:
+        """Put back the part of a popped bucket not yet handled, ahead of ids pushed since."""
         later = self._buckets.get(key)
         if later is None:
             self._buckets[key] = rest
             heappush(self._heap, key)
-        else:  # triggers added to this millisecond while the bucket was being fired
+        else:
             rest.extend((later,) if type(later) is str else later)
             self._buckets[key] = rest
 
-    def _due(self, key: int, tid: str) -> None:
-        """A bucket entry came due: fire the timer or expire the trigger, unless stale."""
-        entry = self._entries.get(tid)
-        if entry is None:
-            return  # cancelled or finished
-        deadline = entry.deadline
-        if deadline is None or math.ceil(deadline * 1000.0) != key:
-            return  # stale: re-added with another deadline, or now a timer due later
-        kind = type(entry)
-        if kind is _Timer:
-            del self._entries[tid]
-            self._active -= 1
-            self._timers -= 1
-            self._fire_timer(tid, entry)  # type: ignore[arg-type]
-        elif kind is _Expiry:
-            del self._entries[tid]
-            self._active -= 1
-            self._timers -= 1
-            self._emit_timeout(tid, deadline, entry.context)
-        elif kind is _Pending:
-            del self._entries[tid]
-            self._pending_count -= 1
-            self._emit_timeout(tid, deadline, entry.context)
-        else:
-            assert isinstance(entry, _Run)
-            if entry.closing == _CLOSING:
-                entry.closing = _CLOSE_EXPIRED  # closing run() overran: cancel it
-                if entry.task is not None:
-                    entry.task.cancel()
-            elif entry.state == _RUNNING:
-                self._begin_stop(entry)
-                self._emit_timeout(tid, deadline, entry.context)
+    def forget(self, live: int) -> bool:
+        """Count one entry made stale early; True once a rebuild is due (stale entries are
+        over ``_COMPACT_MIN`` and outnumber the ``live`` ones)."""
+        self._stale += 1
+        return self._stale > _COMPACT_MIN and self._stale > live
 
-    def _due_at(self, deadline: float) -> tuple[dt.datetime, bytes]:
-        """The due time of ``deadline`` and its canonical JSON (the payload of a timer that
-        fires with its moment), shared by the timers of a burst: computed once per distinct
-        deadline, not once per timer."""
-        last = self._last_due
-        if last is None or last[0] != deadline:
-            due = _from_epoch(deadline)
-            last = self._last_due = (deadline, due, canonical_json(due))
-        return last[1], last[2]
+    def rebuild(self, live: Iterable[tuple[str, float]]) -> None:
+        """Replace the whole heap by the ``(id, deadline)`` pairs given, in their order."""
+        self.clear()
+        for tid, deadline in live:
+            self.push(deadline, tid)
 
-    def _fire_timer(self, tid: str, timer: _Timer) -> None:
-        fired = time.time()
-        self.metrics.fire_lag.observe(fired - timer.deadline)
-        payload = timer.payload
-        end = timer.end
-        try:
-            if payload is _AT_DEADLINE:
-                due, due_json = self._due_at(timer.deadline)
-                payload = due
-                event_id = make_event_id(tid, "fired", payload, canonical=due_json)
-            else:
-                due = _from_epoch(timer.deadline)
-                event_id = make_event_id(tid, "fired", payload)
-            xcoms = None if end is None else end.xcoms
-            if xcoms is not None:
-                to_tagged(xcoms)
-        except Exception as exc:
-            self._emit_failure(tid, timer.context, f"event cannot be serialized: {exc}", None)
-            return
-        self.metrics.fired += 1
-        self._deliver(
-            TriggerOutcome(
-                tid,
-                "fired",
-                payload,
-                event_id,
-                None if end is None else end.task_instance_state,  # type: ignore[arg-type]
-                xcoms,
-                None,
-                None,
-                due,
-                _from_epoch(fired),
-                timer.context,
-                True,
-            )
-        )
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._heap = []
+        self._buckets = {}
+        self._stale = 0

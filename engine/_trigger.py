@@ -163,7 +163,7 @@ class BaseTrigger(abc.ABC):
         """Declare a pure deadline: ``run()`` only waits for a moment, then yields one event.
 
         Return a :class:`TimerSpec` to let the supervisor keep this trigger in its shared
-        timer heap (a few hundred bytes, no coroutine) instead of calling ``run()``. The
+        timer heap (one small entry, no coroutine) instead of calling ``run()``. The
         declaration is honoured only when the class that defines ``as_timer`` is also the
         one whose ``run`` and ``cleanup`` are in effect, so a subclass that overrides either
         runs as a normal coroutine trigger. Return ``None`` (the default) to always run.

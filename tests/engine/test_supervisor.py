@@ -17,6 +17,7 @@ from deferline.engine import (
     TriggerEvent,
     TriggerSupervisor,
 )
+from deferline.engine.triggers import DateTimeTrigger
 from deferline.schemas import make_event_id
 
 from ._support import (
@@ -264,7 +265,7 @@ async def test_trigger_ignoring_cancellation_is_bounded_and_abandoned(
     assert sup.metrics.abandoned == 1
     assert any("ignored cancellation" in r.getMessage() for r in caplog.records)
     trigger.release.set()  # the zombie now yields: nothing may be emitted
-    await wait_until(lambda: not sup._abandoned)
+    await wait_until(lambda: not sup._runner._abandoned)
     assert sink.outcomes == []
 
 
@@ -301,7 +302,7 @@ async def test_hanging_cleanup_is_abandoned_after_cleanup_timeout(
         "cleanup()" in r.getMessage() and "abandoned" in r.getMessage() for r in caplog.records
     )
     trigger.forever.set()
-    await wait_until(lambda: not sup._abandoned)
+    await wait_until(lambda: not sup._runner._abandoned)
 
 
 async def test_cleanup_that_raises_is_logged_not_fatal(
@@ -357,7 +358,9 @@ async def test_trigger_that_fires_before_its_timeout_does_not_time_out(
     sup.add("quick", trigger, timeout_at=_utcnow_plus(0.1))
     trigger.gate.set()
     await wait_until(lambda: "quick" not in sup)
-    await wait_until(lambda: not sup._heap)  # the stale timeout entry came due and was dropped
+    await wait_until(
+        lambda: sup._deadlines.first() is None
+    )  # the stale timeout entry came due and was dropped
     assert [o.status for o in sink.of("quick")] == ["fired"]
 
 
@@ -401,8 +404,6 @@ async def test_pending_triggers_can_be_cancelled_and_time_out(sink: Sink) -> Non
 async def test_cancel_many_drops_timers_and_pending_and_stops_runs_without_emitting(
     sink: Sink,
 ) -> None:
-    from deferline.engine.triggers import DateTimeTrigger
-
     async with TriggerSupervisor(capacity=3, on_event=sink, block_threshold=None) as sup:
         later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
         sup.add("t1", DateTimeTrigger(later))
@@ -547,3 +548,25 @@ async def test_closing_a_run_that_hangs_in_finally_is_bounded(
     assert trigger.cleaned
     assert sup.running == 0
     assert any("closing run() of" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_compaction_while_a_run_closes_keeps_its_close_bound(sink: Sink) -> None:
+    """A mass cancel rebuilds the timer heap; the close bound of a run still closing after
+    its last event is live and survives the rebuild, so a hanging ``finally`` is abandoned
+    after ``cleanup_timeout`` and gives its slot back."""
+    far = _utcnow_plus(3600)
+    count = 10_001  # more stale entries than the heap tolerates before it is rebuilt
+    async with TriggerSupervisor(
+        capacity=count + 1, on_event=sink, cleanup_timeout=0.2, block_threshold=None
+    ) as sup:
+        trigger = HangsWhenClosed()
+        sup.add("close", trigger)
+        await wait_until(lambda: bool(sink.of("close")))  # fired: now closing run()
+        ids = [f"t{i}" for i in range(count)]
+        for tid in ids:
+            sup.add(tid, DateTimeTrigger(far))
+        assert await sup.cancel_many(ids) == count
+        await wait_until(lambda: "close" not in sup, within=3.0)
+        assert sup.running == 0
+        assert trigger.cleaned
+        assert [(o.status, o.final) for o in sink.outcomes] == [("fired", True)]

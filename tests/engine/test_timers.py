@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -65,7 +66,7 @@ async def test_a_timer_keeps_its_moment_where_the_epoch_float_cannot_hold_it(
     assert dt.datetime.fromtimestamp(far.timestamp(), dt.UTC) != far
     sup.add("near", DateTimeTrigger(near))
     sup.add("far", DateTimeTrigger(far))
-    waiting = sup._entries["near"], sup._entries["far"]
+    waiting = sup._slots.entries["near"], sup._slots.entries["far"]
     assert isinstance(waiting[0], _Timer)
     assert isinstance(waiting[1], _Timer)
     assert waiting[0].payload is _AT_DEADLINE  # rebuilt from the deadline when it fires
@@ -131,7 +132,7 @@ async def test_timeout_before_the_moment_times_out(sup: TriggerSupervisor, sink:
 async def test_timeout_after_the_moment_does_not_matter(sup: TriggerSupervisor, sink: Sink) -> None:
     sup.add("t", DateTimeTrigger(_in(0.01)), timeout_at=_in(0.02))
     await wait_until(lambda: "t" not in sup)
-    await wait_until(lambda: not sup._heap)
+    await wait_until(lambda: sup._deadlines.first() is None)
     assert [o.status for o in sink.outcomes] == ["fired"]
 
 
@@ -143,7 +144,7 @@ async def test_cancelled_timer_never_fires_and_frees_capacity(
     assert sup.running == 0
     assert sup.waiting_timers == 0
     assert sup.metrics.cancelled == 1
-    await wait_until(lambda: not sup._heap)
+    await wait_until(lambda: sup._deadlines.first() is None)
     assert sink.outcomes == []
     # The same id may be added again (e.g. after a rebalance) and then fires once.
     sup.add("t", DateTimeTrigger(_in(0.0)))
@@ -254,6 +255,24 @@ async def test_as_timer_that_fails_falls_back_to_running(
     assert sink.one("naive").payload == "ran too"
 
 
+async def test_a_failing_as_timer_is_reported_once_per_class(
+    sup: TriggerSupervisor, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken(Deadline):
+        def as_timer(self) -> TimerSpec:
+            raise RuntimeError("no deadline today")
+
+    caplog.set_level(logging.WARNING, logger="deferline.engine")
+    for i in range(3):
+        sup.add(f"broken{i}", Broken(_in(0), "ran"))
+    await wait_until(lambda: len(sup) == 0)
+    warned = [r.getMessage() for r in caplog.records if "as_timer()" in r.getMessage()]
+    assert len(warned) == 1
+    assert "Broken" in warned[0]
+    assert "RuntimeError: no deadline today" in warned[0]
+    assert len(sink.outcomes) == 3
+
+
 async def test_unserializable_timer_payload_fails(sup: TriggerSupervisor, sink: Sink) -> None:
     sup.add("odd", Deadline(_in(0), object()))
     await wait_until(lambda: "odd" not in sup)
@@ -317,9 +336,9 @@ async def test_cancelled_timers_do_not_linger_in_the_heap(
     for i in range(30):
         assert await sup.cancel(f"t{i}")
     # Rebuilt once stale entries outnumbered live ones: only live timers remain queued.
-    assert len(sup._buckets) < 40
-    assert set(sup._buckets.values()) <= {f"t{i}" for i in range(40)}
-    assert {f"t{i}" for i in range(30, 40)} <= set(sup._buckets.values())
+    assert len(sup._deadlines._buckets) < 40
+    assert set(sup._deadlines._buckets.values()) <= {f"t{i}" for i in range(40)}
+    assert {f"t{i}" for i in range(30, 40)} <= set(sup._deadlines._buckets.values())
     sup.add("now", DateTimeTrigger(dt.datetime.now(dt.UTC)))
     await wait_until(lambda: "now" not in sup)
     assert [o.trigger_id for o in sink.outcomes] == ["now"]
