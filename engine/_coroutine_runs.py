@@ -215,7 +215,7 @@ class _CoroutineRuns(_SupervisorCore):
             if run.cleaned:
                 continue
             run.cleaned = True
-            if type(run.trigger).cleanup is BaseTrigger.cleanup:
+            if type(run.trigger).cleanup is BaseTrigger.cleanup and not run.killed:
                 continue
             task = self._loop.create_task(self._call_cleanup(run), name=_CLEANUP_PREFIX + run.tid)
             tasks[task] = run
@@ -233,15 +233,18 @@ class _CoroutineRuns(_SupervisorCore):
             )
 
     async def _call_cleanup(self, run: _Run) -> None:
-        try:
-            await run.trigger.cleanup()
-        except Exception:
-            logger.warning(
-                "cleanup() of %s raised",
-                _classpath(run.trigger),
-                exc_info=True,
-                extra=_log_extra(run.tid, run.context),
-            )
+        hooks = (run.trigger.on_kill, run.trigger.cleanup) if run.killed else (run.trigger.cleanup,)
+        for hook in hooks:
+            try:
+                await hook()
+            except Exception:
+                logger.warning(
+                    "%s() of %s raised",
+                    hook.__name__,
+                    _classpath(run.trigger),
+                    exc_info=True,
+                    extra=_log_extra(run.tid, run.context),
+                )
 
     def _abandon(self, task: asyncio.Task[Any], run: _Run, message: str) -> None:
         self.metrics.abandoned += 1

@@ -264,8 +264,12 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
                 self._push(deadline, trigger_id)
         return True
 
-    async def cancel(self, trigger_id: str) -> bool:
-        """Stop a trigger, await its cleanup (bounded) and emit nothing; False if unknown."""
+    async def cancel(self, trigger_id: str, *, kill: bool = False) -> bool:
+        """Stop a trigger, await its cleanup (bounded) and emit nothing; False if unknown.
+
+        ``kill``: a user cancelled it, so a running coroutine trigger's ``on_kill()`` is
+        awaited before its ``cleanup()`` (within the same bound).
+        """
         entry = self._entries.get(trigger_id)
         if entry is None:
             return False
@@ -288,6 +292,7 @@ class TriggerSupervisor(_TimerHeap, _CoroutineRuns, _Outcomes, _WatchdogHandOff)
         assert isinstance(entry, _Run)
         if entry.state == _RUNNING:
             self.metrics.cancelled += 1
+            entry.killed = kill
             logger.debug("trigger cancelled", extra=_log_extra(trigger_id, entry.context))
             self._begin_stop(entry)
         waiter = entry.stopper if entry.stopper is not None else entry.task

@@ -82,7 +82,7 @@ class _Pending(_Request):
 class _Run(_Request):
     """A coroutine trigger and the task that iterates its ``run()``."""
 
-    __slots__ = ("cleaned", "closing", "events", "state", "stopper", "task")
+    __slots__ = ("cleaned", "closing", "events", "killed", "state", "stopper", "task")
 
     def __init__(
         self,
@@ -96,6 +96,7 @@ class _Run(_Request):
         self.events = 0
         self.state = _RUNNING
         self.cleaned = False
+        self.killed = False  # cancelled by a user: on_kill() before cleanup()
         self.closing = 0
         self.task: asyncio.Task[None] | None = None
         self.stopper: asyncio.Task[None] | None = None
