@@ -59,6 +59,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _AS_LIBRARY = "_AIRFLOW__AS_LIBRARY"
+_UTC = dt.UTC
 _BASE_MODULE = "airflow.triggers.base"
 # Airflow's DateTimeTrigger: in core up to 2.x, in the standard provider from 3.0.
 _DATETIME_TRIGGERS = frozenset(
@@ -184,10 +185,11 @@ def _log_through_stdlib() -> None:
     )
 
 
-def _guard_database() -> None:
-    """Make any use of Airflow's ORM, or of Airflow 3's supervisor channel for what only the
-    database knows, raise :class:`AirflowDatabaseUnavailable`; on Airflow 3, route its
-    structlog logging to stdlib logging."""
+def _stand_in_for_airflow_services() -> None:
+    """Once per process, stand in for what Airflow's triggerer sets up around its triggers:
+    any use of Airflow's ORM, or of Airflow 3's supervisor channel for what only the database
+    knows, raises :class:`AirflowDatabaseUnavailable`; Airflow 3's structlog logging goes to
+    stdlib logging; Airflow 2's secrets masker is in place."""
     global _guarded
     with _lock:
         if _guarded:
@@ -240,7 +242,7 @@ def preload_airflow(allowed_prefixes: Sequence[str]) -> bool:
         return False
     prepare_airflow_import()
     importlib.import_module("airflow.triggers.base")
-    _guard_database()
+    _stand_in_for_airflow_services()
     logger.info("Airflow loaded for its trigger classes (as a library, without its database)")
     return True
 
@@ -275,8 +277,9 @@ class AirflowTrigger(BaseTrigger):
     airflow_timer: ClassVar[bool]
 
     def __init__(self, **kwargs: Any) -> None:
+        # Not BaseTrigger.__init__: trigger_id and task_instance are the Airflow trigger's,
+        # which its own __init__ set to None.
         self.airflow_trigger: Any = self.airflow_class(**kwargs)
-        super().__init__()
 
     # The runner sets these before run(), as Airflow's triggerer does on its own triggers.
     @property
@@ -318,6 +321,12 @@ class AirflowTrigger(BaseTrigger):
     async def cleanup(self) -> None:
         await self.airflow_trigger.cleanup()
 
+    async def on_kill(self) -> None:
+        """The Airflow trigger's ``on_kill()`` (Airflow 3.3 and later; 2.10 has none)."""
+        on_kill = getattr(self.airflow_trigger, "on_kill", None)
+        if on_kill is not None:
+            await on_kill()
+
     def as_timer(self) -> TimerSpec | None:
         """Airflow's DateTimeTrigger as a timer: due at its ``moment``, with the event its own
         ``run()`` yields then (``TriggerEvent(moment)``, or ``TaskSuccessEvent()`` when it
@@ -325,7 +334,13 @@ class AirflowTrigger(BaseTrigger):
         if not self.airflow_timer:
             return None
         trigger = self.airflow_trigger
-        moment: dt.datetime = trigger.moment
+        # Airflow's moment is a pendulum DateTime in UTC; the same instant as a plain UTC
+        # datetime is equal to it and travels as the same tagged JSON (same event id), and
+        # lets the supervisor rebuild it when it fires instead of keeping it per timer.
+        m = trigger.moment
+        moment = dt.datetime(
+            m.year, m.month, m.day, m.hour, m.minute, m.second, m.microsecond, _UTC
+        )
         event = TaskSuccessEvent() if trigger.end_from_trigger else TriggerEvent(moment)
         return TimerSpec(moment, event)
 
@@ -350,7 +365,7 @@ def airflow_trigger_class(airflow_class: type) -> type[AirflowTrigger]:
     """
     if not is_airflow_trigger_class(airflow_class):
         raise TypeError(f"{airflow_class!r} is not an Airflow BaseTrigger subclass")
-    _guard_database()
+    _stand_in_for_airflow_services()
     namespace = {
         "airflow_class": airflow_class,
         "airflow_timer": _runs_as_timer(airflow_class),

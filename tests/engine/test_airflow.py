@@ -232,7 +232,12 @@ async def test_datetime_trigger_fires_from_the_timer_heap_with_airflows_payload(
     # What Airflow's own class yields, run by itself.
     [direct] = await collect(ops.DateTimeTrigger(moment, end_from_trigger=end_from_trigger))
     expected = to_deferline_event(direct)
-    assert trigger.as_timer() == TimerSpec(moment, expected)
+    spec = trigger.as_timer()
+    assert spec == TimerSpec(moment, expected)
+    # Airflow's payload is a pendulum DateTime; the timer's, the same instant as a datetime:
+    # the same tagged JSON on the wire, the same event id.
+    assert dumps_value(spec.event.payload) == dumps_value(expected.payload)
+    assert spec.event.event_id("t1") == expected.event_id("t1")
     assert await through_supervisor(trigger) == (1, [expected])
     # Its run() (what a supervisor calls when it does not take the timer) yields the same.
     assert await collect(load(DATETIME, moment=moment, end_from_trigger=end_from_trigger)) == [

@@ -4,11 +4,13 @@ Imported by the worker only (through its operator allowlist), after the loader h
 Airflow's import; the triggers run in a ``deferline triggerer`` process. Either Airflow line:
 the built-in triggers come from the standard provider on Airflow 3, from core on 2.10.
 ``GreetingTrigger`` is a user's own trigger, written against Airflow's ``BaseTrigger``;
-``LateDateTimeTrigger`` a user's subclass of Airflow's ``DateTimeTrigger``.
+``ExternalJobTrigger`` one with an ``on_kill()``; ``LateDateTimeTrigger`` a user's subclass
+of Airflow's ``DateTimeTrigger``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import pickle
@@ -68,6 +70,34 @@ class GreetingTrigger(BaseTrigger):  # type: ignore[misc]  # Airflow is typed An
             yield TaskSuccessEvent(xcoms={"greeting": greeting})
         else:
             yield TriggerEvent({"greeting": greeting})
+
+
+def _note(journal: str, line: str) -> None:
+    with open(journal, "a") as file:
+        file.write(line + "\n")
+
+
+class ExternalJobTrigger(BaseTrigger):  # type: ignore[misc]
+    """A user's trigger watching an external job it started; ``on_kill()`` (Airflow 3.3's hook)
+    stops the job. Each hook notes itself in ``journal``, a file the test reads."""
+
+    def __init__(self, journal: str) -> None:
+        super().__init__()
+        self.journal = journal
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{MODULE}.ExternalJobTrigger", {"journal": self.journal})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        _note(self.journal, "run")
+        await asyncio.sleep(3600)  # the job runs
+        yield TriggerEvent("job done")
+
+    async def on_kill(self) -> None:
+        _note(self.journal, "on_kill")
+
+    async def cleanup(self) -> None:
+        _note(self.journal, "cleanup")
 
 
 class LateDateTimeTrigger(DateTimeTrigger):  # type: ignore[misc]
@@ -170,6 +200,20 @@ class EndsWithGreeting(BaseOperator):
 
     def execute(self, context: Context) -> Any:
         self.defer(trigger=GreetingTrigger(GREETING_VAR, end_from_trigger=True), method_name=None)
+
+
+class WatchesExternalJob(BaseOperator):
+    """ExternalJobTrigger: cleared while it waits."""
+
+    def __init__(self, *, journal: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.journal = journal
+
+    def execute(self, context: Context) -> Any:
+        self.defer(trigger=ExternalJobTrigger(self.journal), method_name="done")
+
+    def done(self, context: Context, event: Any = None) -> Any:
+        raise AssertionError("never resumed: cleared")
 
 
 class WaitForOtherDag(BaseOperator):

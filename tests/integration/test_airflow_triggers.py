@@ -5,7 +5,8 @@ Airflow's ``DateTimeTrigger``, ``TimeDeltaTrigger``, ``FileTrigger``, the HTTP p
 ``HttpSensorTrigger`` and ``HttpTrigger`` (against a local aiohttp server, connection from an
 ``AIRFLOW_CONN_*`` variable), a user's trigger written against Airflow's ``BaseTrigger`` that
 reads an ``AIRFLOW_VAR_*`` variable (and ends its task with a ``TaskSuccessEvent`` carrying
-XComs), and ``WorkflowTrigger`` (needs Airflow's database); a ``deferline triggerer`` process
+XComs), one whose ``on_kill()`` runs when its task is cleared, and ``WorkflowTrigger`` (needs
+Airflow's database); a ``deferline triggerer`` process
 runs the triggers; the scheduler folds the events. Each payload is compared with what the
 same Airflow class yields when run directly here. Runs on whichever Airflow line is installed
 (``make test`` runs it on both).
@@ -150,6 +151,8 @@ async def test_airflow_triggers_run_unchanged_end_to_end(
             greets = await submit("greets", "Greets")
             greeted = await submit("greeted", "EndsWithGreeting")
             other_dag = await submit("other_dag", "WaitForOtherDag")
+            journal = tmp_path / "external-job.txt"
+            watcher = await submit("watcher", "WatchesExternalJob", journal=str(journal))
             # Airflow as the triggerer loads it (as a library, no database) to run classes here.
             assert preload_airflow(AIRFLOW_TRIGGERS.split(","))
             ops: Any = importlib.import_module(OPS)
@@ -227,6 +230,19 @@ async def test_airflow_triggers_run_unchanged_end_to_end(
             assert f"{STANDARD_TRIGGERS}.external_task.WorkflowTrigger" in failure.error
             if airflow_line() >= 3:  # asked through the supervisor's channel, named
                 assert "GetTICount" in failure.error, failure.error
+
+            # Clearing a task (``deferline clear``) cancels its trigger: on_kill(), then cleanup().
+            def journal_says() -> list[str]:
+                return journal.read_text().split() if journal.exists() else []
+
+            await flow.wait_for(lambda: journal_says() == ["run"], within=60)
+            await client.clear(watcher)
+            await flow.wait_for(lambda: len(journal_says()) == 3, within=30)
+            assert journal_says() == ["run", "on_kill", "cleanup"]
+            [cancelled] = await flow.wait_for(
+                lambda: [e for e in flow.events if e.trigger_id == make_trigger_id(watcher, 0)]
+            )
+            assert cancelled.status == "cancelled"
 
             assert scheduler.table.counters.events_duplicate == 0
             assert triggerer.proc.poll() is None, "the triggerer process kept running"
