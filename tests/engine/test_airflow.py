@@ -404,6 +404,34 @@ async def test_trigger_needing_the_database_fails_with_the_reason(ops: Any) -> N
     assert caught.value.__cause__ is None
 
 
+async def test_what_only_the_database_knows_fails_naming_the_request(ops: Any) -> None:
+    """XCom, DAG-run state, task-instance counts, human-in-the-loop answers: at once, clearly."""
+    if airflow_line() < 3:  # 2.10 reads them through a database session
+        from airflow.models import XCom
+
+        with pytest.raises(AirflowDatabaseUnavailable, match="opened a database session"):
+            XCom.get_one(key="k", dag_id="d", task_id="t", run_id="r")
+        return
+    import uuid
+
+    from airflow.sdk.execution_time import comms
+    from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+    requests = [
+        comms.GetXCom(key="k", dag_id="d", run_id="r", task_id="t"),
+        comms.GetDagRunState(dag_id="d", run_id="r"),
+        comms.GetTICount(dag_id="d", task_ids=["t"]),
+        comms.GetHITLDetailResponse(ti_id=uuid.uuid4()),
+        comms.PutVariable(key="k", value="v", description=None),
+    ]
+    for request in requests:
+        name = type(request).__name__
+        with pytest.raises(AirflowDatabaseUnavailable, match=f"triggerer for {name}"):
+            await asyncio.wait_for(SUPERVISOR_COMMS.asend(request), 1)
+        with pytest.raises(AirflowDatabaseUnavailable, match="metadata database"):
+            SUPERVISOR_COMMS.send(request)  # sync, in the event loop: raises, never waits
+
+
 def test_airflow_trigger_needs_an_allowed_prefix(ops: Any) -> None:
     with pytest.raises(TriggerNotAllowed, match="not under an allowed module prefix"):
         load_trigger(DATETIME, {"moment": utcnow()}, allowed_prefixes=["airflow.providers.http"])
