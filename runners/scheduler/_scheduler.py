@@ -47,6 +47,7 @@ from deferline.schemas import (
 )
 from deferline.topics import (
     Lifecycle,
+    LogIdentity,
     Settings,
     TopicNames,
     describe_topics,
@@ -149,6 +150,8 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         self._checkpoints_off = False
         self._checkpointed_at = 0.0
         self._saved_positions: dict[int, int] | None = None
+        self._identity: LogIdentity | None = None
+        self.checkpoint_mismatches = 0
         self._writing: asyncio.Future[bool] | None = None
         self._tasks_idle = False
         self.restored_tasks = 0
