@@ -218,7 +218,7 @@ class _Checkpointing:
                 if not starts[tp] <= offset <= ends[tp]:
                     problem = (
                         f"partition {partition}: saved position {offset} outside "
-                        f"{starts[tp]}..{ends[tp]} (topic recreated?)"
+                        f"{starts[tp]}..{ends[tp]} (topic truncated?)"
                     )
                     break
         if problem is None:

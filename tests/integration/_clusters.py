@@ -1,4 +1,5 @@
-"""Test helper: a second, fresh broker of the backend under test (another cluster)."""
+"""Test helpers: a second, fresh broker of the backend under test (another cluster); deleting
+a topic; the end offsets of one."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from deferline.topics import KRaftBroker, Settings, TansuBroker, make_admin
+from aiokafka import TopicPartition
+from deferline.topics import (
+    KRaftBroker,
+    Settings,
+    TansuBroker,
+    make_admin,
+    make_consumer,
+    stop_client,
+)
 
 from ._util import wait_until
 
@@ -37,3 +46,14 @@ async def delete_topic(settings: Settings, topic: str) -> None:
         await wait_until(gone, 30, message=f"{topic} is deleted")
     finally:
         await admin.close()
+
+
+async def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    """The end offset of each partition of ``topic``."""
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await stop_client(consumer, grace=10.0, name="test consumer")

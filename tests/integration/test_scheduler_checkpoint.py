@@ -15,7 +15,7 @@ from deferline.runners.scheduler import Scheduler
 from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
 from deferline.topics import Settings, TopicNames, make_consumer, stop_client
 
-from ._clusters import another_cluster, delete_topic
+from ._clusters import another_cluster, delete_topic, end_offsets
 from ._taskflow import TaskFlow, task_key
 from .test_scheduler import FAST, barrier, until
 
@@ -105,19 +105,7 @@ async def test_a_checkpoint_of_a_recreated_topic_is_discarded(
 ) -> None:
     state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
     names = TopicNames(settings.topic_prefix)
-    old = [task_key(f"old{n}") for n in range(6)]
-    async with TaskFlow(settings) as flow, Scheduler(settings, **state, **FAST) as first:
-        await first.wait_active()
-        for task in old:
-            await flow.submit(task)
-        await flow.wait_for(lambda: all(flow.runs_of(t, "start") for t in old))
-        for task in old:
-            await flow.worker_state(task, "running")
-            await flow.defer(task)
-        await until(
-            lambda: all(getattr(first.table.get(t.ti_key), "state", "") == "deferred" for t in old)
-        )
-    assert sum(_saved_positions(state["state_dir"]).values()) >= 4 * len(old)
+    assert sum((await _checkpoint_deferred_tasks(settings, state)).values()) >= 4 * 6
     await delete_topic(settings, names.tasks)
     x = task_key("x")
     async with TaskFlow(settings) as flow:  # creates the tasks topic again
@@ -167,7 +155,7 @@ async def _resume_all_past(
             await flow.submit(task)
             await flow.worker_state(task, "running")
             await flow.defer(task)
-        ends = await _tasks_ends(settings)
+        ends = await end_offsets(settings, flow.names.tasks)
         assert all(ends[p] > offset for p, offset in saved.items()), (ends, saved)
         with caplog.at_level(logging.WARNING):
             async with Scheduler(settings, **state, **FAST) as second:
@@ -184,19 +172,6 @@ async def _resume_all_past(
         ]
         assert len(lines) == 1, lines
         assert "topic id of" in lines[0] or "cluster id" in lines[0]
-
-
-async def _tasks_ends(settings: Settings) -> dict[int, int]:
-    consumer = make_consumer(settings, group_id=None)
-    await consumer.start()
-    try:
-        topic = TopicNames(settings.topic_prefix).tasks
-        ends = await consumer.end_offsets(
-            [TopicPartition(topic, p) for p in range(settings.partitions)]
-        )
-        return {tp.partition: end for tp, end in ends.items()}
-    finally:
-        await stop_client(consumer, grace=10.0, name="test consumer")
 
 
 async def test_a_checkpoint_of_another_cluster_with_the_same_names_is_discarded(

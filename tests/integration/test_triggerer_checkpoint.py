@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 
 import pytest
-from aiokafka import TopicPartition
 from deferline.runners.triggerer import Triggerer
 from deferline.runners.triggerer._checkpoint import RocksCheckpointStore
 from deferline.schemas import DeferRequest
@@ -16,13 +15,12 @@ from deferline.topics import (
     Settings,
     TopicNames,
     ensure_topics,
-    make_consumer,
     make_producer,
     stop_client,
     topic_specs,
 )
 
-from tests.integration._clusters import another_cluster, delete_topic
+from tests.integration._clusters import another_cluster, delete_topic, end_offsets
 from tests.integration._triggerer_help import TopicReader, defer_request, produce_requests
 from tests.integration._util import wait_until
 from tests.integration.test_triggerer import bootstrapped, options, running, sample
@@ -55,7 +53,7 @@ async def _fire_all_past(
     requests = [defer_request(i, due_in=4, run="b") for i in range(120)]
     await ensure_topics(settings, topic_specs(settings))
     await _produce(settings, requests)
-    ends = await _defer_ends(settings)
+    ends = await end_offsets(settings, names.defer())
     assert saved, "the first run wrote checkpoints"
     assert all(ends[p] > offset for p, offset in saved.items()), (ends, saved)
     with caplog.at_level(logging.WARNING):
@@ -84,19 +82,6 @@ async def _produce(settings: Settings, requests: list[DeferRequest]) -> None:
         await produce_requests(producer, settings, requests)
     finally:
         await stop_client(producer, grace=10.0, name="test producer")
-
-
-async def _defer_ends(settings: Settings) -> dict[int, int]:
-    consumer = make_consumer(settings, group_id=None)
-    await consumer.start()
-    try:
-        topic = TopicNames(settings.topic_prefix).defer()
-        ends = await consumer.end_offsets(
-            [TopicPartition(topic, p) for p in range(settings.partitions)]
-        )
-        return {tp.partition: end for tp, end in ends.items()}
-    finally:
-        await stop_client(consumer, grace=10.0, name="test consumer")
 
 
 async def test_checkpoints_of_another_cluster_with_the_same_names_are_discarded(
