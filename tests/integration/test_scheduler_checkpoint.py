@@ -149,7 +149,7 @@ async def _resume_all_past(
     """On a log that is not the checkpoint's, with every tasks partition longer than the
     saved positions: the checkpoint is discarded (one line naming the mismatch) and all the
     new log's deferred tasks resume."""
-    tasks = [task_key(f"b{n}") for n in range(40)]
+    tasks = [task_key(f"b{n}") for n in range(60)]
     async with TaskFlow(settings) as flow:
         for task in tasks:
             await flow.submit(task)
