@@ -21,6 +21,7 @@ log line naming the difference, and counts them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import struct
@@ -83,7 +84,8 @@ class CheckpointStore(Protocol):
         (one log line, counted), and record ``identity`` with every later write of the topic."""
 
     def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
-        """The stored checkpoint of the partition, or None."""
+        """The stored checkpoint of the partition, or None (also for one of another log than
+        the topic's last :meth:`match_identity`: it is discarded)."""
 
     def write(self, topic: str, partition: int, changes: TableChanges) -> None:
         """Apply ``changes``, then store the positions (never ahead of the entries)."""
@@ -265,8 +267,9 @@ class RocksCheckpointStore:
             return db
 
     def match_identity(self, topic: str, partitions: Iterable[int], identity: LogIdentity) -> None:
-        """A partition whose database cannot be opened or read is left to :meth:`load`,
-        which names the problem."""
+        """A partition whose database cannot be opened, read or discarded now is left to
+        :meth:`load`, which checks the identity again (a database another process held
+        here may be free by then) and raises CheckpointError if it cannot discard it."""
         stored: dict[int, LogIdentity | None] = {}
         for partition in partitions:
             try:
@@ -276,7 +279,8 @@ class RocksCheckpointStore:
             except (CheckpointError, orjson.JSONDecodeError):
                 continue
         for partition in self._identity.mismatched(topic, stored, identity):
-            self.discard(topic, partition)
+            with contextlib.suppress(CheckpointError):
+                self.discard(topic, partition)
 
     def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
         db = self._db(topic, partition)
@@ -290,6 +294,12 @@ class RocksCheckpointStore:
                     "checkpoint format or topic does not match; ignoring it",
                     extra={"topic": topic, "partition": partition},
                 )
+                return None
+            current = self._identity.current.get(topic)
+            if current is not None and self._identity.mismatched(
+                topic, {partition: _stored_identity(meta)}, current
+            ):
+                self.discard(topic, partition)
                 return None
             entries: dict[bytes, TableEntry] = {}
             start = len(_ENTRY)

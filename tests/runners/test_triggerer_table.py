@@ -228,6 +228,25 @@ def test_a_checkpoint_without_identity_is_discarded_and_counted(tmp_path: Path) 
         store.close()
 
 
+def test_a_checkpoint_held_elsewhere_during_the_check_is_checked_when_loaded(
+    tmp_path: Path,
+) -> None:
+    first = RocksCheckpointStore(tmp_path)
+    counted: list[int] = []
+    second = RocksCheckpointStore(tmp_path, on_mismatch=counted.append)
+    try:
+        first.match_identity(TOPIC, [0], _log_of("a"))
+        first.write(TOPIC, 0, fold([(b"a", b"1")]).take_changes())
+        second.match_identity(TOPIC, [0], _log_of("b"))  # held by the first: not read
+        assert counted == []
+        first.release(TOPIC, 0)
+        assert second.load(TOPIC, 0) is None
+        assert counted == [1]
+    finally:
+        first.close()
+        second.close()
+
+
 def test_rocks_store_held_by_another_process_is_a_checkpoint_error(tmp_path: Path) -> None:
     first = RocksCheckpointStore(tmp_path)
     second = RocksCheckpointStore(tmp_path)
