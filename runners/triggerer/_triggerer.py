@@ -266,10 +266,11 @@ class Triggerer(Lifecycle):
             on_pressure=self._supervisor.hold_timers,
         )
         await self._emitter.start()
+        mismatches = self.metrics.checkpoint_mismatches.inc
         self._store = (
-            RocksCheckpointStore(options.state_dir)
+            RocksCheckpointStore(options.state_dir, on_mismatch=mismatches)
             if options.state_dir is not None
-            else MemoryCheckpointStore()
+            else MemoryCheckpointStore(on_mismatch=mismatches)
         )
         self._reaper = asyncio.create_task(self._reap(), name="trigger-reaper")
         lane_options = LaneOptions(
