@@ -2,14 +2,23 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Airflow 2.10, the second Airflow line (the `airflow2` extra), in a virtualenv of its own.
+VENV_AIRFLOW2 ?= .venv-airflow2
+BIN_AIRFLOW2 := $(VENV_AIRFLOW2)/bin
 PKG_DIRS := engine schemas topics runners replay client
 
-.PHONY: install test lint typecheck unit integration bench schemas clean kafka-jars demo
+.PHONY: install test lint typecheck unit integration airflow2 bench schemas clean kafka-jars demo
 
 $(BIN)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[dev,airflow]' --config-settings editable_mode=strict
+	touch $@
+
+$(BIN_AIRFLOW2)/.deps: pyproject.toml
+	$(PYTHON) -m venv $(VENV_AIRFLOW2)
+	$(BIN_AIRFLOW2)/pip install -q --upgrade pip setuptools wheel
+	$(BIN_AIRFLOW2)/pip install -q -e '.[dev,airflow2]' --config-settings editable_mode=strict
 	touch $@
 
 # Re-link the editable install so new modules are importable and visible to mypy.
@@ -25,6 +34,11 @@ typecheck: install
 
 test: lint typecheck
 	$(BIN)/pytest
+	$(MAKE) airflow2
+
+# The tests of Airflow's trigger classes again on the Airflow 2.10 line.
+airflow2: install $(BIN_AIRFLOW2)/.deps
+	$(BIN_AIRFLOW2)/pytest -m airflow
 
 unit: install
 	$(BIN)/pytest -m "not integration"
@@ -46,4 +60,4 @@ schemas: install
 	$(BIN)/python -m deferline.schemas.export docs/schemas
 
 clean:
-	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_AIRFLOW2) build .mypy_cache .pytest_cache .ruff_cache

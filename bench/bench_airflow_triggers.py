@@ -1,13 +1,19 @@
 """Airflow's own DateTimeTrigger under deferline's supervisor, beside deferline's DateTimeTrigger.
 
-N triggers loaded through ``load_trigger`` (the triggerer's path: allowlist, import, adapter)
-all fall due at one moment, 3 s (plus setup time) after they are added, so Airflow's trigger
-goes through its own sleep loop. Measured: RSS per waiting trigger, due → all fired, fire lag
-p50/p99 and CPU per trigger from adding to the last fire. Loggers at WARNING (Airflow's
-DateTimeTrigger logs at INFO once a second per trigger in its last 20 s). Each case runs in
-a fresh subprocess; the first load (Airflow's import) is reported apart.
+N triggers loaded through ``load_trigger`` (a triggerer lane's path: allowlist, import and
+adapter, the resolved class cached as a lane caches it)
+wait, then all fall due at one moment, a margin after they are added (3 s plus N/5,000 s for
+deferline's, N/1,000 s for Airflow's, so that adding them all fits before it). Measured: RSS
+per waiting trigger, due → all fired, fire lag p50/p99 and CPU per trigger from adding to
+the last fire. Loggers at WARNING. Each case runs in a fresh subprocess; the first load
+(Airflow's import) is reported apart. Runs on the Airflow line installed in the interpreter
+(``.venv``: Airflow 3; ``.venv-airflow2``: 2.10).
 
-Run: .venv/bin/python -m bench.bench_airflow_triggers   (needs the airflow extra)
+``--before DIR`` also measures Airflow's trigger with the deferline packages of the checkout
+in DIR (say, main in a second worktree) in place of this one's, first, in the same run: a
+before/after of the same script on the same machine.
+
+Run: .venv/bin/python -m bench.bench_airflow_triggers [--n 100000] [--before ../wt-before]
      add --case airflow --n 1000 to run one case in this process.
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import importlib.metadata
 import json
 import logging
 import os
@@ -23,15 +30,33 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+
+def _airflow_version() -> str:
+    try:
+        return importlib.metadata.version("apache-airflow")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+AIRFLOW_VERSION = _airflow_version()
+# Airflow's built-in triggers: in the standard provider from Airflow 3, in core before.
+AIRFLOW_TRIGGERS = (
+    "airflow.providers.standard.triggers"
+    if AIRFLOW_VERSION.split(".")[0] == "3"
+    else "airflow.triggers"
+)
 CLASSPATHS = {
     "deferline": ("deferline.engine.triggers.DateTimeTrigger", "deferline.engine.triggers"),
-    "airflow": ("airflow.triggers.temporal.DateTimeTrigger", "airflow.triggers"),
+    "airflow": (f"{AIRFLOW_TRIGGERS}.temporal.DateTimeTrigger", AIRFLOW_TRIGGERS),
 }
-CASES = [("deferline", 1_000), ("airflow", 1_000), ("deferline", 10_000), ("airflow", 10_000)]
+# The top-level directories of a checkout that are the deferline.* packages (pyproject.toml).
+PACKAGES = ("client", "engine", "replay", "runners", "schemas", "topics")
 
 
 def _rss() -> int:
@@ -66,18 +91,22 @@ async def measure(case: str, n: int) -> dict[str, Any]:
             done.set()
 
     due = dt.datetime.now(dt.UTC) + dt.timedelta(
-        seconds=3.0 + n / (5_000 if case == "deferline" else 500)
+        seconds=3.0 + n / (5_000 if case == "deferline" else 1_000)
     )
+    classes: dict[str, Any] = {}  # a triggerer lane's cache of resolved classes
     cpu0 = time.process_time()
     async with TriggerSupervisor(capacity=n, on_event=on_event) as sup:
         for _ in range(n):
-            trigger = load_trigger(classpath, {"moment": due}, allowed_prefixes=[prefix])
+            trigger = load_trigger(
+                classpath, {"moment": due}, allowed_prefixes=[prefix], classes=classes
+            )
             sup.add(str(uuid.uuid4()), trigger)
         await asyncio.sleep(0.5)
         gc.collect()
         rss2 = _rss()
+        timers = sup.waiting_timers
         assert not outcomes, "setup took longer than the margin"
-        await asyncio.wait_for(done.wait(), 60)
+        await asyncio.wait_for(done.wait(), 900)
         cpu = time.process_time() - cpu0
     assert all(o.status == "fired" for o in outcomes), outcomes[0]
     fired = sorted(o.fired_at for o in outcomes if o.fired_at is not None)
@@ -85,6 +114,7 @@ async def measure(case: str, n: int) -> dict[str, Any]:
     return {
         "case": case,
         "n": n,
+        "timers": timers,
         "import_s": import_s,
         "import_mb": (rss1 - rss0) / 1e6,
         "bytes_per_trigger": (rss2 - rss1) / n,
@@ -95,10 +125,32 @@ async def measure(case: str, n: int) -> dict[str, Any]:
     }
 
 
+def _packages_of(checkout: Path, into: Path) -> Path:
+    """A directory that, first on PYTHONPATH, makes ``deferline`` the checkout's packages."""
+    package = into / "deferline"
+    package.mkdir()
+    for name in PACKAGES:
+        (package / name).symlink_to((checkout / name).resolve(), target_is_directory=True)
+    return into
+
+
+def _run(case: str, n: int, pythonpath: Path | None) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--n", str(n), "--json"]
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"case {case} failed:\n{done.stderr}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CLASSPATHS))
-    parser.add_argument("--n", type=int, default=1_000)
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--before", type=Path, help="a deferline checkout to compare with")
     parser.add_argument("--json", action="store_true", help="print one JSON line (internal)")
     args = parser.parse_args()
     if args.case:
@@ -106,22 +158,40 @@ def main() -> None:
         print(json.dumps(result) if args.json else result)
         return
     print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"Apache Airflow {AIRFLOW_VERSION}")
     print()
     print(
-        "| N due at once | DateTimeTrigger | first load (import) | bytes / waiting trigger "
-        "| due → all fired | lag p50 | lag p99 | CPU / trigger |"
+        "| N due at once | DateTimeTrigger | code | in timer heap | first load (import) "
+        "| bytes / waiting trigger | due → all fired | lag p50 | lag p99 | CPU / trigger |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for case, n in CASES:
-        cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--n", str(n), "--json"]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
-        print(
-            f"| {n:,} | {case} | {r['import_s']:.2f} s, {r['import_mb']:.0f} MB "
-            f"| {r['bytes_per_trigger']:,.0f} B | {r['due_to_all_fired_s'] * 1000:,.0f} ms "
-            f"| {r['lag_p50_ms']:.1f} ms | {r['lag_p99_ms']:.1f} ms "
-            f"| {r['cpu_us_per_trigger']:.1f} µs |"
-        )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as scratch:
+        before = None if args.before is None else _packages_of(args.before, Path(scratch))
+        cases: list[tuple[str, str, Path | None]] = [
+            ("deferline", "this", None),
+            ("airflow", "this", None),
+        ]
+        if before is not None:
+            cases.insert(1, ("airflow", "before", before))
+        results = {}
+        for case, code, pythonpath in cases:
+            r = results[case, code] = _run(case, args.n, pythonpath)
+            print(
+                f"| {args.n:,} | {case} | {code} | {r['timers']:,} "
+                f"| {r['import_s']:.2f} s, {r['import_mb']:.0f} MB "
+                f"| {r['bytes_per_trigger']:,.0f} B | {r['due_to_all_fired_s'] * 1000:,.0f} ms "
+                f"| {r['lag_p50_ms']:.1f} ms | {r['lag_p99_ms']:.1f} ms "
+                f"| {r['cpu_us_per_trigger']:.1f} µs |"
+            )
+    own = results["deferline", "this"]
+    print()
+    for (case, code), r in results.items():
+        if case == "airflow":
+            print(
+                f"airflow ({code}) / deferline: "
+                f"memory {r['bytes_per_trigger'] / own['bytes_per_trigger']:.2f}x, "
+                f"CPU {r['cpu_us_per_trigger'] / own['cpu_us_per_trigger']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

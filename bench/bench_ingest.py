@@ -70,7 +70,7 @@ async def apply_live_us(records: list[Record], repeat: int) -> float:
             store=MemoryCheckpointStore(),
             metrics=TriggererMetrics(),
             cipher=None,
-            cancel=lambda trigger_id: None,
+            cancel=lambda trigger_id, kill=False: None,
             on_fatal=lambda exc: None,
         )
         part = OwnedPartition(0, TopicPartition("defer", 0), TopicPartition("resume", 0))

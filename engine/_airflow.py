@@ -13,19 +13,27 @@ Airflow is imported only when the loader imports a trigger module that needs it.
   onto deferline's, ``cleanup()`` and ``log`` are the Airflow trigger's.
 * Airflow's metadata database is replaced by a guard: a trigger that opens a database session
   fails with :class:`AirflowDatabaseUnavailable`, never by connecting somewhere by surprise.
-  Connections come from ``AIRFLOW_CONN_*`` environment variables (Airflow's environment
-  secrets backend), which needs no database.
+* Airflow 3's triggers ask their triggerer's supervisor process for what they need
+  (``task_runner.SUPERVISOR_COMMS``); :class:`_SupervisorStandIn` answers in its place. On
+  either line, connections and variables come from Airflow's own lookup code: the
+  ``AIRFLOW_CONN_*`` / ``AIRFLOW_VAR_*`` environment variables and a configured secrets
+  backend, which need no database. What only the database knows (XCom, task-instance counts,
+  DAG-run state, human-in-the-loop answers) fails the trigger with
+  :class:`AirflowDatabaseUnavailable` naming the request.
+* Airflow's ``DateTimeTrigger`` (and ``TimeDeltaTrigger``, which is one) declares itself a
+  timer (:meth:`AirflowTrigger.as_timer`), so the supervisor keeps it in its timer heap.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import importlib.util
 import logging
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, MutableMapping, Sequence
 from typing import Any, ClassVar
 
 from ._errors import AirflowDatabaseUnavailable
@@ -35,6 +43,7 @@ from ._trigger import (
     TaskFailureEvent,
     TaskSkippedEvent,
     TaskSuccessEvent,
+    TimerSpec,
     TriggerEvent,
 )
 
@@ -50,12 +59,27 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _AS_LIBRARY = "_AIRFLOW__AS_LIBRARY"
+_UTC = dt.UTC
 _BASE_MODULE = "airflow.triggers.base"
+# Airflow's DateTimeTrigger: in core up to 2.x, in the standard provider from 3.0.
+_DATETIME_TRIGGERS = frozenset(
+    {
+        "airflow.triggers.temporal.DateTimeTrigger",
+        "airflow.providers.standard.triggers.temporal.DateTimeTrigger",
+    }
+)
+# Airflow 3's triggerer answers these from the environment or a secrets backend when it can;
+# the stand-in answers "not found" once Airflow's own lookup has tried those.
+_NOT_FOUND = {"GetConnection": "CONNECTION_NOT_FOUND", "GetVariable": "VARIABLE_NOT_FOUND"}
 _END_EVENTS: dict[str, type[BaseTaskEndEvent]] = {
     "success": TaskSuccessEvent,
     "failed": TaskFailureEvent,
     "skipped": TaskSkippedEvent,
 }
+# Attributes of every LogRecord: a structlog key of the same name is renamed, not clobbered.
+_RECORD_FIELDS = frozenset(
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
+)
 _lock = threading.Lock()
 _guarded = False
 
@@ -85,15 +109,20 @@ def is_airflow_trigger_class(cls: type) -> bool:
     )
 
 
+def _database_needed(what: str) -> AirflowDatabaseUnavailable:
+    return AirflowDatabaseUnavailable(
+        f"this Airflow trigger needs Airflow's metadata database ({what}); deferline's "
+        "triggerer runs Airflow triggers without that database, so triggers that read or "
+        "write Airflow's tables cannot run here"
+    )
+
+
 class _NoDatabaseSession:
     """Stands in for ``airflow.settings.Session``: opening a session is the error."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise AirflowDatabaseUnavailable(
-            "this Airflow trigger needs Airflow's metadata database (it opened a database "
-            "session, e.g. to query task instances or DAG runs); deferline's triggerer runs "
-            "Airflow triggers without that database, so triggers that read Airflow's tables "
-            "cannot run here"
+        raise _database_needed(
+            "it opened a database session, e.g. to query task instances or DAG runs"
         )
 
     @staticmethod
@@ -101,8 +130,66 @@ class _NoDatabaseSession:
         """``Session.remove()`` of a ``scoped_session``: nothing to release."""
 
 
-def _guard_database() -> None:
-    """Make any use of Airflow's ORM raise :class:`AirflowDatabaseUnavailable`."""
+class _SupervisorStandIn:
+    """Stands in for Airflow 3's triggerer supervisor (``task_runner.SUPERVISOR_COMMS``).
+
+    Airflow's own code asks it only after the environment and any configured secrets backend
+    (``ExecutionAPISecretsBackend`` comes last in a triggerer's search path), so a connection
+    or variable it is asked for exists nowhere it can look: it answers Airflow's "not found".
+    A secret to mask is already masked in this process. Anything else needs Airflow's
+    database: :class:`AirflowDatabaseUnavailable`, naming the request. Every answer is
+    immediate, so a sync call made inside the event loop returns or raises, never waits.
+    """
+
+    def send(self, msg: Any) -> Any:
+        kind = type(msg).__name__
+        if kind == "MaskSecret":
+            return None
+        error = _NOT_FOUND.get(kind)
+        if error is None:
+            raise _database_needed(f"it asked Airflow's triggerer for {kind}: {msg!r}")
+        comms: Any = importlib.import_module("airflow.sdk.execution_time.comms")
+        errors: Any = importlib.import_module("airflow.sdk.exceptions")
+        return comms.ErrorResponse(error=errors.ErrorType[error], detail=msg.model_dump())
+
+    async def asend(self, msg: Any) -> Any:
+        return self.send(msg)
+
+
+def _to_stdlib(
+    logger: Any, method: str, event: MutableMapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """structlog's last step: the message to the stdlib logger, its key-values as fields."""
+    message = event.pop("event", "")
+    exc_info = event.pop("exc_info", None)
+    extra = {(f"airflow_{k}" if k in _RECORD_FIELDS else k): v for k, v in event.items()}
+    return (message,), {"exc_info": exc_info, "extra": extra}
+
+
+def _log_through_stdlib() -> None:
+    """Airflow 3 logs through structlog (``self.log`` of a trigger is a structlog logger):
+    unless something configured structlog already, send it to the stdlib logger of the same
+    name, so a trigger's lines reach the triggerer's log with its level and format."""
+    structlog: Any = importlib.import_module("structlog")
+    if structlog.is_configured():
+        return
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            _to_stdlib,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+
+
+def _stand_in_for_airflow_services() -> None:
+    """Once per process, stand in for what Airflow's triggerer sets up around its triggers:
+    any use of Airflow's ORM, or of Airflow 3's supervisor channel for what only the database
+    knows, raises :class:`AirflowDatabaseUnavailable`; Airflow 3's structlog logging goes to
+    stdlib logging; Airflow 2's secrets masker is in place."""
     global _guarded
     with _lock:
         if _guarded:
@@ -115,7 +202,30 @@ def _guard_database() -> None:
         # imported them all, and building a Connection from AIRFLOW_CONN_* would fail.
         models: Any = importlib.import_module("airflow.models")
         models.import_all_models()
+        if importlib.util.find_spec("airflow.sdk") is not None:  # Airflow 3
+            task_runner: Any = importlib.import_module("airflow.sdk.execution_time.task_runner")
+            task_runner.SUPERVISOR_COMMS = _SupervisorStandIn()
+            _log_through_stdlib()
+        else:
+            # Airflow 2 masks every secret it reads (Variable.get, connections) with the filter
+            # its logging configuration puts on "airflow.task", and fails without it.
+            masker: Any = importlib.import_module("airflow.utils.log.secrets_masker")
+            task_log = logging.getLogger("airflow.task")
+            if not any(isinstance(f, masker.SecretsMasker) for f in task_log.filters):
+                task_log.addFilter(masker.SecretsMasker())
         _guarded = True
+
+
+def _runs_as_timer(airflow_class: type) -> bool:
+    """True when ``airflow_class`` is Airflow's DateTimeTrigger, or a subclass of it (such as
+    TimeDeltaTrigger) that keeps its ``run``, ``cleanup`` and ``on_kill``."""
+    for klass in airflow_class.__mro__:
+        if f"{klass.__module__}.{klass.__qualname__}" in _DATETIME_TRIGGERS:
+            return all(
+                getattr(airflow_class, name, None) is getattr(klass, name, None)
+                for name in ("run", "cleanup", "on_kill")
+            )
+    return False
 
 
 def preload_airflow(allowed_prefixes: Sequence[str]) -> bool:
@@ -132,7 +242,7 @@ def preload_airflow(allowed_prefixes: Sequence[str]) -> bool:
         return False
     prepare_airflow_import()
     importlib.import_module("airflow.triggers.base")
-    _guard_database()
+    _stand_in_for_airflow_services()
     logger.info("Airflow loaded for its trigger classes (as a library, without its database)")
     return True
 
@@ -164,10 +274,12 @@ class AirflowTrigger(BaseTrigger):
     """
 
     airflow_class: ClassVar[type]
+    airflow_timer: ClassVar[bool]
 
     def __init__(self, **kwargs: Any) -> None:
+        # Not BaseTrigger.__init__: trigger_id and task_instance are the Airflow trigger's,
+        # which its own __init__ set to None.
         self.airflow_trigger: Any = self.airflow_class(**kwargs)
-        super().__init__()
 
     # The runner sets these before run(), as Airflow's triggerer does on its own triggers.
     @property
@@ -209,6 +321,29 @@ class AirflowTrigger(BaseTrigger):
     async def cleanup(self) -> None:
         await self.airflow_trigger.cleanup()
 
+    async def on_kill(self) -> None:
+        """The Airflow trigger's ``on_kill()`` (Airflow 3.3 and later; 2.10 has none)."""
+        on_kill = getattr(self.airflow_trigger, "on_kill", None)
+        if on_kill is not None:
+            await on_kill()
+
+    def as_timer(self) -> TimerSpec | None:
+        """Airflow's DateTimeTrigger as a timer: due at its ``moment``, with the event its own
+        ``run()`` yields then (``TriggerEvent(moment)``, or ``TaskSuccessEvent()`` when it
+        ends the task from the trigger)."""
+        if not self.airflow_timer:
+            return None
+        trigger = self.airflow_trigger
+        # Airflow's moment is a pendulum DateTime in UTC; the same instant as a plain UTC
+        # datetime is equal to it and travels as the same tagged JSON (same event id), and
+        # lets the supervisor rebuild it when it fires instead of keeping it per timer.
+        m = trigger.moment
+        moment = dt.datetime(
+            m.year, m.month, m.day, m.hour, m.minute, m.second, m.microsecond, _UTC
+        )
+        event = TaskSuccessEvent() if trigger.end_from_trigger else TriggerEvent(moment)
+        return TimerSpec(moment, event)
+
     @property
     def classpath(self) -> str:
         cls = self.airflow_class
@@ -230,9 +365,10 @@ def airflow_trigger_class(airflow_class: type) -> type[AirflowTrigger]:
     """
     if not is_airflow_trigger_class(airflow_class):
         raise TypeError(f"{airflow_class!r} is not an Airflow BaseTrigger subclass")
-    _guard_database()
+    _stand_in_for_airflow_services()
     namespace = {
         "airflow_class": airflow_class,
+        "airflow_timer": _runs_as_timer(airflow_class),
         "__module__": airflow_class.__module__,
         "__qualname__": airflow_class.__qualname__,
         "__doc__": airflow_class.__doc__,

@@ -87,7 +87,7 @@ class _Run(_Request):
     Its ``deadline`` is its timeout while RUNNING, its close bound while closing, else None.
     """
 
-    __slots__ = ("cleaned", "close", "events", "state", "stopper", "task")
+    __slots__ = ("cleaned", "close", "events", "killed", "state", "stopper", "task")
 
     def __init__(
         self,
@@ -101,6 +101,7 @@ class _Run(_Request):
         self.events = 0
         self.state = _RUNNING
         self.cleaned = False
+        self.killed = False  # cancelled by a user: on_kill() before cleanup()
         self.close = CloseBound.NONE
         self.task: asyncio.Task[None] | None = None
         self.stopper: asyncio.Task[None] | None = None
@@ -148,8 +149,10 @@ class CoroutineRunner:
         run.task = self._loop.create_task(self._lifecycle(run), name=_TASK_PREFIX + run.tid)
         run.task.add_done_callback(self._task_done)
 
-    def stop(self, run: _Run) -> None:
-        """Stop a RUNNING trigger in the background (cancellation or timeout)."""
+    def stop(self, run: _Run, *, kill: bool = False) -> None:
+        """Stop a RUNNING trigger in the background (cancellation or timeout); ``kill``: a
+        user cancelled it, so its ``on_kill()`` is awaited before its ``cleanup()``."""
+        run.killed = kill
         self._move(run, _STOPPING)
         assert self._loop is not None
         stopper = self._loop.create_task(self._stop_runs([run]))
@@ -409,7 +412,7 @@ class CoroutineRunner:
             if run.cleaned:
                 continue
             run.cleaned = True
-            if type(run.trigger).cleanup is BaseTrigger.cleanup:
+            if type(run.trigger).cleanup is BaseTrigger.cleanup and not run.killed:
                 continue
             task = self._loop.create_task(self._call_cleanup(run), name=_CLEANUP_PREFIX + run.tid)
             tasks[task] = run
@@ -427,15 +430,18 @@ class CoroutineRunner:
             )
 
     async def _call_cleanup(self, run: _Run) -> None:
-        try:
-            await run.trigger.cleanup()
-        except Exception:
-            logger.warning(
-                "cleanup() of %s raised",
-                _classpath(run.trigger),
-                exc_info=True,
-                extra=_log_extra(run.tid, run.context),
-            )
+        hooks = (run.trigger.on_kill, run.trigger.cleanup) if run.killed else (run.trigger.cleanup,)
+        for hook in hooks:
+            try:
+                await hook()
+            except Exception:
+                logger.warning(
+                    "%s() of %s raised",
+                    hook.__name__,
+                    _classpath(run.trigger),
+                    exc_info=True,
+                    extra=_log_extra(run.tid, run.context),
+                )
 
     def _abandon(self, task: asyncio.Task[Any], run: _Run, message: str) -> None:
         self._metrics.abandoned += 1

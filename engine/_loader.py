@@ -71,7 +71,8 @@ def resolve_trigger_class(classpath: str, *, allowed_prefixes: Sequence[str]) ->
         if missing == "airflow" or missing.startswith("airflow."):
             hint = (
                 " (Airflow's triggers need apache-airflow and the provider package that holds"
-                " them; pip install 'deferline[airflow]' installs Airflow)"
+                " them; pip install 'deferline[airflow]' installs Airflow 3 with its standard"
+                " and HTTP providers, 'deferline[airflow2]' Airflow 2.10)"
             )
         raise TriggerImportError(
             f"cannot import module {module_name} of trigger {classpath}: {exc}{hint}",

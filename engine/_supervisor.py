@@ -246,8 +246,12 @@ class TriggerSupervisor:
                 self._push(deadline, trigger_id)
         return True
 
-    async def cancel(self, trigger_id: str) -> bool:
-        """Stop a trigger, await its cleanup (bounded) and emit nothing; False if unknown."""
+    async def cancel(self, trigger_id: str, *, kill: bool = False) -> bool:
+        """Stop a trigger, await its cleanup (bounded) and emit nothing; False if unknown.
+
+        ``kill``: a user cancelled it, so a running coroutine trigger's ``on_kill()`` is
+        awaited before its ``cleanup()`` (within the same bound).
+        """
         entry = self._slots.entries.get(trigger_id)
         if entry is None:
             return False
@@ -261,7 +265,7 @@ class TriggerSupervisor:
         if entry.state is RunState.RUNNING:
             self.metrics.cancelled += 1
             logger.debug("trigger cancelled", extra=_log_extra(trigger_id, entry.context))
-            self._runner.stop(entry)
+            self._runner.stop(entry, kill=kill)
         waiter = entry.stopper if entry.stopper is not None else entry.task
         if waiter is not None and not waiter.done():
             # asyncio.wait never cancels what it waits for: the stop completes even if our

@@ -218,30 +218,20 @@ class TaskTable:
         self._generation += 1
         return closed
 
-    def expire_pending(self, upto: int) -> int:
-        """Drop pending events of generations ``<= upto`` as orphans; returns how many."""
-        dropped = 0
+    def expire_pending(self, upto: int) -> list[tuple[TriggerEventRecord, Hashable | None]]:
+        """Take pending events of generations ``<= upto`` out as orphans: (event, ref) each,
+        for the runner to dead-letter."""
+        orphans: list[tuple[TriggerEventRecord, Hashable | None]] = []
         for key in list(self._pending):
             keep = [item for item in self._pending[key] if item.generation > upto]
-            gone = len(self._pending[key]) - len(keep)
-            for item in self._pending[key]:
-                if item.generation <= upto:
-                    logger.info(
-                        "event dropped: no deferral for it on the tasks topic",
-                        extra={
-                            "trigger_id": item.event.trigger_id,
-                            "task": str(item.event.task),
-                            "event_id": item.event.event_id,
-                        },
-                    )
-            dropped += gone
+            orphans += [(i.event, i.ref) for i in self._pending[key] if i.generation <= upto]
             if keep:
                 self._pending[key] = keep
             else:
                 del self._pending[key]
-        self._pending_count -= dropped
-        self.counters.events_orphaned += dropped
-        return dropped
+        self._pending_count -= len(orphans)
+        self.counters.events_orphaned += len(orphans)
+        return orphans
 
     def drain(self) -> list[Emit]:
         """Take the decisions the current state calls for and return everything to publish.

@@ -159,6 +159,15 @@ class BaseTrigger(abc.ABC):
     async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Release what ``run()`` acquired; awaited after ``run()`` ends for any reason."""
 
+    async def on_kill(self) -> None:  # noqa: B027 - optional hook, empty on purpose
+        """Stop external work this trigger started, when a user cancels it (Airflow 3.3's hook).
+
+        Awaited after ``run()`` is cancelled and before ``cleanup()``, only when the trigger
+        is cancelled by a user action (a cleared task, ``deferline clear``, a cancel request);
+        never when its partition moves to another member, the triggerer stops, it times out
+        or it fires. Bounded like ``cleanup()``; what it raises is logged.
+        """
+
     def as_timer(self) -> TimerSpec | None:
         """Declare a pure deadline: ``run()`` only waits for a moment, then yields one event.
 

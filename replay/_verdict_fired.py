@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from deferline.schemas import DeadLetter
+
 from ._fold import TriggerHistory
 from ._records import ReplayRecord
+from ._topics import TopicRole, classify_topic
 from ._verdict import Verdict, VerdictKind, _ago, _Case, _event, _state_text
 from ._verdict_ended import _application_note
 from ._verdict_progress import _applied_state, _resume_check, _scheduler_lag, scheduler_decisions
@@ -39,6 +42,9 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
         case.add("the scheduler applied the event", applied)
     status = first.status
     at = _ago(case.ctx.now, first.emitted_at)
+    placed = _dead_lettered_event(case, history)
+    if placed is not None and applied is None:
+        return placed
     if status == "cancelled":
         cancels = history.cancels.ordered()
         if cancels:
@@ -99,3 +105,39 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
             since=first.emitted_at,
         )
     return _resume_check(case, history, first_rec, state)
+
+
+def _dead_lettered_event(case: _Case, history: TriggerHistory) -> Verdict | None:
+    """The scheduler could not place an event of this trigger and dead-lettered it: no
+    deferral on the tasks topic matched it once it had read that topic to its end."""
+    letters = [
+        rec
+        for rec in history.dead_letters.ordered()
+        if isinstance(rec.record, DeadLetter)
+        and (origin := classify_topic(rec.record.topic, prefix=case.index.prefix)) is not None
+        and origin.role is TopicRole.RESUME
+    ]
+    if not letters:
+        return None
+    letter = letters[-1].record
+    assert isinstance(letter, DeadLetter)
+    case.add(f"dead-lettered by {letter.member or 'the scheduler'}", letters[-1])
+    case.facts.update(
+        error_type=letter.error_type,
+        error=letter.error,
+        dead_letter_of=f"{letter.topic}[{letter.partition}]@{letter.offset}",
+    )
+    if case.deferred_here:
+        advice = (
+            "the task is deferred on it now (its deferral was written or read after the "
+            "event): re-drive the trigger with --force to run it again"
+        )
+    else:
+        advice = _state_text(case.state)
+    return case.verdict(
+        VerdictKind.FIRED_NOT_APPLIED,
+        f"its event could not be placed by the scheduler and was dead-lettered "
+        f"{_ago(case.ctx.now, letter.failed_at)} ({letter.error_type}: {letter.error}); " + advice,
+        cause="dead_lettered",
+        since=letter.failed_at,
+    )

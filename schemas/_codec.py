@@ -56,7 +56,8 @@ def _encode(value: Any, path: str, canonical: bool) -> JsonValue:
         return value if math.isfinite(value) else _tag("float", repr(value))
     if isinstance(value, dict):
         if TYPE not in value and all(isinstance(k, str) for k in value):
-            return {k: _encode(v, _key(path, k), canonical) for k, v in value.items()}
+            # str(k): a str subclass key (HTTP headers' istr) as the plain str JSON needs.
+            return {str(k): _encode(v, _key(path, k), canonical) for k, v in value.items()}
         pairs = [
             [_encode(k, f"{path}[key {k!r}]", canonical), _encode(v, f"{path}[{k!r}]", canonical)]
             for k, v in value.items()

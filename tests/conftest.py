@@ -41,6 +41,7 @@ from deferline.topics import BrokerError, KRaftBroker, Settings, TansuBroker, _p
 from deferline.topics._kraft import BrokerSecurity
 from deferline.topics._kraft_cluster import KRaftCluster
 
+from tests.airflow_line import airflow_line
 from tests.integration._util import KafkaClients
 
 BACKENDS_ENV = "DEFERLINE_TEST_BACKENDS"
@@ -279,6 +280,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(
             f"  testcontainers backend off (add it to {BACKENDS_ENV}; needs a Docker engine)"
         )
+    lines.append(f"airflow: {airflow_line() or 'not installed'}.x line")
     return lines
 
 
@@ -295,8 +297,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def airflow_missing() -> str | None:
-    """Why the ``airflow`` extra's tests cannot run here, or None when it is installed."""
-    for distribution in ("apache-airflow", "apache-airflow-providers-http"):
+    """Why the Airflow tests cannot run here (no ``airflow`` or ``airflow2`` extra), or None."""
+    needed = ["apache-airflow", "apache-airflow-providers-http"]
+    if airflow_line() >= 3:
+        needed.append("apache-airflow-providers-standard")
+    for distribution in needed:
         try:  # read the installed metadata: importing Airflow here would initialise it
             importlib.metadata.version(distribution)
         except importlib.metadata.PackageNotFoundError:

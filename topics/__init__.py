@@ -20,10 +20,12 @@ from ._errors import (
     TopicLayoutError,
     access_error,
 )
+from ._identity import IdentityMismatch, LogIdentity, TopicIdentity, compare_identity
 from ._kafka_runtime import KAFKA_VERSION, fetch_kafka_jars
 from ._kraft import BrokerSecurity, KRaftBroker
 from ._kraft_cluster import KRaftCluster
 from ._lifecycle import Lifecycle, run_closing
+from ._log_identity import read_log_identity
 from ._names import TopicNames, validate_queue_name
 from ._partitioner import Murmur2Partitioner, murmur2, partition_for
 from ._settings import Settings
@@ -44,12 +46,15 @@ __all__ = [
     "BrokerError",
     "BrokerSecurity",
     "BrokerStartError",
+    "IdentityMismatch",
     "InvalidQueueName",
     # Local brokers
     "KRaftBroker",
     "KRaftCluster",
     # Lifecycle of long-lived components
     "Lifecycle",
+    # What a local checkpoint was read from (with TopicIdentity, compare_identity...)
+    "LogIdentity",
     # Partitioning
     "Murmur2Partitioner",
     "Role",
@@ -60,11 +65,13 @@ __all__ = [
     "ThrowawayTLS",
     # Layout
     "TopicDescription",
+    "TopicIdentity",
     "TopicLayoutError",
     "TopicNames",
     "TopicSpec",
     "access_error",
     "acl_bindings",
+    "compare_identity",
     "describe_topics",
     "disable_tracing",
     "enable_tracing",
@@ -79,6 +86,7 @@ __all__ = [
     "parse_role_principals",
     "partition_for",
     "principal_of",
+    "read_log_identity",
     "run_closing",
     "stop_client",
     "supports_idempotence",

@@ -13,6 +13,12 @@ the publish lock, with nothing drained and unsent, and no batch still on its way
 broker), and never again after a failed publish.
 Events still pending are not stored: resume offsets are never committed past a pending event,
 so a restarted scheduler reads them again.
+
+The header also records the log it was read from (:class:`~deferline.topics.LogIdentity`: the
+cluster id, the tasks topic's id and partition count, the topic prefix and the group). A
+checkpoint of another log (a recreated cluster or topic whose offsets happen to fall in the
+saved range) is discarded, named in one log line and counted, and the topic folded from the
+start.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.engine import TableDelta, TableRows, TaskTable
+from deferline.topics import LogIdentity, Settings, compare_identity, read_log_identity
 
 from .._local_state import CheckpointError, open_rocks, state_home
 
@@ -36,7 +43,7 @@ __all__ = ["SchedulerCheckpoint", "default_state_dir"]
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 1
+_FORMAT = 2  # 2: the header records the log identity
 _META = b"m"
 _ROW = b"t:"
 _ROW_END = b"t;"
@@ -56,6 +63,7 @@ class SavedFold:
     positions: dict[int, int]
     state: dict[str, Any]
     saved_at: float
+    identity: LogIdentity | None
 
 
 class SchedulerCheckpoint:
@@ -71,23 +79,25 @@ class SchedulerCheckpoint:
             self._db = open_rocks(self.path)
 
     def load(self) -> SavedFold | None:
-        """The checkpoint's header, or None if there is none or of another format."""
+        """The checkpoint's header, or None if there is none; CheckpointError if it is
+        unreadable or of another format (the caller discards it)."""
         raw = self._db.get(_META)
         if raw is None:
             return None
         try:
             meta = orjson.loads(raw)
             if meta.get("format") != _FORMAT:
-                logger.warning(
-                    "scheduler checkpoint of another format discarded",
-                    extra={"path": str(self.path), "format": meta.get("format")},
+                raise CheckpointError(
+                    f"checkpoint {self.path} is of format {meta.get('format')}, "
+                    f"this version reads {_FORMAT}"
                 )
-                return None
+            identity = meta.get("identity")
             return SavedFold(
                 topic=str(meta["topic"]),
                 positions={int(p): int(o) for p, o in meta["positions"].items()},
                 state=dict(meta["state"]),
                 saved_at=float(meta["saved_at"]),
+                identity=None if identity is None else LogIdentity.from_json(identity),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is corrupt: {exc}") from exc
@@ -98,8 +108,15 @@ class SchedulerCheckpoint:
         for key, value in self._db.items(from_key=_ROW):
             yield key[start:], value
 
-    def write(self, topic: str, positions: dict[int, int], rows: TableRows) -> None:
-        """Store changed rows, deletions, the table-wide state and the positions, atomically."""
+    def write(
+        self,
+        topic: str,
+        positions: dict[int, int],
+        rows: TableRows,
+        identity: LogIdentity | None,
+    ) -> None:
+        """Store changed rows, deletions, the table-wide state, the positions and the log
+        they were read from, atomically."""
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
@@ -113,6 +130,7 @@ class SchedulerCheckpoint:
             "positions": {str(p): o for p, o in positions.items()},
             "state": rows.state,
             "saved_at": time.time(),
+            "identity": None if identity is None else identity.to_json(),
         }
         batch.put(_META, orjson.dumps(meta))
         try:
@@ -137,7 +155,10 @@ class SchedulerCheckpoint:
 class _Checkpointing:
     """Checkpoints of a :class:`Scheduler` (a part of it, not used alone)."""
 
+    settings: Settings
+    group_id: str
     table: TaskTable
+    checkpoint_mismatches: int
     checkpoint_interval: float
     checkpoint_max_age: float
     restored_tasks: int
@@ -153,6 +174,7 @@ class _Checkpointing:
     _checkpoints_off: bool
     _checkpointed_at: float
     _saved_positions: dict[int, int] | None
+    _identity: LogIdentity | None
     _writing: asyncio.Future[bool] | None
 
     async def _restore_checkpoint(self, topic: str) -> dict[TopicPartition, int] | None:
@@ -162,6 +184,10 @@ class _Checkpointing:
         if store is None or consumer is None:
             return None
         began = time.monotonic()
+        identity = await read_log_identity(
+            consumer._client, [topic], prefix=self.settings.topic_prefix, group=self.group_id
+        )
+        self._identity = identity  # what every checkpoint written from now on reflects
         try:
             saved = await asyncio.to_thread(store.load)
         except CheckpointError as exc:
@@ -175,7 +201,11 @@ class _Checkpointing:
         starts = await consumer.beginning_offsets(self._task_tps)
         problem = None
         age = time.time() - saved.saved_at
-        if age > self.checkpoint_max_age:
+        mismatch = compare_identity(identity, saved.identity)
+        if mismatch is not None:
+            problem = f"it was read from another log ({mismatch})"
+            self.checkpoint_mismatches += 1
+        elif age > self.checkpoint_max_age:
             # Compaction may since have removed tombstones the tail would have to show.
             problem = f"it is {age / 3600:.1f} h old"
         elif saved.topic != topic:
@@ -188,7 +218,7 @@ class _Checkpointing:
                 if not starts[tp] <= offset <= ends[tp]:
                     problem = (
                         f"partition {partition}: saved position {offset} outside "
-                        f"{starts[tp]}..{ends[tp]} (topic recreated?)"
+                        f"{starts[tp]}..{ends[tp]} (topic truncated?)"
                     )
                     break
         if problem is None:
@@ -202,7 +232,14 @@ class _Checkpointing:
             logger.warning(
                 "scheduler checkpoint discarded: %s; folding the tasks topic from the start",
                 problem,
-                extra={"path": str(store.path)},
+                extra={
+                    "path": str(store.path),
+                    **(
+                        {"expected": mismatch.expected, "found": mismatch.found}
+                        if mismatch is not None
+                        else {}
+                    ),
+                },
             )
             await asyncio.to_thread(store.discard)
             return None
@@ -270,7 +307,7 @@ class _Checkpointing:
                 rows = delta.encode()
             except Exception as exc:  # a value the tagged codec refuses: keep the old one
                 raise CheckpointError(f"cannot encode the task table: {exc}") from exc
-            store.write(topic, positions, rows)
+            store.write(topic, positions, rows, self._identity)
             return True
 
         self._writing = asyncio.ensure_future(asyncio.to_thread(write))

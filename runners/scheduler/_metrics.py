@@ -76,6 +76,11 @@ class SchedulerCollector(Collector):
             "Unreadable records skipped.",
             self.scheduler.bad_records,
         )
+        yield _counter(
+            "deferline_scheduler_checkpoint_mismatches",
+            "Checkpoints discarded because they were read from another log.",
+            self.scheduler.checkpoint_mismatches,
+        )
         used = GaugeMetricFamily(
             "deferline_scheduler_pool_slots_used", "Pool slots held.", labels=["pool"]
         )

@@ -28,7 +28,10 @@ from deferline.topics import TopicNames
 
 from ._lease import Outgoing
 
-__all__ = ["committable", "dead_letter", "read_as", "waves"]
+__all__ = ["ORPHAN_EVENT", "committable", "dead_letter", "orphan_letter", "read_as", "waves"]
+
+ORPHAN_EVENT = "OrphanEvent"
+"""The ``error_type`` of an event the scheduler could not place (see :func:`orphan_letter`)."""
 
 R = TypeVar("R", TaskStateRecord, TriggerEventRecord)
 
@@ -53,6 +56,31 @@ def dead_letter(message: Any, error: str, *, member: str) -> DeadLetter:
         error=error,
         error_type="SchemaError",
         member=member,
+    )
+
+
+def orphan_letter(
+    event: TriggerEventRecord, ref: Hashable | None, *, now: str, member: str
+) -> DeadLetter:
+    """A DeadLetter of an event no deferral on the tasks topic matches, once the scheduler
+    has read that topic to its end past the event; ``now`` says what the task is instead."""
+    assert isinstance(ref, tuple), "the scheduler keeps (TopicPartition, offset) with an event"
+    tp, offset = ref
+    return DeadLetter(
+        topic=tp.topic,
+        partition=tp.partition,
+        offset=offset,
+        key=event.trigger_id.encode(),
+        value=encode(event),
+        error=(
+            f"no deferral on the tasks topic matches this event (try {event.task.try_number}, "
+            f"deferral {event.defer_seq}, trigger {event.trigger_id}) after the scheduler read "
+            f"that topic to its end; the task is {now}"
+        ),
+        error_type=ORPHAN_EVENT,
+        member=member,
+        trigger_id=event.trigger_id,
+        task=event.task,
     )
 
 

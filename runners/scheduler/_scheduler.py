@@ -47,6 +47,7 @@ from deferline.schemas import (
 )
 from deferline.topics import (
     Lifecycle,
+    LogIdentity,
     Settings,
     TopicNames,
     describe_topics,
@@ -64,7 +65,7 @@ from ._checkpoint import SchedulerCheckpoint, _Checkpointing
 from ._cli import scheduler_command
 from ._lease import Outgoing, SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
-from ._records import committable, dead_letter, read_as, waves
+from ._records import committable, dead_letter, orphan_letter, read_as, waves
 from ._tasks_topic import _TasksTopic
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
@@ -150,6 +151,8 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         self._checkpoints_off = False
         self._checkpointed_at = 0.0
         self._saved_positions: dict[int, int] | None = None
+        self._identity: LogIdentity | None = None
+        self.checkpoint_mismatches = 0
         self._writing: asyncio.Future[bool] | None = None
         self._tasks_idle = False
         self.restored_tasks = 0
@@ -551,21 +554,56 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         )
 
     async def _housekeeping_loop(self) -> None:
-        """Drop events that can never apply and finished tasks past retention; refresh lag."""
+        """Dead-letter events that can never apply, forget finished tasks past retention,
+        refresh lag."""
         assert self._tasks is not None
         while True:
             await asyncio.sleep(self.orphan_check_interval)
             generation = self.table.mark_generation()
             await self._tasks_caught_up()
             self.lag["tasks"] = 0  # just caught up with the end read before the wait
-            dropped = self.table.expire_pending(generation)
-            if dropped:
-                logger.warning(
-                    "events without a deferral on the tasks topic dropped",
-                    extra={"count": dropped},
-                )
+            async with self._publish_lock:
+                await self._dead_letter_orphans(generation)
             self.table.forget_finished(self.finished_retention)
             await self._refresh_events_lag()
+
+    async def _dead_letter_orphans(self, generation: int) -> None:
+        """Events held since before ``generation`` closed still have no deferral, though the
+        tasks topic is now folded past the end it had after them: dead-letter them, each
+        with the reason (their offsets are committed only after the dead letters are sent).
+        A standby only forgets them: it did not commit past them, so the active scheduler
+        reads them again. Call with the publish lock."""
+        orphans = self.table.expire_pending(generation)
+        if not orphans:
+            return
+        active = self._active.is_set()
+        if active:
+            letters = [
+                orphan_letter(event, ref, now=self._task_now(event), member=self.group_id)
+                for event, ref in orphans
+            ]
+            self._start_publish([], letters)
+        fate = "dead-lettered" if active else "forgotten (standby)"
+        for event, _ in orphans:
+            logger.info(
+                "event without a deferral on the tasks topic %s",
+                fate,
+                extra={
+                    "trigger_id": event.trigger_id,
+                    "task": str(event.task),
+                    "event_id": event.event_id,
+                },
+            )
+        logger.warning(
+            "events without a deferral on the tasks topic %s", fate, extra={"count": len(orphans)}
+        )
+
+    def _task_now(self, event: TriggerEventRecord) -> str:
+        record = self.table.get(event.task.ti_key)
+        if record is None:
+            return "not on the tasks topic"
+        on = f" on trigger {record.trigger_id}" if record.trigger_id else ""
+        return f"{record.state}{on}"
 
     async def _refresh_events_lag(self) -> None:
         assigned = list(self._events.assignment()) if self._events is not None else []

@@ -11,21 +11,29 @@ did not change. (One batch for a million new triggers held 60 MB per partition a
 about 700 MB with the allocator after it was written.)
 :class:`RocksCheckpointStore` keeps one rocksdict database per partition under a state
 directory; :class:`MemoryCheckpointStore` is the same contract in memory.
+
+Each checkpoint also records the log it was read from (:class:`~deferline.topics.LogIdentity`:
+cluster id, the ids and partition counts of the defer and resume topics, prefix, group). Before
+partitions are rebuilt, :meth:`CheckpointStore.match_identity` discards the checkpoints of
+another log (a recreated cluster or topic whose offsets may fall in the saved range), in one
+log line naming the difference, and counts them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+from deferline.topics import LogIdentity, compare_identity
 
 from .._local_state import CheckpointError, open_rocks
 from ._partition_table import ActiveTriggerTable, TableChanges, TableEntry
@@ -40,7 +48,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 1
+_FORMAT = 2  # 2: the header records the log identity
 _META = b"m"
 _ENTRY = b"t:"
 _ENTRY_END = b"t;"
@@ -71,8 +79,13 @@ class CheckpointStore(Protocol):
     Implementations are called from worker threads, one call at a time per partition.
     """
 
+    def match_identity(self, topic: str, partitions: Iterable[int], identity: LogIdentity) -> None:
+        """Discard the checkpoints of ``partitions`` read from another log than ``identity``
+        (one log line, counted), and record ``identity`` with every later write of the topic."""
+
     def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
-        """The stored checkpoint of the partition, or None."""
+        """The stored checkpoint of the partition, or None (also for one of another log than
+        the topic's last :meth:`match_identity`: it is discarded)."""
 
     def write(self, topic: str, partition: int, changes: TableChanges) -> None:
         """Apply ``changes``, then store the positions (never ahead of the entries)."""
@@ -87,7 +100,13 @@ class CheckpointStore(Protocol):
         """Release everything."""
 
 
-def _meta(topic: str, partition: int, changes: TableChanges, saved_at: float) -> bytes:
+def _meta(
+    topic: str,
+    partition: int,
+    changes: TableChanges,
+    saved_at: float,
+    identity: LogIdentity | None,
+) -> bytes:
     return orjson.dumps(
         {
             "format": _FORMAT,
@@ -96,8 +115,55 @@ def _meta(topic: str, partition: int, changes: TableChanges, saved_at: float) ->
             "defer_offset": changes.defer_offset,
             "resume_offset": changes.resume_offset,
             "saved_at": saved_at,
+            "identity": None if identity is None else identity.to_json(),
         }
     )
+
+
+class _IdentityCheck:
+    """The identity part of a store: the log each topic is read from now, and the check of
+    stored identities against it (shared by both stores)."""
+
+    def __init__(self, on_mismatch: Callable[[int], None] | None) -> None:
+        self.current: dict[str, LogIdentity] = {}
+        self._on_mismatch = on_mismatch
+
+    def mismatched(
+        self, topic: str, stored: Mapping[int, LogIdentity | None], identity: LogIdentity
+    ) -> list[int]:
+        """The partitions of ``stored`` (their checkpoints' identities) not of ``identity``;
+        logs the first difference once, naming them all."""
+        self.current[topic] = identity
+        found = {p: compare_identity(identity, i) for p, i in sorted(stored.items())}
+        bad = {p: m for p, m in found.items() if m is not None}
+        if not bad:
+            return []
+        first = next(iter(bad.values()))
+        logger.warning(
+            "checkpoints of %s discarded: they were read from another log (%s); "
+            "rebuilding partitions %s from the topics",
+            topic,
+            first,
+            sorted(bad),
+            extra={
+                "topic": topic,
+                "partitions": sorted(bad),
+                "expected": first.expected,
+                "found": first.found,
+            },
+        )
+        if self._on_mismatch is not None:
+            self._on_mismatch(len(bad))
+        return sorted(bad)
+
+
+def _stored_identity(meta: Mapping[str, Any]) -> LogIdentity | None:
+    """The identity a checkpoint header records; None when it records none (or an unreadable
+    one: either way it is not trusted)."""
+    try:
+        return LogIdentity.from_json(meta["identity"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _records(changes: TableChanges) -> Iterator[tuple[bytes, bytes | None]]:
@@ -111,9 +177,20 @@ def _records(changes: TableChanges) -> Iterator[tuple[bytes, bytes | None]]:
 class MemoryCheckpointStore:
     """The checkpoint contract in memory (tests, and runs without a state directory)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, on_mismatch: Callable[[int], None] | None = None) -> None:
         self._data: dict[tuple[str, int], tuple[dict[str, Any], dict[bytes, TableEntry]]] = {}
         self._lock = threading.Lock()
+        self._identity = _IdentityCheck(on_mismatch)
+
+    def match_identity(self, topic: str, partitions: Iterable[int], identity: LogIdentity) -> None:
+        with self._lock:
+            stored = {
+                p: _stored_identity(self._data[(topic, p)][0])
+                for p in partitions
+                if (topic, p) in self._data
+            }
+            for partition in self._identity.mismatched(topic, stored, identity):
+                del self._data[(topic, partition)]
 
     def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
         with self._lock:
@@ -136,10 +213,12 @@ class MemoryCheckpointStore:
             for key in changes.deletes:
                 entries.pop(key, None)
             entries.update(changes.upserts)
+            identity = self._identity.current.get(topic)
             meta.update(
                 defer_offset=changes.defer_offset,
                 resume_offset=changes.resume_offset,
                 saved_at=time.time(),
+                identity=None if identity is None else identity.to_json(),
             )
 
     def discard(self, topic: str, partition: int) -> None:
@@ -162,11 +241,18 @@ class RocksCheckpointStore:
     :class:`CheckpointError`; the caller then runs that partition without a checkpoint.
     """
 
-    def __init__(self, state_dir: str | Path, *, batch_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        *,
+        batch_bytes: int = 1 << 20,
+        on_mismatch: Callable[[int], None] | None = None,
+    ) -> None:
         self._root = Path(state_dir)
         self._batch_bytes = batch_bytes
         self._open: dict[tuple[str, int], Any] = {}
         self._lock = threading.Lock()
+        self._identity = _IdentityCheck(on_mismatch)
 
     def _path(self, topic: str, partition: int) -> Path:
         return self._root / topic / str(partition)
@@ -180,6 +266,22 @@ class RocksCheckpointStore:
             self._open[(topic, partition)] = db
             return db
 
+    def match_identity(self, topic: str, partitions: Iterable[int], identity: LogIdentity) -> None:
+        """A partition whose database cannot be opened, read or discarded now is left to
+        :meth:`load`, which checks the identity again (a database another process held
+        here may be free by then) and raises CheckpointError if it cannot discard it."""
+        stored: dict[int, LogIdentity | None] = {}
+        for partition in partitions:
+            try:
+                raw = self._db(topic, partition).get(_META)
+                if raw is not None:
+                    stored[partition] = _stored_identity(orjson.loads(raw))
+            except (CheckpointError, orjson.JSONDecodeError):
+                continue
+        for partition in self._identity.mismatched(topic, stored, identity):
+            with contextlib.suppress(CheckpointError):
+                self.discard(topic, partition)
+
     def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
         db = self._db(topic, partition)
         try:
@@ -192,6 +294,12 @@ class RocksCheckpointStore:
                     "checkpoint format or topic does not match; ignoring it",
                     extra={"topic": topic, "partition": partition},
                 )
+                return None
+            current = self._identity.current.get(topic)
+            if current is not None and self._identity.mismatched(
+                topic, {partition: _stored_identity(meta)}, current
+            ):
+                self.discard(topic, partition)
                 return None
             entries: dict[bytes, TableEntry] = {}
             start = len(_ENTRY)
@@ -229,7 +337,8 @@ class RocksCheckpointStore:
                 if size >= self._batch_bytes:
                     db.write(batch)
                     batch, size = WriteBatch(raw_mode=True), 0
-            batch.put(_META, _meta(topic, partition, changes, time.time()))
+            identity = self._identity.current.get(topic)
+            batch.put(_META, _meta(topic, partition, changes, time.time(), identity))
             db.write(batch)
         except Exception as exc:
             raise CheckpointError(f"cannot write checkpoint of {topic}/{partition}: {exc}") from exc

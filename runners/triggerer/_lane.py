@@ -45,6 +45,7 @@ from ._lane_types import (
     LaneOptions,
     OwnedPartition,
     RebalanceSummary,
+    StopTrigger,
     TopicDeletedError,
     TriggererError,
     TriggerRef,
@@ -85,7 +86,7 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         store: CheckpointStore,
         metrics: TriggererMetrics,
         cipher: KwargsCipher | None,
-        cancel: Callable[[str], None],
+        cancel: StopTrigger,
         on_fatal: Callable[[BaseException], None],
     ) -> None:
         self.settings = settings

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from deferline.topics import trace_receive
+from deferline.topics import read_log_identity, trace_receive
 
 from ._checkpoint import CheckpointError, PartitionCheckpoint
 from ._lane_client import _learn_topics, _set_fetch_wait
@@ -72,6 +72,15 @@ class _Rebuild(_LaneCore):
         assert reader is not None
         defer_tps = [p.defer_tp for p in parts]
         resume_tps = [p.resume_tp for p in parts]
+        identity = await read_log_identity(
+            reader._client,
+            [self.defer_topic, self.resume_topic],
+            prefix=self.settings.topic_prefix,
+            group=self.group_id,
+        )
+        await asyncio.to_thread(
+            self._store.match_identity, self.defer_topic, [p.number for p in parts], identity
+        )
         checkpoints = {p.number: await self._load_checkpoint(p) for p in parts}
         await _learn_topics(reader, [self.defer_topic, self.resume_topic])
         begins = await reader.beginning_offsets([*defer_tps, *resume_tps])

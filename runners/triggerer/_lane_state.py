@@ -14,7 +14,7 @@ from deferline.topics import Settings, TopicNames
 from ._checkpoint import CheckpointStore
 from ._emitter import Emitter
 from ._events import EventEncoder
-from ._lane_types import LaneOptions, OwnedPartition, RebalanceSummary, TriggerRef
+from ._lane_types import LaneOptions, OwnedPartition, RebalanceSummary, StopTrigger, TriggerRef
 from ._metrics import TriggererMetrics
 from ._sticky_assignor import StickyAssignor
 
@@ -43,7 +43,7 @@ class _LaneCore:
     _store: CheckpointStore
     _metrics: TriggererMetrics
     _cipher: KwargsCipher | None
-    _cancel: Callable[[str], None]
+    _cancel: StopTrigger
     _on_fatal: Callable[[BaseException], None]
     _allowed: tuple[str, ...]
     _classes: dict[str, type[BaseTrigger]]

@@ -91,7 +91,7 @@ class _Tail(_Outcomes):
             part.done.add(key)
             part.table.note_emitting(key)
             if cancel.trigger_id in self._supervisor:
-                self._cancel(cancel.trigger_id)
+                self._cancel(cancel.trigger_id, kill=True)  # a user's action: on_kill()
             payload = {"reason": cancel.reason}
             record = TriggerEventRecord(
                 event_id=make_event_id(cancel.trigger_id, "cancelled", payload),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiokafka import TopicPartition
 from deferline.engine import TriggerOutcome
@@ -15,6 +15,13 @@ from ._partition_table import ActiveTriggerTable
 
 if TYPE_CHECKING:
     from ._lane_state import _LaneCore
+
+
+class StopTrigger(Protocol):
+    """Stop a trigger this member runs (in the background); ``kill`` when a user cancelled
+    it, so the trigger's ``on_kill()`` runs before its ``cleanup()``."""
+
+    def __call__(self, trigger_id: str, *, kill: bool = False) -> None: ...
 
 
 class TriggererError(DeferlineError):

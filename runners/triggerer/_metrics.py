@@ -167,6 +167,11 @@ class TriggererMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
             registry=r,
         )
+        self.checkpoint_mismatches = Counter(
+            "deferline_triggerer_checkpoint_mismatches",
+            "Partition checkpoints discarded because they were read from another log.",
+            registry=r,
+        )
         self.deferrals = Counter(
             "deferline_triggerer_deferrals",
             "DeferRequests read from the defer topics.",

@@ -199,7 +199,7 @@ class Triggerer(Lifecycle):
         self._server: MetricsServer | None = None
         self._lanes: list[TriggerLane] = []
         self._fetchers: list[asyncio.Task[None]] = []
-        self._cancels: asyncio.Queue[str] = asyncio.Queue()
+        self._cancels: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
         self._reaper: asyncio.Task[None] | None = None
         self._started = False
         self._stopped = False
@@ -266,10 +266,11 @@ class Triggerer(Lifecycle):
             on_pressure=self._supervisor.hold_timers,
         )
         await self._emitter.start()
+        mismatches = self.metrics.checkpoint_mismatches.inc
         self._store = (
-            RocksCheckpointStore(options.state_dir)
+            RocksCheckpointStore(options.state_dir, on_mismatch=mismatches)
             if options.state_dir is not None
-            else MemoryCheckpointStore()
+            else MemoryCheckpointStore(on_mismatch=mismatches)
         )
         self._reaper = asyncio.create_task(self._reap(), name="trigger-reaper")
         lane_options = LaneOptions(
@@ -295,7 +296,7 @@ class Triggerer(Lifecycle):
                 store=self._store,
                 metrics=self.metrics,
                 cipher=cipher,
-                cancel=self._cancels.put_nowait,
+                cancel=self._stop_trigger,
                 on_fatal=self._on_fatal,
             )
             lane.set_max_pending(options.max_pending or 10 * options.capacity)
@@ -399,14 +400,18 @@ class Triggerer(Lifecycle):
         if error is not None:
             self._on_fatal(error)
 
+    def _stop_trigger(self, trigger_id: str, *, kill: bool = False) -> None:
+        self._cancels.put_nowait((trigger_id, kill))
+
     async def _reap(self) -> None:
-        """Cancel triggers that emitted, were cancelled or tombstoned elsewhere (with cleanup)."""
+        """Cancel triggers that emitted, were cancelled or tombstoned elsewhere (with cleanup;
+        after ``on_kill()`` for those a user cancelled)."""
         supervisor = self.supervisor
         while True:
             batch = [await self._cancels.get()]
             while not self._cancels.empty() and len(batch) < 1000:
                 batch.append(self._cancels.get_nowait())
-            await asyncio.gather(*(supervisor.cancel(tid) for tid in batch))
+            await asyncio.gather(*(supervisor.cancel(tid, kill=kill) for tid, kill in batch))
 
 
 # -- CLI ---------------------------------------------------------------------------------------

@@ -1,17 +1,17 @@
-"""Airflow's own trigger classes under deferline's loader and adapter (needs the airflow extra).
+"""Airflow's own trigger classes under deferline's loader and adapter (needs an Airflow extra).
 
-Tests that must see a clean interpreter (what gets imported, what gets written) run in a
+Runs on whichever Airflow line is installed (``make test`` runs it on 3.x and on 2.10). Tests
+that must see a clean interpreter (what gets imported, what gets written) run in a
 subprocess; the others import Airflow here, as a library, the way the loader does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
+import importlib
 import json
 import os
-import pickle
 import subprocess
 import sys
 import textwrap
@@ -32,10 +32,12 @@ from deferline.engine import (
     TaskSuccessEvent,
     TriggerEvent,
     TriggerNotAllowed,
+    TriggerSupervisor,
     deferral_records,
     load_trigger,
 )
-from deferline.engine._airflow import prepare_airflow_import, to_deferline_event
+from deferline.engine._airflow import preload_airflow, to_deferline_event
+from deferline.engine._trigger import TimerSpec
 from deferline.schemas import (
     DeferRequest,
     TaskKey,
@@ -46,13 +48,18 @@ from deferline.schemas import (
     utcnow,
 )
 
+from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
+
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(60)]
 
-AIRFLOW_PREFIXES = ["airflow.triggers", "airflow.providers.http.triggers"]
+USER_TRIGGERS = "tests.integration._airflow_ops"
+AIRFLOW_PREFIXES = [STANDARD_TRIGGERS, "airflow.providers.http.triggers", USER_TRIGGERS]
+DATETIME = f"{STANDARD_TRIGGERS}.temporal.DateTimeTrigger"
 
 
-def run_python(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
-    """Run ``code`` in a fresh interpreter with HOME in ``tmp_path``; it prints one JSON line."""
+def run_python(code: str, tmp_path: Path, *args: str, **env: str) -> dict[str, Any]:
+    """Run ``code`` (with ``args``) in a fresh interpreter with HOME in ``tmp_path``; it prints
+    one JSON line last, and everything it logs goes to stderr."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "_AIRFLOW"))} | {
@@ -60,7 +67,7 @@ def run_python(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
         **env,
     }
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
         env=environ,
@@ -68,7 +75,9 @@ def run_python(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    *logged, last = done.stdout.strip().splitlines()
+    assert not logged, f"printed to stdout besides its result: {logged}"
+    result: dict[str, Any] = json.loads(last)
     return result
 
 
@@ -103,50 +112,64 @@ def test_deferline_imports_no_airflow(tmp_path: Path) -> None:
 def test_loading_an_airflow_trigger_leaves_logging_home_and_database_alone(
     tmp_path: Path,
 ) -> None:
-    """Airflow loads as a library: root logging handlers kept, nothing written under HOME,
-    no ORM engine; its session factory is deferline's guard."""
+    """Airflow loads as a library: root logging handlers kept (a trigger's ``self.log`` goes
+    through them, on Airflow 3 too, where it is a structlog logger), nothing written under
+    HOME, no ORM engine; its session factory is deferline's guard, and on Airflow 3 what a
+    trigger asks its supervisor process goes to deferline's stand-in."""
     result = run_python(
         """
         import json, logging, os, sys
         handler = logging.StreamHandler(sys.stderr)
         logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+        seen = []
+        handler.emit = lambda record: seen.append([record.name, record.getMessage()])
         from deferline.engine import load_trigger, preload_airflow
         from deferline.schemas import utcnow
-        assert preload_airflow(["deferline.engine.triggers", "airflow.triggers."])
+        assert preload_airflow(["deferline.engine.triggers", "airflow."])
         assert "airflow.models.dag" in sys.modules
-        trigger = load_trigger("airflow.triggers.temporal.DateTimeTrigger", {"moment": utcnow()},
-                               allowed_prefixes=["airflow.triggers"])
+        trigger = load_trigger(sys.argv[1], {"moment": utcnow()}, allowed_prefixes=["airflow"])
+        trigger.log.info("logged by the trigger")
         import airflow.settings
+        try:  # Airflow 3: what its triggers ask their supervisor process goes to a stand-in
+            from airflow.sdk.execution_time import task_runner
+            comms = type(task_runner.SUPERVISOR_COMMS).__name__
+        except ImportError:
+            comms = None
         files = [str(p) for p in __import__("pathlib").Path(os.environ["HOME"]).rglob("*")]
         print(json.dumps({
             "handlers_kept": logging.getLogger().handlers == [handler],
             "files_in_home": files,
             "engine": repr(airflow.settings.engine),
             "session": airflow.settings.Session.__name__,
+            "comms": comms,
             "classpath": trigger.serialize()[0],
+            "logged": [line for line in seen if line[1] == "logged by the trigger"],
         }))
         """,
         tmp_path,
+        DATETIME,
     )
     assert result == {
         "handlers_kept": True,
         "files_in_home": [],
         "engine": "None",
         "session": "_NoDatabaseSession",
-        "classpath": "airflow.triggers.temporal.DateTimeTrigger",
+        "comms": "_SupervisorStandIn" if airflow_line() >= 3 else None,
+        "classpath": DATETIME,
+        "logged": [[DATETIME, "logged by the trigger"]],
     }
 
 
 @pytest.fixture(scope="module")
-def airflow() -> Any:
-    """Airflow imported here the way the loader imports it (as a library)."""
-    prepare_airflow_import()
-    import airflow.triggers.base
+def ops() -> Any:
+    """Airflow loaded the way a triggerer loads it (as a library, no database), and this
+    line's trigger classes (``tests.integration._airflow_ops`` imports them)."""
+    assert preload_airflow(AIRFLOW_PREFIXES)
+    return importlib.import_module(USER_TRIGGERS)
 
-    return airflow
 
-
-def test_events_map_onto_deferline_events(airflow: Any) -> None:
+def test_events_map_onto_deferline_events(ops: Any) -> None:
     from airflow.triggers import base
 
     moment = utcnow()
@@ -163,7 +186,8 @@ def test_events_map_onto_deferline_events(airflow: Any) -> None:
         to_deferline_event(object())
 
 
-async def collect(trigger: BaseTrigger) -> list[TriggerEvent]:
+async def collect(trigger: Any) -> list[Any]:
+    """Every event of ``trigger.run()`` (a deferline or an Airflow trigger), cleanup after."""
     events = []
     try:
         async for event in trigger.run():
@@ -177,39 +201,81 @@ def load(classpath: str, **kwargs: Any) -> BaseTrigger:
     return load_trigger(classpath, kwargs, allowed_prefixes=AIRFLOW_PREFIXES)
 
 
-async def test_temporal_triggers_fire_with_the_moment(airflow: Any) -> None:
-    from airflow.triggers.temporal import TimeDeltaTrigger
+async def through_supervisor(trigger: BaseTrigger) -> tuple[int, list[TriggerEvent]]:
+    """Run ``trigger`` in a supervisor: (timers it held while waiting, the events it fired)."""
+    fired: list[TriggerEvent] = []
+    done = asyncio.Event()
 
+    def on_event(outcome: Any) -> None:
+        assert outcome.status == "fired", outcome
+        end = {"success": TaskSuccessEvent}.get(outcome.task_outcome)
+        fired.append(TriggerEvent(outcome.payload) if end is None else end(xcoms=outcome.xcoms))
+        done.set()
+
+    async with TriggerSupervisor(capacity=10, on_event=on_event) as supervisor:
+        supervisor.add("t1", trigger)
+        timers = supervisor.waiting_timers
+        await asyncio.wait_for(done.wait(), 10)
+    return timers, fired
+
+
+@pytest.mark.parametrize("end_from_trigger", [False, True])
+async def test_datetime_trigger_fires_from_the_timer_heap_with_airflows_payload(
+    ops: Any, end_from_trigger: bool
+) -> None:
     moment = utcnow() + dt.timedelta(seconds=0.2)
-    trigger = load("airflow.triggers.temporal.DateTimeTrigger", moment=moment)
+    trigger = load(DATETIME, moment=moment, end_from_trigger=end_from_trigger)
     assert trigger.serialize() == (
-        "airflow.triggers.temporal.DateTimeTrigger",
-        {"moment": moment, "end_from_trigger": False},
+        DATETIME,
+        {"moment": moment, "end_from_trigger": end_from_trigger},
     )
-    assert await collect(trigger) == [TriggerEvent(moment)]
+    # What Airflow's own class yields, run by itself.
+    [direct] = await collect(ops.DateTimeTrigger(moment, end_from_trigger=end_from_trigger))
+    expected = to_deferline_event(direct)
+    spec = trigger.as_timer()
+    assert spec == TimerSpec(moment, expected)
+    # Airflow's payload is a pendulum DateTime; the timer's, the same instant as a datetime:
+    # the same tagged JSON on the wire, the same event id.
+    assert dumps_value(spec.event.payload) == dumps_value(expected.payload)
+    assert spec.event.event_id("t1") == expected.event_id("t1")
+    assert await through_supervisor(trigger) == (1, [expected])
+    # Its run() (what a supervisor calls when it does not take the timer) yields the same.
+    assert await collect(load(DATETIME, moment=moment, end_from_trigger=end_from_trigger)) == [
+        expected
+    ]
 
-    # TimeDeltaTrigger serializes itself as a DateTimeTrigger, as in Airflow.
-    classpath, kwargs = TimeDeltaTrigger(dt.timedelta(seconds=0.1)).serialize()
-    assert classpath == "airflow.triggers.temporal.DateTimeTrigger"
+
+async def test_time_delta_trigger_is_a_timer_serialized_as_a_datetime_trigger(ops: Any) -> None:
+    airflow_trigger = ops.TimeDeltaTrigger(dt.timedelta(seconds=0.1))
+    classpath, kwargs = airflow_trigger.serialize()
+    assert classpath == DATETIME
+    [direct] = await collect(ops.TimeDeltaTrigger(dt.timedelta(seconds=0.1)))
     rebuilt = load(classpath, **loads_value(dumps_value(kwargs)))
-    assert await collect(rebuilt) == [TriggerEvent(kwargs["moment"])]
+    assert await through_supervisor(rebuilt) == (1, [TriggerEvent(kwargs["moment"])])
+    assert type(direct.payload) is type(kwargs["moment"])
+    # Loaded by its own classpath it is a timer too (it keeps DateTimeTrigger's run()).
+    by_name = load(f"{STANDARD_TRIGGERS}.temporal.TimeDeltaTrigger", delta=dt.timedelta(0))
+    assert by_name.as_timer() is not None
 
-    ended = load(
-        "airflow.triggers.temporal.DateTimeTrigger", moment=utcnow(), end_from_trigger=True
-    )
-    assert await collect(ended) == [TaskSuccessEvent()]
+
+async def test_a_datetime_trigger_subclass_with_its_own_run_is_not_a_timer(ops: Any) -> None:
+    assert load(f"{USER_TRIGGERS}.LateDateTimeTrigger", moment=utcnow()).as_timer() is None
+    trigger = load(f"{USER_TRIGGERS}.LateDateTimeTrigger", moment=utcnow())
+    assert await through_supervisor(trigger) == (0, [TriggerEvent("late")])
+    assert load(f"{USER_TRIGGERS}.GreetingTrigger", key="k").as_timer() is None
 
 
-async def test_file_trigger_fires_true_once_the_file_exists(airflow: Any, tmp_path: Path) -> None:
+async def test_file_trigger_fires_true_once_the_file_exists(ops: Any, tmp_path: Path) -> None:
     target = tmp_path / "ready.csv"
-    trigger = load(
-        "airflow.triggers.file.FileTrigger", filepath=str(tmp_path / "*.csv"), poke_interval=0.05
-    )
+    pattern = str(tmp_path / "*.csv")
+    trigger = load(f"{STANDARD_TRIGGERS}.file.FileTrigger", filepath=pattern, poke_interval=0.05)
     run = asyncio.create_task(collect(trigger))
     await asyncio.sleep(0.2)
     assert not run.done(), "fired before the file existed"
     target.write_text("x")
-    assert await asyncio.wait_for(run, 10) == [TriggerEvent(True)]
+    [direct] = await collect(ops.FileTrigger(pattern, poke_interval=0.05))
+    assert await asyncio.wait_for(run, 10) == [TriggerEvent(direct.payload)]
+    assert direct.payload is True
 
 
 @pytest.fixture
@@ -238,7 +304,7 @@ async def http_server() -> AsyncIterator[tuple[str, dict[str, bool]]]:
 
 
 async def test_http_triggers_take_their_connection_from_the_environment(
-    airflow: Any, http_server: tuple[str, dict[str, bool]], monkeypatch: pytest.MonkeyPatch
+    ops: Any, http_server: tuple[str, dict[str, bool]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, state = http_server
     monkeypatch.setenv("AIRFLOW_CONN_LOCAL_API", url)
@@ -262,13 +328,68 @@ async def test_http_triggers_take_their_connection_from_the_environment(
     )
     [event] = await collect(call)
     assert event.payload["status"] == "success", event.payload
-    response = pickle.loads(base64.standard_b64decode(event.payload["response"]))
+    response = ops.http_response(event.payload["response"])
     assert (response.status_code, response.json()) == (200, {"rows": 3})
+    # Through deferline's codec (a header dict's keys are a str subclass) and back.
+    assert loads_value(dumps_value(event.payload)) == event.payload
 
 
-async def test_trigger_needing_the_database_fails_with_the_reason(airflow: Any) -> None:
+async def test_a_users_trigger_reads_a_variable_with_a_sync_call_in_the_loop(
+    ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_VAR_GREETING", "hello")
+    assert await collect(load(f"{USER_TRIGGERS}.GreetingTrigger", key="greeting")) == [
+        TriggerEvent({"greeting": "hello"})
+    ]
+    ended = load(f"{USER_TRIGGERS}.GreetingTrigger", key="greeting", end_from_trigger=True)
+    assert await collect(ended) == [TaskSuccessEvent(xcoms={"greeting": "hello"})]
+    # A variable set nowhere: Airflow's own "not found", at once (the stand-in never waits).
+    missing = load(f"{USER_TRIGGERS}.GreetingTrigger", key="unset_anywhere")
+    with pytest.raises(Exception, match="unset_anywhere") as caught:
+        await asyncio.wait_for(collect(missing), 5)
+    assert not isinstance(caught.value, AirflowDatabaseUnavailable)
+
+
+def test_variables_and_connections_come_from_a_configured_secrets_backend(
+    tmp_path: Path,
+) -> None:
+    """Airflow's own lookup reads the secrets backend its configuration names."""
+    secrets = tmp_path / "variables.json"
+    secrets.write_text(json.dumps({"greeting": "from the backend"}))
+    connections = tmp_path / "connections.json"
+    connections.write_text(json.dumps({"api": "http://backend.example:8080"}))
+    result = run_python(
+        """
+        import asyncio, json, sys
+        from deferline.engine import load_trigger, preload_airflow
+        assert preload_airflow(["airflow.", "tests.integration._airflow_ops"])
+        trigger = load_trigger("tests.integration._airflow_ops.GreetingTrigger",
+                               {"key": "greeting"}, allowed_prefixes=["tests"])
+        async def main():
+            [event] = [e async for e in trigger.run()]
+            try:
+                from airflow.sdk import BaseHook
+                conn = await BaseHook.aget_connection("api")
+            except ImportError:  # Airflow 2.10
+                from airflow.hooks.base import BaseHook
+                conn = BaseHook.get_connection("api")
+            return {"payload": event.payload, "host": conn.host}
+        print(json.dumps(asyncio.run(main())))
+        """,
+        tmp_path,
+        AIRFLOW__SECRETS__BACKEND="airflow.secrets.local_filesystem.LocalFilesystemBackend",
+        AIRFLOW__SECRETS__BACKEND_KWARGS=json.dumps(
+            {"variables_file_path": str(secrets), "connections_file_path": str(connections)}
+        ),
+        PYTHONPATH=str(Path(__file__).parents[2]),
+    )
+    assert result == {"payload": {"greeting": "from the backend"}, "host": "backend.example"}
+
+
+async def test_trigger_needing_the_database_fails_with_the_reason(ops: Any) -> None:
+    classpath = f"{STANDARD_TRIGGERS}.external_task.WorkflowTrigger"
     trigger = load(
-        "airflow.triggers.external_task.WorkflowTrigger",
+        classpath,
         external_dag_id="other",
         execution_dates=[utcnow()],
         external_task_ids=["t"],
@@ -276,23 +397,49 @@ async def test_trigger_needing_the_database_fails_with_the_reason(airflow: Any) 
         poke_interval=0.05,
     )
     with pytest.raises(AirflowDatabaseUnavailable, match="metadata database") as caught:
-        await collect(trigger)
-    assert "airflow.triggers.external_task.WorkflowTrigger" in str(caught.value)
+        await asyncio.wait_for(collect(trigger), 10)
+    assert classpath in str(caught.value)
+    if airflow_line() >= 3:  # the request it made of Airflow's triggerer, by name
+        assert "GetTICount" in str(caught.value)
     assert caught.value.__cause__ is None
 
 
-def test_airflow_trigger_needs_an_allowed_prefix(airflow: Any) -> None:
+async def test_what_only_the_database_knows_fails_naming_the_request(ops: Any) -> None:
+    """XCom, DAG-run state, task-instance counts, human-in-the-loop answers: at once, clearly."""
+    if airflow_line() < 3:  # 2.10 reads them through a database session
+        from airflow.models import XCom
+
+        with pytest.raises(AirflowDatabaseUnavailable, match="opened a database session"):
+            XCom.get_one(key="k", dag_id="d", task_id="t", run_id="r")
+        return
+    import uuid
+
+    from airflow.sdk.execution_time import comms
+    from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+    requests = [
+        comms.GetXCom(key="k", dag_id="d", run_id="r", task_id="t"),
+        comms.GetDagRunState(dag_id="d", run_id="r"),
+        comms.GetTICount(dag_id="d", task_ids=["t"]),
+        comms.GetHITLDetailResponse(ti_id=uuid.uuid4()),
+        comms.PutVariable(key="k", value="v", description=None),
+    ]
+    for request in requests:
+        name = type(request).__name__
+        with pytest.raises(AirflowDatabaseUnavailable, match=f"triggerer for {name}"):
+            await asyncio.wait_for(SUPERVISOR_COMMS.asend(request), 1)
+        with pytest.raises(AirflowDatabaseUnavailable, match="metadata database"):
+            SUPERVISOR_COMMS.send(request)  # sync, in the event loop: raises, never waits
+
+
+def test_airflow_trigger_needs_an_allowed_prefix(ops: Any) -> None:
     with pytest.raises(TriggerNotAllowed, match="not under an allowed module prefix"):
-        load_trigger(
-            "airflow.triggers.temporal.DateTimeTrigger",
-            {"moment": utcnow()},
-            allowed_prefixes=["airflow.providers"],
-        )
+        load_trigger(DATETIME, {"moment": utcnow()}, allowed_prefixes=["airflow.providers.http"])
 
 
-def test_operator_defers_on_an_airflow_trigger(airflow: Any) -> None:
+def test_operator_defers_on_an_airflow_trigger(ops: Any) -> None:
     """``self.defer(trigger=DateTimeTrigger(...))``: Airflow's serialize() output travels."""
-    from airflow.triggers.temporal import DateTimeTrigger
+    DateTimeTrigger = ops.DateTimeTrigger
 
     moment = utcnow() + dt.timedelta(minutes=5)
 
@@ -305,7 +452,7 @@ def test_operator_defers_on_an_airflow_trigger(airflow: Any) -> None:
         operator.execute(None)  # type: ignore[arg-type]
     task = TaskKey(dag_id="d", task_id="waits", run_id="r")
     _, request = deferral_records(task, caught.value, defer_seq=0, resume=None)
-    assert request.classpath == "airflow.triggers.temporal.DateTimeTrigger"
+    assert request.classpath == DATETIME
     wire = decode(encode(request))
     assert isinstance(wire, DeferRequest)
     assert wire.kwargs == {"moment": moment, "end_from_trigger": False}

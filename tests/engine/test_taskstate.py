@@ -278,7 +278,9 @@ def test_unknown_task_event_is_pending_until_expired_as_orphan() -> None:
     assert table.apply(event(task)) == "pending"
     gen = table.mark_generation()
     assert table.apply(event(key(2))) == "pending"
-    assert table.expire_pending(gen) == 1
+    [(orphan, ref)] = table.expire_pending(gen)
+    assert orphan.task == task
+    assert ref is None
     assert table.pending_events == 1
     assert table.counters.events_orphaned == 1
     assert table.get(task.ti_key) is None

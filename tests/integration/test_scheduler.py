@@ -12,11 +12,13 @@ import aiohttp
 import pytest
 from aiokafka import TopicPartition
 from deferline.engine import FAIL_METHOD
+from deferline.replay import ReplaySession, parse_subject
 from deferline.runners.scheduler import Scheduler
-from deferline.schemas import make_trigger_id
+from deferline.schemas import DeadLetter, decode, make_trigger_id
 from deferline.topics import Settings, make_consumer, partition_for
 
 from ._taskflow import TaskFlow, task_key
+from ._triggerer_help import TopicReader
 from ._util import wait_until
 
 pytestmark = pytest.mark.integration
@@ -276,13 +278,37 @@ async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> Non
             assert len(flow.runs) == runs_after + counters.resends
 
 
-async def test_event_without_deferral_is_dropped_and_committed(settings: Settings) -> None:
-    async with TaskFlow(settings) as flow, Scheduler(settings, **FAST) as sched:
+async def test_event_without_deferral_is_dead_lettered_named_and_committed(
+    settings: Settings,
+) -> None:
+    async with (
+        TaskFlow(settings) as flow,
+        Scheduler(settings, **FAST) as sched,
+        TopicReader(settings, flow.names.dead) as dead,
+    ):
         await sched.wait_active()
         ghost = task_key("ghost")
         record = await flow.fire(ghost)
         await until(lambda: sched.table.counters.events_orphaned == 1, within=10)
         assert sched.table.pending_events == 0
+        await wait_until(lambda: dead.values(), 10, message="the orphan is dead-lettered")
+        [letter] = dead.values()
+        assert isinstance(letter, DeadLetter)
+        assert (letter.topic, letter.offset) == (flow.names.resume(), 0)
+        assert letter.partition == _partition_of(flow, record.trigger_id)
+        assert (letter.error_type, letter.trigger_id, letter.task) == (
+            "OrphanEvent",
+            record.trigger_id,
+            ghost,
+        )
+        assert "no deferral on the tasks topic matches this event" in letter.error
+        assert "the task is not on the tasks topic" in letter.error
+        assert letter.value is not None
+        assert decode(letter.value) == record
+        async with ReplaySession(settings, live=False) as session:
+            verdict, _ = await session.why(parse_subject(record.trigger_id))
+        assert verdict.cause == "dead_lettered"
+        assert "OrphanEvent" in verdict.summary
         consumer = make_consumer(settings, group_id=sched.group_id)
         await consumer.start()
         try:

@@ -1,5 +1,7 @@
 """The scheduler's local checkpoint on a real broker: a restart folds only the tasks topic's
-tail and resumes every task exactly once; a checkpoint of a recreated topic is discarded."""
+tail and resumes every task exactly once; a checkpoint of another log (a recreated topic, a
+recreated cluster with the same topic names) is discarded, even where its positions fall
+inside the new topic's range."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import pytest
 from aiokafka import TopicPartition
 from deferline.runners.scheduler import Scheduler
 from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
-from deferline.topics import Settings, TopicNames, make_admin, make_consumer, stop_client
+from deferline.topics import Settings, TopicNames, make_consumer, stop_client
 
+from ._clusters import another_cluster, delete_topic, end_offsets
 from ._taskflow import TaskFlow, task_key
-from ._util import wait_until
 from .test_scheduler import FAST, barrier, until
 
 pytestmark = pytest.mark.integration
@@ -103,30 +105,8 @@ async def test_a_checkpoint_of_a_recreated_topic_is_discarded(
 ) -> None:
     state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
     names = TopicNames(settings.topic_prefix)
-    old = [task_key(f"old{n}") for n in range(6)]
-    async with TaskFlow(settings) as flow, Scheduler(settings, **state, **FAST) as first:
-        await first.wait_active()
-        for task in old:
-            await flow.submit(task)
-        await flow.wait_for(lambda: all(flow.runs_of(t, "start") for t in old))
-        for task in old:
-            await flow.worker_state(task, "running")
-            await flow.defer(task)
-        await until(
-            lambda: all(getattr(first.table.get(t.ti_key), "state", "") == "deferred" for t in old)
-        )
-    assert sum(_saved_positions(state["state_dir"]).values()) >= 4 * len(old)
-    admin = make_admin(settings)
-    await admin.start()
-    try:
-        await admin.delete_topics([names.tasks])
-
-        async def gone() -> bool:
-            return names.tasks not in await admin.list_topics()
-
-        await wait_until(gone, 30, message="the tasks topic is deleted")
-    finally:
-        await admin.close()
+    assert sum((await _checkpoint_deferred_tasks(settings, state)).values()) >= 4 * 6
+    await delete_topic(settings, names.tasks)
     x = task_key("x")
     async with TaskFlow(settings) as flow:  # creates the tasks topic again
         await flow.submit(x)
@@ -141,3 +121,72 @@ async def test_a_checkpoint_of_a_recreated_topic_is_discarded(
                 # still starting that consumer can leave its bootstrap connection open.
                 await barrier(flow, second)
         assert any("checkpoint discarded" in r.getMessage() for r in caplog.records)
+
+
+async def _checkpoint_deferred_tasks(settings: Settings, state: dict[str, Any]) -> dict[int, int]:
+    """Run a scheduler that sees 6 tasks deferred, stop it; the positions it saved."""
+    old = [task_key(f"a{n}") for n in range(6)]
+    async with TaskFlow(settings) as flow, Scheduler(settings, **state, **FAST) as first:
+        await first.wait_active()
+        for task in old:
+            await flow.submit(task)
+        await flow.wait_for(lambda: all(flow.runs_of(t, "start") for t in old))
+        for task in old:
+            await flow.worker_state(task, "running")
+            await flow.defer(task)
+        await until(
+            lambda: all(getattr(first.table.get(t.ti_key), "state", "") == "deferred" for t in old)
+        )
+    return _saved_positions(state["state_dir"])
+
+
+async def _resume_all_past(
+    settings: Settings,
+    state: dict[str, Any],
+    saved: dict[int, int],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a log that is not the checkpoint's, with every tasks partition longer than the
+    saved positions: the checkpoint is discarded (one line naming the mismatch) and all the
+    new log's deferred tasks resume."""
+    tasks = [task_key(f"b{n}") for n in range(60)]
+    async with TaskFlow(settings) as flow:
+        for task in tasks:
+            await flow.submit(task)
+            await flow.worker_state(task, "running")
+            await flow.defer(task)
+        ends = await end_offsets(settings, flow.names.tasks)
+        assert all(ends[p] > offset for p, offset in saved.items()), (ends, saved)
+        with caplog.at_level(logging.WARNING):
+            async with Scheduler(settings, **state, **FAST) as second:
+                await second.wait_active()
+                assert second.restored_tasks == 0
+                assert second.checkpoint_mismatches == 1
+                for task in tasks:
+                    await flow.fire(task)
+                await flow.wait_for(lambda: all(flow.runs_of(t, "resume") for t in tasks))
+                await barrier(flow, second)
+                assert second.table.counters.events_orphaned == 0
+        lines = [
+            r.getMessage() for r in caplog.records if "read from another log" in r.getMessage()
+        ]
+        assert len(lines) == 1, lines
+        assert "topic id of" in lines[0] or "cluster id" in lines[0]
+
+
+async def test_a_checkpoint_of_another_cluster_with_the_same_names_is_discarded(
+    settings: Settings, broker_backend: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
+    saved = await _checkpoint_deferred_tasks(settings, state)
+    async with another_cluster(broker_backend, settings) as cluster_b:
+        await _resume_all_past(cluster_b, state, saved, caplog)
+
+
+async def test_a_checkpoint_of_a_recreated_topic_longer_than_it_is_discarded(
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
+    saved = await _checkpoint_deferred_tasks(settings, state)
+    await delete_topic(settings, TopicNames(settings.topic_prefix).tasks)
+    await _resume_all_past(settings, state, saved, caplog)

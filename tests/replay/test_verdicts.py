@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from aiokafka import TopicPartition
 from deferline.replay import (
     Evidence,
     GroupHints,
@@ -18,7 +19,8 @@ from deferline.replay import (
     explain,
     parse_subject,
 )
-from deferline.schemas import KwargsCipher, seal
+from deferline.runners.scheduler._records import orphan_letter
+from deferline.schemas import DeferRequest, KwargsCipher, seal
 from deferline.topics import partition_for
 
 from ._history import History, at, task_key
@@ -213,6 +215,39 @@ def test_fired_not_applied_though_the_scheduler_read_past_it():
     verdict = why(h, task.ti_key, live(h, scheduler))
     assert verdict.kind is VerdictKind.FIRED_NOT_APPLIED
     assert verdict.cause == "consumed_not_applied"
+
+
+def _orphaned(h: History, request: DeferRequest, when: float) -> None:
+    """The scheduler: the event matched no deferral; dead-lettered with the reason."""
+    event = h.emit(request, when)
+    topic = h.names.resume(request.queue)
+    p = part(request.trigger_id)
+    offset = sum(1 for w in h.writes if w.topic == topic and w.partition == p) - 1
+    letter = orphan_letter(event, (TopicPartition(topic, p), offset), now="x", member="sched")
+    h.put(h.names.dead, request.trigger_id, letter.model_copy(update={"failed_at": at(when + 5)}))
+
+
+def test_an_event_the_scheduler_dead_lettered_is_named():
+    h = History()
+    task, request = deferred_task(h)
+    h.worker_state(task, "removed", 10)  # the deferral the event was for is gone
+    _orphaned(h, request, 70)
+    verdict = why(h, request.trigger_id)
+    assert verdict.kind is VerdictKind.FIRED_NOT_APPLIED
+    assert verdict.cause == "dead_lettered"
+    assert "dead-lettered" in verdict.summary
+    assert "OrphanEvent: no deferral on the tasks topic matches this event" in verdict.summary
+    assert verdict.facts["error_type"] == "OrphanEvent"
+    assert "dead_letter" in evidence_kinds(verdict)
+
+
+def test_a_dead_lettered_event_of_a_task_deferred_now_says_to_re_drive():
+    h = History()
+    task, request = deferred_task(h)
+    _orphaned(h, request, 70)
+    verdict = why(h, task.ti_key)
+    assert verdict.cause == "dead_lettered"
+    assert "re-drive" in verdict.summary
 
 
 def test_fired_with_no_scheduler_running():

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import TopicPartition
 from click.testing import CliRunner
@@ -17,7 +18,14 @@ from deferline.runners.scheduler import _cli as _scheduler_cli
 from deferline.runners.scheduler import _scheduler as scheduler_module
 from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
 from deferline.schemas import ResumeTarget, TaskKey, TaskStateRecord
-from deferline.topics import Settings
+from deferline.topics import LogIdentity, Settings, TopicIdentity
+
+IDENTITY = LogIdentity(
+    cluster_id="c1",
+    topics=(TopicIdentity("p.tasks", "0193e0a4-0000-7000-8000-000000000001", 2),),
+    prefix="p.",
+    group="p.scheduler",
+)
 
 
 def _table(n: int) -> TaskTable:
@@ -36,14 +44,14 @@ def test_rows_and_positions_are_stored_together_and_restored(tmp_path: Path) -> 
     store = SchedulerCheckpoint(tmp_path / "ckpt")
     store.open()
     table = _table(3)
-    store.write("p.tasks", {0: 5, 1: 7}, table.export_changes().encode())
+    store.write("p.tasks", {0: 5, 1: 7}, table.export_changes().encode(), IDENTITY)
     table.forget("d/t1/r/-1")
-    store.write("p.tasks", {0: 6, 1: 7}, table.export_changes().encode())
+    store.write("p.tasks", {0: 6, 1: 7}, table.export_changes().encode(), IDENTITY)
     store.close()
     store.open()
     saved = store.load()
     assert saved is not None
-    assert (saved.topic, saved.positions) == ("p.tasks", {0: 6, 1: 7})
+    assert (saved.topic, saved.positions, saved.identity) == ("p.tasks", {0: 6, 1: 7}, IDENTITY)
     restored = TaskTable()
     assert restored.restore_rows(store.rows(), saved.state) == 2
     assert restored.snapshot() == table.snapshot()
@@ -51,6 +59,17 @@ def test_rows_and_positions_are_stored_together_and_restored(tmp_path: Path) -> 
     assert store.load() is None
     assert list(store.rows()) == []
     store.close()
+
+
+def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:
+    store = SchedulerCheckpoint(tmp_path / "ckpt")
+    store.open()
+    try:
+        store._db.put(b"m", orjson.dumps({"format": 1, "topic": "p.tasks", "positions": {}}))
+        with pytest.raises(CheckpointError, match="of format 1"):
+            store.load()
+    finally:
+        store.close()
 
 
 def test_a_directory_in_use_is_named_in_the_error(tmp_path: Path) -> None:
@@ -104,7 +123,9 @@ class FlakyStore:
         self.fail = True
         self.written: list[tuple[dict[int, int], int]] = []
 
-    def write(self, topic: str, positions: dict[int, int], rows: Any) -> None:
+    def write(
+        self, topic: str, positions: dict[int, int], rows: Any, identity: LogIdentity | None
+    ) -> None:
         if self.fail:
             raise CheckpointError("disk full")
         self.written.append((positions, len(rows.rows)))

@@ -45,7 +45,7 @@ def make_lane(journal: list[str]) -> TriggerLane:
         store=MemoryCheckpointStore(),
         metrics=TriggererMetrics(),
         cipher=None,
-        cancel=lambda trigger_id: None,
+        cancel=lambda trigger_id, kill=False: None,
         on_fatal=lambda exc: None,
     )
     consumer: Any = FakeClient("consumer", journal)

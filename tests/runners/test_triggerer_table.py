@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from deferline.runners.triggerer._checkpoint import (
     RocksCheckpointStore,
 )
 from deferline.runners.triggerer._partition_table import ActiveTriggerTable
+from deferline.topics import LogIdentity, TopicIdentity
 
 TOPIC = "p.defer"
 
@@ -182,6 +184,67 @@ def test_store_discard_forgets_the_partition(make_store: Callable[[], Checkpoint
     store.discard(TOPIC, 0)
     assert store.load(TOPIC, 0) is None
     assert store.load(TOPIC, 1) is not None
+
+
+def _log_of(topic_id: str) -> LogIdentity:
+    return LogIdentity(
+        cluster_id="c",
+        topics=(TopicIdentity(TOPIC, topic_id, 4),),
+        prefix="p.",
+        group="p.triggerer",
+    )
+
+
+def test_store_discards_checkpoints_of_another_log_in_one_line(
+    make_store: Callable[[], CheckpointStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store()
+    store.match_identity(TOPIC, [0, 1, 2], _log_of("a"))
+    store.write(TOPIC, 0, fold([(b"a", b"1")]).take_changes())
+    store.write(TOPIC, 1, fold([(b"b", b"1")]).take_changes())
+    store.match_identity(TOPIC, [0, 1, 2], _log_of("a"))
+    assert store.load(TOPIC, 0) is not None, "the same log: kept"
+    with caplog.at_level(logging.WARNING):
+        store.match_identity(TOPIC, [0, 1, 2], _log_of("b"))
+    assert store.load(TOPIC, 0) is None
+    assert store.load(TOPIC, 1) is None
+    [line] = [r.getMessage() for r in caplog.records if "another log" in r.getMessage()]
+    assert "topic id of p.defer: expected b, found a" in line
+    assert "partitions [0, 1]" in line
+    store.write(TOPIC, 0, fold([(b"c", b"1")]).take_changes())
+    store.match_identity(TOPIC, [0], _log_of("b"))
+    assert store.load(TOPIC, 0) is not None, "written since: of the new log"
+
+
+def test_a_checkpoint_without_identity_is_discarded_and_counted(tmp_path: Path) -> None:
+    counted: list[int] = []
+    store = RocksCheckpointStore(tmp_path, on_mismatch=counted.append)
+    try:
+        store.write(TOPIC, 0, fold([(b"a", b"1")]).take_changes())  # no identity known yet
+        store.match_identity(TOPIC, [0], _log_of("a"))
+        assert store.load(TOPIC, 0) is None
+        assert counted == [1]
+    finally:
+        store.close()
+
+
+def test_a_checkpoint_held_elsewhere_during_the_check_is_checked_when_loaded(
+    tmp_path: Path,
+) -> None:
+    first = RocksCheckpointStore(tmp_path)
+    counted: list[int] = []
+    second = RocksCheckpointStore(tmp_path, on_mismatch=counted.append)
+    try:
+        first.match_identity(TOPIC, [0], _log_of("a"))
+        first.write(TOPIC, 0, fold([(b"a", b"1")]).take_changes())
+        second.match_identity(TOPIC, [0], _log_of("b"))  # held by the first: not read
+        assert counted == []
+        first.release(TOPIC, 0)
+        assert second.load(TOPIC, 0) is None
+        assert counted == [1]
+    finally:
+        first.close()
+        second.close()
 
 
 def test_rocks_store_held_by_another_process_is_a_checkpoint_error(tmp_path: Path) -> None:

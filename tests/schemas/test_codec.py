@@ -13,6 +13,7 @@ import orjson
 import pytest
 from deferline.schemas import (
     SchemaError,
+    canonical_json,
     dumps_kept,
     dumps_value,
     from_tagged,
@@ -122,6 +123,18 @@ def test_tuples_and_lists_stay_distinct() -> None:
 def test_dict_with_non_str_keys_round_trips() -> None:
     value = {1: "a", (2, "x"): [3], None: True, uuid.UUID(int=5): dt.date(2024, 1, 2)}
     assert same(roundtrip(value), value)
+
+
+def test_dict_with_str_subclass_keys_travels_with_plain_str_keys() -> None:
+    """HTTP headers (aiohttp's ``istr`` keys) are a str subclass orjson refuses as a key."""
+
+    class Header(str):
+        pass
+
+    value = {Header("Content-Type"): "text/plain", "plain": 1}
+    assert roundtrip(value) == {"Content-Type": "text/plain", "plain": 1}
+    assert {type(k) for k in roundtrip(value)} == {str}
+    assert canonical_json(value) == canonical_json({"Content-Type": "text/plain", "plain": 1})
 
 
 def test_dict_with_a_type_key_is_not_mistaken_for_a_tag() -> None:

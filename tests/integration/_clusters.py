@@ -1,0 +1,59 @@
+"""Test helpers: a second, fresh broker of the backend under test (another cluster); deleting
+a topic; the end offsets of one."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import TopicPartition
+from deferline.topics import (
+    KRaftBroker,
+    Settings,
+    TansuBroker,
+    make_admin,
+    make_consumer,
+    stop_client,
+)
+
+from ._util import wait_until
+
+
+@contextlib.asynccontextmanager
+async def another_cluster(backend: str, settings: Settings) -> AsyncIterator[Settings]:
+    """``settings`` (same topic prefix, so the same topic names) on a new broker of
+    ``backend``, stopped on exit."""
+    if backend not in ("tansu", "kafka"):
+        pytest.skip(f"the test starts a second {backend} broker itself: tansu or kafka only")
+    broker: TansuBroker | KRaftBroker = (
+        TansuBroker() if backend == "tansu" else KRaftBroker(heap="384m")
+    )
+    async with broker:
+        yield settings.model_copy(update={"bootstrap_servers": broker.bootstrap})
+
+
+async def delete_topic(settings: Settings, topic: str) -> None:
+    """Delete ``topic`` and wait until the cluster no longer lists it."""
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+
+        async def gone() -> bool:
+            return topic not in await admin.list_topics()
+
+        await wait_until(gone, 30, message=f"{topic} is deleted")
+    finally:
+        await admin.close()
+
+
+async def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
+    """The end offset of each partition of ``topic``."""
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await stop_client(consumer, grace=10.0, name="test consumer")
