@@ -78,7 +78,7 @@ class _Outcomes(_LaneCore):
     def handle_outcome(self, ref: TriggerRef, outcome: TriggerOutcome) -> None:
         """An event from the supervisor (synchronous): queue it, then cancel the trigger."""
         part = self._parts.get(ref.partition)
-        if part is None or part.quiesced_at is not None:
+        if part is None or not part.live:
             self._hold_or_drop(part, ref, outcome)
             return
         key = ref.key
@@ -157,13 +157,14 @@ class _Outcomes(_LaneCore):
     def _hold_or_drop(
         self, part: OwnedPartition | None, ref: TriggerRef, outcome: TriggerOutcome
     ) -> None:
-        """An outcome for a partition this lane does not emit for now (rebalance)."""
-        if part is not None:
+        """An outcome for a partition this lane does not emit for now (rebalance, release)."""
+        if part is not None and part.quiesced_at is not None:
             part.held.append((ref, outcome))  # emitted if the partition stays here
             return
-        # Lost to another member (its trigger is being cancelled): the new owner fires it.
+        # Lost to another member or being released (its trigger is being cancelled, or
+        # stopped at shutdown): the next owner fires it.
         logger.debug(
-            "outcome of a lost partition dropped",
+            "outcome of a partition not emitted for dropped",
             extra=self._log(ref.partition, trigger_id=outcome.trigger_id),
         )
 
