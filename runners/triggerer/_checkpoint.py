@@ -16,7 +16,6 @@ directory; :class:`MemoryCheckpointStore` is the same contract in memory.
 from __future__ import annotations
 
 import logging
-import shutil
 import struct
 import threading
 import time
@@ -255,8 +254,3 @@ class RocksCheckpointStore:
             dbs, self._open = list(self._open.values()), {}
         for db in dbs:
             db.close()
-
-    def destroy(self) -> None:
-        """Close and delete every checkpoint under the state directory."""
-        self.close()
-        shutil.rmtree(self._root, ignore_errors=True)

@@ -167,6 +167,13 @@ class TriggererMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
             registry=r,
         )
+        self.checkpoint_failures = Counter(
+            "deferline_triggerer_checkpoint_failures",
+            "Checkpoint store calls that failed (action=write|discard|release); the lane goes "
+            "on, and the partition is rebuilt from the topics when its checkpoint is unusable.",
+            ["action"],
+            registry=r,
+        )
         self.deferrals = Counter(
             "deferline_triggerer_deferrals",
             "DeferRequests read from the defer topics.",

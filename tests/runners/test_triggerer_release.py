@@ -70,11 +70,11 @@ def make_lane(emitter: FiringEmitter) -> tuple[TriggerLane, TriggerRef]:
         number=0,
         defer_tp=TopicPartition(lane.defer_topic, 0),
         resume_tp=TopicPartition(lane.resume_topic, 0),
-        ready=True,
-        live=True,
     )
+    part.book.follow()
+    part.book.rebuilt()
     lane._parts[0] = part
-    return lane, TriggerRef(lane, 0, TID.encode(), encode(REQUEST))
+    return lane, TriggerRef(lane, part, TID.encode(), encode(REQUEST))
 
 
 def test_an_outcome_of_a_live_partition_is_emitted() -> None:
