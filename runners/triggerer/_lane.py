@@ -471,12 +471,20 @@ class TriggerLane:
         trigger_ids: list[str],
     ) -> None:
         """Cancel the triggers of lost partitions (their outcomes are dropped) and close
-        their checkpoints, after the previous loss's."""
-        if previous is not None:
-            await previous
-        await self._supervisor.cancel_many(trigger_ids)
-        for part in parts:
-            await self._checkpointer.release(part.number)
+        their checkpoints, after the previous loss's. A failure is logged here and raised
+        to whoever waits for it (a rebuild then fails: it must not run a second copy)."""
+        try:
+            if previous is not None:
+                await previous
+            await self._supervisor.cancel_many(trigger_ids)
+            for part in parts:
+                await self._checkpointer.release(part.number)
+        except Exception:
+            logger.exception(
+                "cancelling the triggers of lost partitions failed",
+                extra=self._log(partitions=[p.number for p in parts]),
+            )
+            raise
         logger.info(
             "lost partitions dropped",
             extra=self._log(
