@@ -21,10 +21,10 @@ wires parts that each own their state. Who writes what:
 state                        written by
 ===========================  ==========================================================
 ``_parts`` (owned map)       :class:`TriggerLane` (assignment, loss, release)
-a partition's phase, held    its :class:`~._partition_book.PartitionBook` (moved by the
-outcomes, done keys          lane; ``claim`` by the dispatcher)
-a partition's ``table``      :class:`~._rebuild.RebuildReader` sets it; its own methods
-                             change it (dispatcher, rebuild plan, checkpointer, sink)
+a partition's phase, held    its :class:`~._partition_book.PartitionBook`, through its
+outcomes, done keys          methods only (moves by the lane, ``claim`` by the dispatcher)
+a partition's ``table``      :class:`~._rebuild.RebuildReader` sets it; the table changes
+                             itself, through its methods (fold, tail, acks, checkpoints)
 a partition's ``saved``      :class:`~._checkpointer.Checkpointer`
 committed offsets, topic     :class:`~._commit_tracker.CommitTracker`
 deleted
@@ -32,7 +32,8 @@ rebalance summaries          :class:`~._rebalance_recorder.RebalanceRecorder`
 event counters, encoder      :class:`~._event_sink.EventSink`
 trigger classes, deferrals   :class:`~._dispatcher.RecordDispatcher`
 fetch paused, its bound      :class:`~._backpressure.FetchGate`
-clients, tasks               :class:`TriggerLane`
+clients, tasks, closing,     :class:`TriggerLane`
+``bootstrapped``
 ===========================  ==========================================================
 """
 
@@ -88,6 +89,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_EMIT, _REPEAT, _DROP = Verdict.EMIT, Verdict.REPEAT, Verdict.DROP
+"""Bound once: the verdict of every outcome is compared on the fire path."""
 
 
 class TriggerLane:
@@ -303,17 +307,17 @@ class TriggerLane:
         it is emitted, held or dropped; an emitted trigger is then cancelled."""
         part = ref.part
         verdict = part.book.outcome(ref.key, (ref, outcome))
-        if verdict is Verdict.EMIT:
+        if verdict is _EMIT:
             part.table.note_emitting(ref.key)
             if not outcome.final:
                 # The first event resumes the task; a multi-event trigger is stopped here.
                 self._cancel(outcome.trigger_id)
             self._sink.outcome(ref, outcome)
-        elif verdict is Verdict.REPEAT:
+        elif verdict is _REPEAT:
             self._metrics.extra_events_dropped.inc()
             if not outcome.final:
                 self._cancel(outcome.trigger_id)
-        elif verdict is Verdict.DROP:
+        elif verdict is _DROP:
             # Lost to another member, or being released: the next owner fires it.
             logger.debug(
                 "outcome of a partition not emitted for dropped",

@@ -34,6 +34,16 @@ class Phase(enum.Enum):
     GONE = "gone"
 
 
+# Members bound once: an enum member's attribute lookup costs about 80 ns on Python 3.11,
+# and an outcome's verdict is on the fire path.
+_STARTING, _LIVE, _QUIESCED, _RELEASING, _GONE = (
+    Phase.STARTING,
+    Phase.LIVE,
+    Phase.QUIESCED,
+    Phase.RELEASING,
+    Phase.GONE,
+)
+
 _MOVES: dict[Phase, frozenset[Phase]] = {
     Phase.REBUILDING: frozenset({Phase.STARTING, Phase.RELEASING, Phase.GONE}),
     Phase.STARTING: frozenset({Phase.LIVE, Phase.RELEASING, Phase.GONE}),
@@ -60,6 +70,9 @@ class Verdict(enum.Enum):
     """An event (or tombstone) of this key is already queued: never emit for it again."""
 
 
+_EMIT, _HOLD, _DROP, _REPEAT = Verdict.EMIT, Verdict.HOLD, Verdict.DROP, Verdict.REPEAT
+
+
 @dataclass(slots=True, eq=False)
 class PartitionBook(Generic[Held]):
     """The phase of one owned partition, the outcomes it holds and the keys it is done with."""
@@ -75,17 +88,18 @@ class PartitionBook(Generic[Held]):
     def emitting(self) -> bool:
         """Its records are applied and its outcomes emitted (starting or live)."""
         phase = self.phase
-        return phase is Phase.LIVE or phase is Phase.STARTING
+        return phase is _LIVE or phase is _STARTING
 
     @property
     def owned(self) -> bool:
         """Still owned by the lane (not gone)."""
-        return self.phase is not Phase.GONE
+        return self.phase is not _GONE
 
     @property
     def ready(self) -> bool:
         """Its rebuild is over (live or quiesced): the table reflects the log it has read."""
-        return self.phase is Phase.LIVE or self.phase is Phase.QUIESCED
+        phase = self.phase
+        return phase is _LIVE or phase is _QUIESCED
 
     def _move(self, to: Phase) -> None:
         if to not in _MOVES[self.phase]:
@@ -134,12 +148,12 @@ class PartitionBook(Generic[Held]):
         """An outcome of the trigger ``key``: the verdict, with its bookkeeping done (an
         emitted key is done; a held outcome is kept until :meth:`keep` or :meth:`gone`)."""
         phase = self.phase
-        if phase is Phase.LIVE or phase is Phase.STARTING:  # (no enum hashing: hot path)
-            return Verdict.EMIT if self.claim(key) else Verdict.REPEAT
-        if phase is Phase.QUIESCED:
+        if phase is _LIVE or phase is _STARTING:
+            return _EMIT if self.claim(key) else _REPEAT
+        if phase is _QUIESCED:
             self.held.append(held)
-            return Verdict.HOLD
-        return Verdict.DROP
+            return _HOLD
+        return _DROP
 
     def claim(self, key: bytes) -> bool:
         """Mark ``key`` done (its event or tombstone is being queued); False if it was."""
