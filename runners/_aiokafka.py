@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
+from deferline.schemas import DeferlineError
 
 __all__ = [
     "AiokafkaInternalsError",
@@ -29,7 +30,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class AiokafkaInternalsError(RuntimeError):
+class AiokafkaInternalsError(DeferlineError):
     """The installed aiokafka lacks an internal deferline relies on (a release changed it)."""
 
 
