@@ -95,3 +95,25 @@ async def test_an_outcome_fired_while_the_lane_releases_is_not_emitted() -> None
 
     assert emitter.submitted == [], "an outcome fired during the release was emitted"
     assert lane.owned == []
+
+
+async def test_an_outcome_of_a_partition_lost_and_won_back_is_not_emitted() -> None:
+    """The old copy's trigger (being cancelled) fires after the partition came back: the
+    new owner's rebuild runs the trigger again, so the old copy's outcome is dropped."""
+    emitter = FiringEmitter()
+    lane, old_ref = make_lane(emitter)
+    await lane.on_partitions_revoked({TopicPartition(lane.defer_topic, 0)})
+    lane._lose([lane._parts[0]])  # the assignment said: lost
+    await lane._await_losing()
+    won_back = OwnedPartition(
+        number=0,
+        defer_tp=TopicPartition(lane.defer_topic, 0),
+        resume_tp=TopicPartition(lane.resume_topic, 0),
+    )
+    won_back.book.follow()
+    won_back.book.rebuilt()
+    lane._parts[0] = won_back
+
+    lane.handle_outcome(old_ref, fired(old_ref))
+
+    assert emitter.submitted == []
