@@ -22,7 +22,8 @@ state                        written by
 ===========================  ==========================================================
 ``_parts`` (owned map)       :class:`TriggerLane` (assignment, loss, release)
 a partition's phase, held    its :class:`~._partition_book.PartitionBook`, through its
-outcomes, done keys          methods only (moves by the lane, ``claim`` by the dispatcher)
+outcomes, done keys          methods only (moved by the lane and the
+                             :class:`~._rebuild.Rebuilder`; ``claim`` by the dispatcher)
 a partition's ``table``      :class:`~._rebuild.RebuildReader` sets it; the table changes
                              itself, through its methods (fold, tail, acks, checkpoints)
 a partition's ``saved``      :class:`~._checkpointer.Checkpointer`
@@ -74,7 +75,7 @@ from ._lane_types import (
 from ._metrics import TriggererMetrics
 from ._partition_book import Verdict
 from ._rebalance_recorder import RebalanceRecorder
-from ._rebuild import RebuildReader, start_folded
+from ._rebuild import Rebuilder, RebuildReader
 from ._sticky_assignor import StickyAssignor
 
 __all__ = [
@@ -177,11 +178,19 @@ class TriggerLane:
             metrics=metrics,
             log=self._log,
         )
-        self._reading = RebuildReader(
-            defer_topic=self.defer_topic,
-            resume_topic=self.resume_topic,
-            options=options,
-            checkpointer=self._checkpointer,
+        self._rebuilder = Rebuilder(
+            RebuildReader(
+                defer_topic=self.defer_topic,
+                resume_topic=self.resume_topic,
+                options=options,
+                checkpointer=self._checkpointer,
+                log=self._log,
+            ),
+            dispatcher=self._dispatcher,
+            recorder=self._rebalances,
+            gate=self._gate,
+            metrics=metrics,
+            label=self.label,
             log=self._log,
         )
 
@@ -551,7 +560,16 @@ class TriggerLane:
 
     async def _rebuild_guarded(self, parts: list[OwnedPartition]) -> None:
         try:
-            await self._rebuild_parts(parts)
+            started = time.monotonic()
+            # A partition lost and won back: its old triggers must be gone before it is rebuilt.
+            await self._await_losing()
+            consumer, reader = self._consumer, self._reader
+            assert consumer is not None
+            assert reader is not None
+            await self._rebuilder.run(consumer, reader, parts, started=started)
+            self._rebuild = None
+            self._rebalances.finish()
+            self.bootstrapped.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -560,62 +578,6 @@ class TriggerLane:
         finally:
             if self._consumer is not None:
                 set_fetch_wait(self._consumer, self.options.fetch_max_wait_ms)
-
-    async def _rebuild_parts(self, parts: list[OwnedPartition]) -> None:
-        started = time.monotonic()
-        # A partition lost and re-acquired: its old triggers must be gone before it is rebuilt.
-        await self._await_losing()
-        consumer, reader = self._consumer, self._reader
-        assert consumer is not None
-        assert reader is not None
-        plans = await self._reading.read(consumer, reader, parts)
-        dispatcher = self._dispatcher
-
-        # Tombstone what already fired; dead-letter keyless values.
-        for part, plan in zip(parts, plans, strict=True):
-            for key, offset in plan.already_emitted():
-                dispatcher.tombstone_only(part, key, offset)
-            for offset, value in plan.keyless:
-                dispatcher.dispatch(part, None, value, offset)
-
-        # Follow the live tail from where the fold stopped, before the triggers are started:
-        # a request written from here on is served at once, not after the whole partition.
-        for part in parts:
-            consumer.seek(part.defer_tp, part.table.defer_offset)
-            part.book.follow()
-            self._rebalances.paused(part.number)
-        if not self._gate.paused:
-            consumer.resume(*(p.defer_tp for p in parts))
-        live_after = time.monotonic() - started
-
-        # Start the folded triggers beside the tail.
-        rebuilt = await start_folded(plans, parts, dispatcher.dispatch, dispatcher.deferrals)
-
-        records = self._metrics.bootstrap_records
-        for part, plan in zip(parts, plans, strict=True):
-            part.book.rebuilt()
-            records.labels(queue=self.label, topic="defer").inc(plan.defer_read)
-            records.labels(queue=self.label, topic="resume").inc(plan.resume_read)
-        seconds = time.monotonic() - started
-        self._metrics.bootstrap_seconds.labels(queue=self.label).observe(seconds)
-        self._rebalances.rebuilt(rebuilt)
-        for plan in plans:
-            logger.info(
-                "partition bootstrapped",
-                extra=self._log(
-                    plan.number,
-                    active=len(plan.table),
-                    from_checkpoint=plan.from_checkpoint,
-                    defer_records_read=plan.defer_read,
-                    resume_records_read=plan.resume_read,
-                    already_emitted=len(plan.emitted),
-                    live_after_seconds=round(live_after, 3),
-                    seconds=round(seconds, 3),
-                ),
-            )
-        self._rebuild = None
-        self._rebalances.finish()
-        self.bootstrapped.set()
 
     # -- checkpoints and commits ----------------------------------------------------------------
 

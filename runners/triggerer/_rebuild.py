@@ -1,5 +1,6 @@
-"""The reading that fills the rebuild plans of a lane's new partitions (I/O), and the
-start of the folded triggers beside the live tail."""
+"""A lane's rebuild of its new partitions: the reading that fills their plans (I/O), then
+the tombstones of what already fired, the live tail followed, and the folded triggers
+started beside it."""
 
 from __future__ import annotations
 
@@ -13,14 +14,99 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from .._aiokafka import client_of
+from ._backpressure import FetchGate
 from ._checkpointer import Checkpointer
+from ._dispatcher import RecordDispatcher
 from ._lane_types import BootstrapError, LaneOptions, OwnedPartition
+from ._metrics import TriggererMetrics
+from ._rebalance_recorder import RebalanceRecorder
 from ._rebuild_plan import RebuildPlan, Record, Span, start_order
 
 logger = logging.getLogger(__name__)
 
 _START_SLICE = 0.005
 """Seconds of starting folded triggers before the loop is given back (tail, timers, I/O)."""
+
+
+class Rebuilder:
+    """Rebuilds a lane's new partitions and moves each to live (its book: rebuilding ->
+    starting -> live); the lane runs it in a task and cancels it on revocation."""
+
+    def __init__(
+        self,
+        reading: RebuildReader,
+        *,
+        dispatcher: RecordDispatcher,
+        recorder: RebalanceRecorder,
+        gate: FetchGate,
+        metrics: TriggererMetrics,
+        label: str,
+        log: Callable[..., dict[str, Any]],
+    ) -> None:
+        self._reading = reading
+        self._gate = gate
+        self._dispatcher = dispatcher
+        self._recorder = recorder
+        self._metrics = metrics
+        self._label = label
+        self._log = log
+
+    async def run(
+        self,
+        consumer: AIOKafkaConsumer,
+        reader: AIOKafkaConsumer,
+        parts: list[OwnedPartition],
+        *,
+        started: float,
+    ) -> None:
+        """Rebuild ``parts`` (paused in ``consumer``; resumed once they follow their tail,
+        unless backpressure pauses the lane's fetching then). ``started``: when the rebuild
+        began (monotonic), for its figures."""
+        plans = await self._reading.read(consumer, reader, parts)
+        dispatcher = self._dispatcher
+
+        # Tombstone what already fired; dead-letter keyless values.
+        for part, plan in zip(parts, plans, strict=True):
+            for key, offset in plan.already_emitted():
+                dispatcher.tombstone_only(part, key, offset)
+            for offset, value in plan.keyless:
+                dispatcher.dispatch(part, None, value, offset)
+
+        # Follow the live tail from where the fold stopped, before the triggers are started:
+        # a request written from here on is served at once, not after the whole partition.
+        for part in parts:
+            consumer.seek(part.defer_tp, part.table.defer_offset)
+            part.book.follow()
+            self._recorder.paused(part.number)
+        if not self._gate.paused:
+            consumer.resume(*(p.defer_tp for p in parts))
+        live_after = time.monotonic() - started
+
+        # Start the folded triggers beside the tail.
+        rebuilt = await start_folded(plans, parts, dispatcher.dispatch, dispatcher.deferrals)
+
+        records = self._metrics.bootstrap_records
+        for part, plan in zip(parts, plans, strict=True):
+            part.book.rebuilt()
+            records.labels(queue=self._label, topic="defer").inc(plan.defer_read)
+            records.labels(queue=self._label, topic="resume").inc(plan.resume_read)
+        seconds = time.monotonic() - started
+        self._metrics.bootstrap_seconds.labels(queue=self._label).observe(seconds)
+        self._recorder.rebuilt(rebuilt)
+        for plan in plans:
+            logger.info(
+                "partition bootstrapped",
+                extra=self._log(
+                    plan.number,
+                    active=len(plan.table),
+                    from_checkpoint=plan.from_checkpoint,
+                    defer_records_read=plan.defer_read,
+                    resume_records_read=plan.resume_read,
+                    already_emitted=len(plan.emitted),
+                    live_after_seconds=round(live_after, 3),
+                    seconds=round(seconds, 3),
+                ),
+            )
 
 
 class RebuildReader:
