@@ -1,6 +1,6 @@
 """CPU per DeferRequest on a triggerer's live tail, in-process (no broker, no other process).
 
-The lane's ``_apply_live`` (table, decode, trigger built, supervisor ``add``) over N
+The lane's ``apply_live`` (table, decode, trigger built, supervisor ``add``) over N
 requests as a worker writes them (a ``DateTimeTrigger`` and a resume target), with the
 decode alone beside it. Quiet and repeatable where the live bench
 (``bench.bench_triggerer --only throughput``) shares the machine with a broker and a
@@ -53,7 +53,7 @@ def best_us(run: Callable[[], object], n: int, repeat: int) -> float:
 
 
 async def apply_live_us(records: list[Record], repeat: int) -> float:
-    """Best CPU µs per record of ``_apply_live`` over ``records`` (a fresh lane each time)."""
+    """Best CPU µs per record of ``apply_live`` over ``records`` (a fresh lane each time)."""
     best = float("inf")
     for _ in range(repeat):
         supervisor = TriggerSupervisor(
@@ -76,7 +76,7 @@ async def apply_live_us(records: list[Record], repeat: int) -> float:
         part = OwnedPartition(0, TopicPartition("defer", 0), TopicPartition("resume", 0))
         started = time.process_time()
         for start in range(0, len(records), 2000):  # the lane's max_poll_records
-            lane._apply_live(part, records[start : start + 2000])
+            lane._dispatcher.apply_live(part, records[start : start + 2000])
         best = min(best, time.process_time() - started)
         await supervisor.stop()
     return best / len(records) * 1e6
@@ -103,7 +103,7 @@ def main() -> None:
         quick_us = best_us(lambda: [decode_deferral(v) for v in values], args.n, args.repeat)
         print(f"decode_deferral (the triggerer's read): {quick_us:.2f} µs")
     apply_us = asyncio.run(apply_live_us(records, args.repeat))
-    print(f"_apply_live, whole: {apply_us:.2f} µs per DeferRequest ({1e6 / apply_us:,.0f}/s)")
+    print(f"apply_live, whole: {apply_us:.2f} µs per DeferRequest ({1e6 / apply_us:,.0f}/s)")
 
 
 if __name__ == "__main__":

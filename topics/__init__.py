@@ -32,7 +32,7 @@ from ._settings import Settings
 from ._specs import TopicSpec, topic_specs
 from ._tansu import TansuBroker
 from ._tls import ThrowawayTLS
-from ._tracing import disable_tracing, enable_tracing, trace_receive, trace_send
+from ._tracing import disable_tracing, enable_tracing, trace_receive, trace_send, tracing_on
 
 __all__ = [
     "KAFKA_VERSION",
@@ -93,5 +93,6 @@ __all__ = [
     "topic_specs",
     "trace_receive",
     "trace_send",
+    "tracing_on",
     "validate_queue_name",
 ]

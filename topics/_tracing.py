@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["disable_tracing", "enable_tracing", "trace_receive", "trace_send"]
+__all__ = ["disable_tracing", "enable_tracing", "trace_receive", "trace_send", "tracing_on"]
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +203,11 @@ def enable_tracing(provider: Any) -> None:
 def disable_tracing() -> None:
     """Stop tracing in this process."""
     _SWITCH.tracing, _SWITCH.decided = None, True
+
+
+def tracing_on() -> bool:
+    """Is this process tracing? (A caller with a whole batch asks once, not per record.)"""
+    return (_SWITCH.tracing if _SWITCH.decided else _SWITCH.get()) is not None
 
 
 def trace_send(topic: str, value: bytes | None) -> list[tuple[str, bytes]]:

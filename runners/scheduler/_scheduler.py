@@ -58,6 +58,7 @@ from deferline.topics import (
 )
 from prometheus_client import CollectorRegistry
 
+from .._aiokafka import client_of
 from .._local_state import CheckpointError
 from .._metrics import MetricsServer
 from ..triggerer import LONG_POLL_MS, answers_fetches_early
@@ -351,7 +352,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
                 return set(partitions)
             if time.monotonic() > deadline:
                 raise SchedulerError(f"topic {self.names.tasks} has no partitions")
-            await self._tasks._client.force_metadata_update()
+            await client_of(self._tasks).force_metadata_update()
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -518,7 +519,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         events, lease = self._events, self._lease
         assert events is not None
         assert lease is not None
-        cluster = await events._client.fetch_all_metadata()
+        cluster = await client_of(events).fetch_all_metadata()
         wanted = {
             TopicPartition(topic, partition)
             for topic in cluster.topics()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import struct
 import threading
 import time
@@ -364,8 +363,3 @@ class RocksCheckpointStore:
             dbs, self._open = list(self._open.values()), {}
         for db in dbs:
             db.close()
-
-    def destroy(self) -> None:
-        """Close and delete every checkpoint under the state directory."""
-        self.close()
-        shutil.rmtree(self._root, ignore_errors=True)

@@ -13,6 +13,29 @@ events their triggers produce, flushes what is in flight, checkpoints and commit
 cancelling anything. The next assignment settles it: kept partitions resume at once (held
 events emitted, triggers never stopped), lost ones are cancelled without emitting (their
 new owner rebuilds and fires them), new ones are rebuilt.
+
+:class:`TriggerLane` is a thin shell: it does the I/O (clients, tasks, the fetch loop) and
+wires parts that each own their state. Who writes what:
+
+===========================  ==========================================================
+state                        written by
+===========================  ==========================================================
+``_parts`` (owned map)       :class:`TriggerLane` (assignment, loss, release)
+a partition's phase, held    its :class:`~._partition_book.PartitionBook`, through its
+outcomes, done keys          methods only (moved by the lane and the
+                             :class:`~._rebuild.Rebuilder`; ``claim`` by the dispatcher)
+a partition's ``table``      :class:`~._rebuild.RebuildReader` sets it; the table changes
+                             itself, through its methods (fold, tail, acks, checkpoints)
+a partition's ``saved``      :class:`~._checkpointer.Checkpointer`
+committed offsets, topic     :class:`~._commit_tracker.CommitTracker`
+deleted
+rebalance summaries          :class:`~._rebalance_recorder.RebalanceRecorder`
+event counters, encoder      :class:`~._event_sink.EventSink`
+trigger classes, deferrals   :class:`~._dispatcher.RecordDispatcher`
+fetch paused, its bound      :class:`~._backpressure.FetchGate`
+clients, tasks, closing,     :class:`TriggerLane`
+``bootstrapped``
+===========================  ==========================================================
 """
 
 from __future__ import annotations
@@ -20,26 +43,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
-from deferline.engine import BaseTrigger, TriggerSupervisor
+from deferline.engine import TriggerOutcome, TriggerSupervisor
 from deferline.schemas import KwargsCipher
-from deferline.topics import Settings, TopicNames, make_consumer, stop_client
+from deferline.topics import (
+    Settings,
+    TopicNames,
+    make_consumer,
+    stop_client,
+    trace_receive,
+    tracing_on,
+)
 
+from .._aiokafka import group_generation, join_once, leave_from_generation_zero, set_fetch_wait
+from ._backpressure import FetchGate
 from ._checkpoint import CheckpointStore
+from ._checkpointer import Checkpointer
+from ._commit_tracker import CommitTracker
+from ._dispatcher import RecordDispatcher
 from ._emitter import Emitter
-from ._events import EventEncoder
+from ._event_sink import EventSink
 from ._fetch_wait import SHORT_WAIT_MS
-from ._lane_client import _join_once, _leave_from_generation_zero
-from ._lane_commits import _Commits
-from ._lane_outcomes import _Outcomes
-from ._lane_rebalance import _Listener, _Rebalance
-from ._lane_rebuild import _Rebuild
-from ._lane_tail import _Tail
 from ._lane_types import (
     BootstrapError,
     LaneOptions,
@@ -51,6 +81,9 @@ from ._lane_types import (
     TriggerRef,
 )
 from ._metrics import TriggererMetrics
+from ._partition_book import Verdict
+from ._rebalance_recorder import RebalanceRecorder
+from ._rebuild import Rebuilder, RebuildReader
 from ._sticky_assignor import StickyAssignor
 
 __all__ = [
@@ -66,8 +99,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_EMIT, _REPEAT, _DROP = Verdict.EMIT, Verdict.REPEAT, Verdict.DROP
+"""Bound once: the verdict of every outcome is compared on the fire path."""
 
-class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
+
+class TriggerLane:
     """A consumer-group member on one trigger queue's defer topic.
 
     The fetch loop (:meth:`run`) and the rebalance callbacks share the partition map; the
@@ -95,44 +131,91 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         self.options = options
         self.member = options.member
         names = TopicNames(settings.topic_prefix)
-        self.names = names
         self.defer_topic = names.defer(queue)
         self.resume_topic = names.resume(queue)
         suffix = f".{queue}" if queue else ""
         self.group_id = f"{settings.topic_prefix}triggerer{suffix}"
+        self.bootstrapped = asyncio.Event()
+        """Set while no rebuild is running (cleared while new partitions are rebuilt)."""
         self._supervisor = supervisor
         self._emitter = emitter
-        self._store = store
         self._metrics = metrics
-        self._cipher = cipher
         self._cancel = cancel
         self._on_fatal = on_fatal
-        self._allowed = tuple(settings.allowed_trigger_prefixes)
-        self._classes: dict[str, type[BaseTrigger]] = {}
-        """Trigger classes resolved under ``_allowed``, by classpath (a rebuild resolves the
-        same few classpaths for every record)."""
-        self._deferrals = metrics.deferrals.labels(queue=self.label)
         self._parts: dict[int, OwnedPartition] = {}
-        self._topic_deleted = False
-        self._committed: dict[TopicPartition, int] = {}
-        self._encoder = EventEncoder()
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: AIOKafkaConsumer | None = None
-        self._bootstrap: asyncio.Task[None] | None = None
+        self._rebuild: asyncio.Task[None] | None = None
+        self._losing: asyncio.Task[None] | None = None
+        """Cancels the triggers of lost partitions (a rebuild waits for it)."""
         self._closing = False
         """Set by :meth:`release_all` and :meth:`close`: no rebuild starts from then on."""
-        self._paused = False
-        self._event_counters: dict[str, Any] = {}
+        self._gate = FetchGate(label=self.label, metrics=metrics, log=self._log)
         self._assignor = StickyAssignor()
-        self._revoked_at: float | None = None
-        self._dropping: asyncio.Task[None] | None = None
-        self._summary: RebalanceSummary | None = None
-        self.rebalance_log: list[RebalanceSummary] = []
+        self._checkpointer = Checkpointer(
+            store,
+            topic=self.defer_topic,
+            max_age=options.checkpoint_max_age,
+            metrics=metrics,
+            log=self._log,
+        )
+        self._commits = CommitTracker(
+            topic=self.defer_topic,
+            group_id=self.group_id,
+            within=options.flush_timeout,
+            on_fatal=on_fatal,
+            log=self._log,
+        )
+        self._rebalances = RebalanceRecorder(label=self.label, metrics=metrics, log=self._log)
+        self._sink = EventSink(
+            emitter,
+            names=names,
+            queue=queue,
+            member=self.member,
+            direct_resume=options.direct_resume,
+            metrics=metrics,
+            log=self._log,
+        )
+        self._dispatcher = RecordDispatcher(
+            self,
+            supervisor=supervisor,
+            sink=self._sink,
+            cipher=cipher,
+            allowed=tuple(settings.allowed_trigger_prefixes),
+            cancel=cancel,
+            metrics=metrics,
+            log=self._log,
+        )
+        self._rebuilder = Rebuilder(
+            RebuildReader(
+                defer_topic=self.defer_topic,
+                resume_topic=self.resume_topic,
+                options=options,
+                checkpointer=self._checkpointer,
+                prefix=settings.topic_prefix,
+                group=self.group_id,
+                log=self._log,
+            ),
+            dispatcher=self._dispatcher,
+            recorder=self._rebalances,
+            gate=self._gate,
+            metrics=metrics,
+            label=self.label,
+            log=self._log,
+        )
+
+    def _log(self, part: int | None = None, **fields: Any) -> dict[str, Any]:
+        return {"member": self.member, "queue": self.label, "partition": part, **fields}
+
+    @property
+    def rebalance_log(self) -> list[RebalanceSummary]:
         """The last rebalances of this lane (most recent last, at most 100)."""
-        self.bootstrapped = asyncio.Event()
+        return self._rebalances.history
+
+    # -- clients and the fetch loop -------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the group consumer and the bootstrap reader, and join the group."""
+        """Create the group consumer and the rebuild reader, and join the group."""
         common: dict[str, Any] = {
             "client_id": self.member,
             "max_partition_fetch_bytes": 8 * 1024 * 1024,
@@ -164,8 +247,8 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         )
         await self._reader.start()
         await self._consumer.start()
-        _leave_from_generation_zero(self._consumer)
-        _join_once(self._consumer)
+        leave_from_generation_zero(self._consumer)
+        join_once(self._consumer)
         self._consumer.subscribe([self.defer_topic], listener=_Listener(self, rebalance_ms / 2000))
         logger.info(
             "triggerer lane joining group",
@@ -183,7 +266,11 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         ticker = asyncio.create_task(self._checkpoint_loop(stop), name="checkpoints")
         try:
             while not stop.is_set():
-                self._apply_backpressure()
+                self._gate.check(
+                    consumer,
+                    self._supervisor.pending + self._emitter.backlog,
+                    [p.defer_tp for p in self._parts.values() if p.live],
+                )
                 try:
                     batches = await consumer.getmany(
                         timeout_ms=200, max_records=self.options.max_poll_records
@@ -199,7 +286,9 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
                 for tp, records in batches.items():
                     part = self._parts.get(tp.partition)
                     if part is not None and part.live:
-                        self._apply_live(part, records)
+                        for record in records if tracing_on() else ():
+                            trace_receive(tp.topic, record.value, record.headers)
+                        self._dispatcher.apply_live(part, records)
         finally:
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -210,12 +299,12 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
 
         The triggers are not cancelled here: the supervisor stops them all once the member
         has left the group, so the peers start rebuilding these partitions that much sooner
-        (33,000 timers took 0.4 s to cancel). Nothing is emitted for them meanwhile: their
-        partitions are no longer live, and an outcome of a partition not held is dropped.
+        (see docs/benchmarks.md). Nothing is emitted for them from the moment the release
+        starts: an outcome of a releasing partition is dropped.
         """
         self._closing = True
-        await self._cancel_bootstrap()
-        await self._await_dropping()
+        await self._cancel_rebuild()
+        await self._await_losing()
         await self._release(list(self._parts.values()), cancel=False)
 
     async def close(self) -> None:
@@ -225,42 +314,313 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
         of it in flight while they close would open a connection nothing closes.
         """
         self._closing = True
-        await self._cancel_bootstrap()
+        await self._cancel_rebuild()
         consumer, self._consumer = self._consumer, None
         reader, self._reader = self._reader, None
         for client in (consumer, reader):
             if client is not None:
                 await stop_client(client, grace=self.options.flush_timeout, name="consumer")
 
-    # -- backpressure ---------------------------------------------------------------------------
+    # -- outcomes -------------------------------------------------------------------------------
 
-    def _apply_backpressure(self) -> None:
-        consumer = self._consumer
-        if consumer is None:
-            return
-        load = self._supervisor.pending + self._emitter.backlog
-        limit = self._max_pending
-        live = [p.defer_tp for p in self._parts.values() if p.live]
-        if not self._paused and load > limit:
-            self._paused = True
-            if live:
-                consumer.pause(*live)
-            self._metrics.fetch_paused.labels(queue=self.label).set(1)
-            logger.info(
-                "fetch paused: backlog above bound", extra=self._log(load=load, bound=limit)
+    def handle_outcome(self, ref: TriggerRef, outcome: TriggerOutcome) -> None:
+        """An event from the supervisor (synchronous): its partition's book says whether
+        it is emitted, held or dropped; an emitted trigger is then cancelled."""
+        part = ref.part
+        verdict = part.book.outcome(ref.key, (ref, outcome))
+        if verdict is _EMIT:
+            part.table.note_emitting(ref.key)
+            if not outcome.final:
+                # The first event resumes the task; a multi-event trigger is stopped here.
+                self._cancel(outcome.trigger_id)
+            self._sink.outcome(ref, outcome)
+        elif verdict is _REPEAT:
+            self._metrics.extra_events_dropped.inc()
+            if not outcome.final:
+                self._cancel(outcome.trigger_id)
+        elif verdict is _DROP:
+            # Lost to another member, or being released: the next owner fires it.
+            logger.debug(
+                "outcome of a partition not emitted for dropped",
+                extra=self._log(part.number, trigger_id=outcome.trigger_id),
             )
-        elif self._paused and load <= limit // 2:
-            self._paused = False
-            if live:
-                consumer.resume(*live)
-            self._metrics.fetch_paused.labels(queue=self.label).set(0)
-            logger.info("fetch resumed", extra=self._log(load=load))
+
+    # -- rebalances -----------------------------------------------------------------------------
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Quiesce the revoked partitions: stop emitting, flush, checkpoint and commit.
+
+        Nothing is cancelled: the next assignment tells which partitions stay here. Every
+        member runs this before it rejoins, and no member is assigned anything before all
+        have rejoined, so no two members ever emit for one partition. A partition still
+        being rebuilt is released outright (its rebuild is cancelled).
+        """
+        await self._cancel_rebuild()
+        self._rebalances.revoked()
+        now = time.monotonic()
+        parts = self._owned_among(revoked)
+        quiet = [p for p in parts if p.ready]
+        for part in quiet:
+            part.book.quiesce(now)
+        await self._release([p for p in parts if not p.ready])
+        if not quiet:
+            return
+        await self._flush()
+        for part in quiet:
+            await self._checkpointer.save(part, rebuilt=True)
+        await self._commit(quiet)
+        logger.info(
+            "partitions quiesced",
+            extra=self._log(
+                partitions=sorted(p.number for p in quiet),
+                seconds=round(time.monotonic() - now, 3),
+            ),
+        )
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Resume kept partitions, cancel lost ones, rebuild new ones in the background.
+
+        aiokafka sends no heartbeats while this callback runs, so the long parts (reading
+        new partitions, cancelling the triggers of lost ones) happen in tasks; new
+        partitions stay paused until their rebuild is done.
+        """
+        consumer = self._consumer
+        if consumer is None or self._closing:
+            # Shutting down: an assignment that arrives while this member releases its
+            # partitions (a peer left or joined meanwhile) is not served; the peers take
+            # it over once this member has left.
+            return
+        now = time.monotonic()
+        generation = group_generation(consumer)
+        self._assignor.note_generation(generation)
+        mine = {tp.partition for tp in assigned if tp.topic == self.defer_topic}
+        kept = [p for n, p in sorted(self._parts.items()) if n in mine]
+        lost = [p for n, p in sorted(self._parts.items()) if n not in mine]
+        new = sorted(
+            (
+                tp
+                for tp in assigned
+                if tp.topic == self.defer_topic and tp.partition not in self._parts
+            ),
+            key=lambda tp: tp.partition,
+        )
+        # Lost: gone now (outcomes of their triggers are dropped from here on); their
+        # triggers are cancelled in the background, without emitting.
+        self._rebalances.assigned(
+            generation,
+            kept=[p.number for p in kept],
+            acquired=[tp.partition for tp in new],
+            lost=[p.number for p in lost],
+            triggers_kept=sum(len(p.table) for p in kept),
+            triggers_cancelled=self._lose(lost),
+        )
+
+        # Kept: follow the tail from where the lane stopped, emit what was held.
+        for part in kept:
+            held, since = part.book.keep()
+            consumer.seek(part.defer_tp, part.table.defer_offset)
+            self._rebalances.paused(part.number, now if since is None else since)
+            for ref, outcome in held:
+                self.handle_outcome(ref, outcome)
+        if kept and self._gate.paused:
+            consumer.pause(*(p.defer_tp for p in kept))
+
+        # New: rebuild from the checkpoint and the topics.
+        parts = []
+        for tp in new:
+            self._commits.forget(tp)
+            part = OwnedPartition(
+                number=tp.partition,
+                defer_tp=tp,
+                resume_tp=TopicPartition(self.resume_topic, tp.partition),
+            )
+            self._parts[tp.partition] = part
+            parts.append(part)
+        self._metrics.assigned_partitions.labels(queue=self.label).set(len(self._parts))
+        logger.info(
+            "partitions assigned",
+            extra=self._log(
+                partitions=sorted(self._parts),
+                kept=[p.number for p in kept],
+                acquired=[p.number for p in parts],
+                lost=[p.number for p in lost],
+                generation=generation,
+            ),
+        )
+        if not parts:
+            self._rebalances.finish()
+            self.bootstrapped.set()
+            return
+        consumer.pause(*new)
+        set_fetch_wait(consumer, min(self.options.fetch_max_wait_ms, SHORT_WAIT_MS))
+        self.bootstrapped.clear()
+        self._rebuild = asyncio.create_task(self._rebuild_guarded(parts), name="rebuild")
+
+    def lose_unready(self, revoked: set[TopicPartition]) -> None:
+        """After a revocation cut short: the revoked partitions that were not ready (their
+        rebuild or release interrupted) are lost here, so the next assignment rebuilds them
+        rather than keep them half-built. Ready ones stay: kept, they resume; else lost."""
+        self._lose([p for p in self._owned_among(revoked) if not p.ready])
+
+    def _owned_among(self, partitions: Iterable[TopicPartition]) -> list[OwnedPartition]:
+        return [
+            part
+            for tp in partitions
+            if tp.topic == self.defer_topic and (part := self._parts.get(tp.partition)) is not None
+        ]
+
+    def _lose(self, parts: list[OwnedPartition]) -> int:
+        """``parts`` are gone now; their triggers are cancelled in the background, without
+        emitting (a rebuild waits for that). The number of triggers cancelled."""
+        cancelled: list[str] = []
+        for part in parts:
+            self._parts.pop(part.number, None)
+            part.book.gone()
+            cancelled.extend(self._running(part))
+        if parts:
+            previous = self._losing
+            self._losing = asyncio.create_task(
+                self._cancel_lost(previous, parts, cancelled), name="cancel-lost-partitions"
+            )
+        return len(cancelled)
+
+    def _running(self, part: OwnedPartition) -> list[str]:
+        """The ids of the partition's triggers that the supervisor runs."""
+        supervisor = self._supervisor
+        return [tid for key in part.table if (tid := key.decode(errors="replace")) in supervisor]
+
+    async def _cancel_lost(
+        self,
+        previous: asyncio.Task[None] | None,
+        parts: list[OwnedPartition],
+        trigger_ids: list[str],
+    ) -> None:
+        """Cancel the triggers of lost partitions (their outcomes are dropped) and close
+        their checkpoints, after the previous loss's. A failure is logged here and raised
+        to whoever waits for it (a rebuild then fails: it must not run a second copy)."""
+        try:
+            if previous is not None:
+                await previous
+            await self._supervisor.cancel_many(trigger_ids)
+            for part in parts:
+                await self._checkpointer.release(part.number)
+        except Exception:
+            logger.exception(
+                "cancelling the triggers of lost partitions failed",
+                extra=self._log(partitions=[p.number for p in parts]),
+            )
+            raise
+        logger.info(
+            "lost partitions dropped",
+            extra=self._log(
+                partitions=[p.number for p in parts], triggers_cancelled=len(trigger_ids)
+            ),
+        )
+
+    async def _await_losing(self) -> None:
+        """Wait until lost partitions' triggers are cancelled (before rebuilding any)."""
+        task = self._losing
+        if task is not None:
+            await task
+            if self._losing is task:
+                self._losing = None
+
+    async def _release(self, parts: list[OwnedPartition], *, cancel: bool = True) -> None:
+        """Stop emitting for ``parts``, flush, checkpoint, commit and let them go; with
+        ``cancel``, their triggers are cancelled first (else the caller stops them)."""
+        rebuilt = [p for p in parts if p.ready]
+        parts = [p for p in parts if p.book.release()]
+        if not parts:
+            return
+        started = time.monotonic()
+        ids = [tid for part in parts for tid in self._running(part)]
+        if cancel:
+            await self._supervisor.cancel_many(ids)
+        await self._flush()
+        for part in parts:
+            await self._checkpointer.save(part, rebuilt=part in rebuilt)
+            await self._checkpointer.release(part.number)
+        await self._commit([p for p in parts if p in rebuilt])
+        for part in parts:
+            part.book.gone()
+            self._parts.pop(part.number, None)
+        self._metrics.assigned_partitions.labels(queue=self.label).set(len(self._parts))
+        logger.info(
+            "partitions released",
+            extra=self._log(
+                partitions=[p.number for p in parts],
+                triggers_cancelled=len(ids) if cancel else 0,
+                seconds=round(time.monotonic() - started, 3),
+            ),
+        )
+
+    async def _flush(self) -> None:
+        if not await self._emitter.flush(self.options.flush_timeout):
+            logger.error(
+                "pending sends not flushed before revocation; the next owner re-runs them",
+                extra=self._log(backlog=self._emitter.backlog),
+            )
+
+    # -- rebuild --------------------------------------------------------------------------------
+
+    async def _cancel_rebuild(self) -> None:
+        task, self._rebuild = self._rebuild, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _rebuild_guarded(self, parts: list[OwnedPartition]) -> None:
+        try:
+            started = time.monotonic()
+            # A partition lost and won back: its old triggers must be gone before it is rebuilt.
+            await self._await_losing()
+            consumer, reader = self._consumer, self._reader
+            assert consumer is not None
+            assert reader is not None
+            await self._rebuilder.run(consumer, reader, parts, started=started)
+            self._rebuild = None
+            self._rebalances.finish()
+            self.bootstrapped.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("rebuild failed", extra=self._log(error=repr(exc)))
+            self._on_fatal(BootstrapError(f"rebuild of {self.defer_topic} failed: {exc}"))
+        finally:
+            if self._consumer is not None:
+                set_fetch_wait(self._consumer, self.options.fetch_max_wait_ms)
+
+    # -- checkpoints and commits ----------------------------------------------------------------
+
+    async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
+        """Checkpoint and commit every ``checkpoint_interval`` s, off the fetch path."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.options.checkpoint_interval)
+            if stop.is_set() or await self._commits.topic_deleted(self._consumer, self._reader):
+                return
+            try:
+                await self.checkpoint_all()
+            except Exception:
+                logger.exception("periodic checkpoint failed", extra=self._log())
+
+    async def checkpoint_all(self) -> None:
+        """Checkpoint every live partition and commit the positions of the rebuilt ones."""
+        parts = [p for p in self._parts.values() if p.live]
+        for part in parts:
+            await self._checkpointer.save(part, rebuilt=part.ready)
+        await self._commit([p for p in parts if p.ready])
+
+    async def _commit(self, parts: list[OwnedPartition]) -> None:
+        offsets = {p.defer_tp: p.table.defer_offset for p in parts}
+        await self._commits.commit(self._consumer, self._reader, offsets)
 
     def set_max_pending(self, bound: int) -> None:
         """Pause fetching while pending triggers plus unsent events exceed ``bound``."""
-        self._max_pending = max(1, bound)
+        self._gate.set_bound(bound)
 
-    # -- introspection ------------------------------------------------------------------------
+    # -- introspection --------------------------------------------------------------------------
 
     def partitions(self) -> list[tuple[str, int, int, int]]:
         """``(queue, partition, active_triggers, consumer_lag)`` for the metrics."""
@@ -279,3 +639,33 @@ class TriggerLane(_Rebalance, _Rebuild, _Tail, _Outcomes, _Commits):
     def owned(self) -> list[int]:
         """Numbers of the owned partitions."""
         return sorted(self._parts)
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Rebalance callbacks of one lane, as aiokafka's listener object.
+
+    aiokafka rejoins only once the revocation callback returns, and the whole group waits
+    for that rejoin (up to the rebalance timeout, then without this member): so the
+    quiesce is bounded by ``within`` seconds. Cut short, it has already stopped emitting
+    for the revoked partitions (its first step); what it did not flush, checkpoint or
+    commit the next owner redoes from the topics.
+    """
+
+    def __init__(self, lane: TriggerLane, within: float) -> None:
+        self._lane = lane
+        self._within = within
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        revoked = set(revoked)
+        try:
+            await asyncio.wait_for(self._lane.on_partitions_revoked(revoked), self._within)
+        except TimeoutError:
+            logger.error(
+                "revocation not quiesced within %.0f s; rejoining the group anyway",
+                self._within,
+                extra=self._lane._log(),
+            )
+            self._lane.lose_unready(revoked)
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        await self._lane.on_partitions_assigned(set(assigned))

@@ -1,4 +1,4 @@
-"""The lane's data: its options, errors, owned partitions, trigger refs and rebalance summaries."""
+"""The lane's data: options, errors, owned partitions, trigger refs, rebalance summaries."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from deferline.engine import TriggerOutcome
 from deferline.schemas import DeferlineError
 
 from ._input import peek_identity
+from ._partition_book import PartitionBook
 from ._partition_table import ActiveTriggerTable
 
 if TYPE_CHECKING:
-    from ._lane_state import _LaneCore
+    from ._lane import TriggerLane
 
 
 class StopTrigger(Protocol):
@@ -60,10 +61,15 @@ class LaneOptions:
 class TriggerRef:
     """What the supervisor carries for each trigger: where it came from (no decoded copy)."""
 
-    lane: _LaneCore
-    partition: int
+    lane: TriggerLane
+    part: OwnedPartition
     key: bytes
     value: bytes
+
+    @property
+    def partition(self) -> int:
+        """The defer partition (read by the supervisor's log lines)."""
+        return self.part.number
 
     @property
     def member(self) -> str:
@@ -77,29 +83,45 @@ class TriggerRef:
         return str(task) if task is not None else None
 
 
+Held = tuple[TriggerRef, TriggerOutcome]
+"""An outcome held while its partition is quiesced."""
+
+
+@dataclass(slots=True, eq=False)
+class SavePoint:
+    """Where a partition's checkpoint stands (written by the lane's checkpointer only)."""
+
+    enabled: bool = True
+    """False once the store failed to load it: the partition is not checkpointed again."""
+    positions: tuple[int, int] | None = None
+    """The (defer, resume) offsets last written or restored."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 @dataclass(slots=True, eq=False)
 class OwnedPartition:
-    """One assigned defer partition and its co-partitioned resume partition."""
+    """One assigned defer partition and its co-partitioned resume partition.
+
+    Its lifecycle is ``book`` (one phase); its triggers are ``table`` (set by the rebuild,
+    then changed through its own methods); its checkpoint state is ``saved``.
+    """
 
     number: int
     defer_tp: TopicPartition
     resume_tp: TopicPartition
     table: ActiveTriggerTable = field(default_factory=ActiveTriggerTable)
-    done: set[bytes] = field(default_factory=set)
-    """Keys whose event (or tombstone) is produced or queued: never emit for them again."""
-    ready: bool = False
-    """The rebuild finished: the table reflects the log up to ``table.defer_offset``."""
-    live: bool = False
-    """Records from the group consumer are applied (ready and not being released)."""
-    checkpointable: bool = True
-    saved: tuple[int, int] | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    read_defer: int = 0
-    read_resume: int = 0
-    quiesced_at: float | None = None
-    """Set while revoked and not yet re-assigned: nothing is emitted for the partition."""
-    held: list[tuple[TriggerRef, TriggerOutcome]] = field(default_factory=list)
-    """Outcomes produced while quiesced: emitted if the partition is kept, else dropped."""
+    book: PartitionBook[Held] = field(default_factory=PartitionBook)
+    saved: SavePoint = field(default_factory=SavePoint)
+
+    @property
+    def live(self) -> bool:
+        """Records from the group consumer are applied and outcomes emitted."""
+        return self.book.emitting
+
+    @property
+    def ready(self) -> bool:
+        """The rebuild finished: the table reflects the log up to ``table.defer_offset``."""
+        return self.book.ready
 
 
 @dataclass(slots=True, kw_only=True)

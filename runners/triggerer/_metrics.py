@@ -172,6 +172,13 @@ class TriggererMetrics:
             "Partition checkpoints discarded because they were read from another log.",
             registry=r,
         )
+        self.checkpoint_failures = Counter(
+            "deferline_triggerer_checkpoint_failures",
+            "Checkpoint store calls that failed (action=write|discard|release); the lane goes "
+            "on, and the partition is rebuilt from the topics when its checkpoint is unusable.",
+            ["action"],
+            registry=r,
+        )
         self.deferrals = Counter(
             "deferline_triggerer_deferrals",
             "DeferRequests read from the defer topics.",

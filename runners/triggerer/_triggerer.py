@@ -14,8 +14,8 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +152,6 @@ class TriggererOptions:
     create_topics: bool = True
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
-    lane_overrides: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _normalise_queues(queues: Sequence[str | None]) -> tuple[str | None, ...]:
@@ -284,7 +283,6 @@ class Triggerer(Lifecycle):
             resume_skew_margin=options.resume_skew_margin,
             flush_timeout=options.flush_timeout,
             group_instance_id=self.member if options.static else None,
-            **dict(options.lane_overrides),
         )
         for queue in self.queues:
             lane = TriggerLane(
@@ -350,8 +348,10 @@ class Triggerer(Lifecycle):
             except Exception:
                 logger.exception("releasing partitions failed", extra={"member": self.member})
         for lane in self._lanes:
-            with contextlib.suppress(Exception):
+            try:
                 await lane.close()
+            except Exception:
+                logger.exception("leaving the group failed", extra={"member": self.member})
         left = asyncio.get_running_loop().time() - started
         if self._supervisor is not None:
             await self._supervisor.stop()

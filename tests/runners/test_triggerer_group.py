@@ -12,8 +12,8 @@ from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import UnknownMemberIdError
 from aiokafka.protocol.group import JoinGroupRequest
-from deferline.runners.triggerer._lane_client import _join_once
-from deferline.runners.triggerer._lane_rebalance import _Listener, _Rebalance
+from deferline.runners._aiokafka import join_once
+from deferline.runners.triggerer._lane import TriggerLane, _Listener
 from deferline.runners.triggerer._sticky_assignor import StickyAssignor
 
 
@@ -45,7 +45,7 @@ class _Coordinator:
 
 
 def _consumer(coordinator: _Coordinator) -> AIOKafkaConsumer:
-    """A consumer as far as ``_join_once`` looks at one: its coordinator."""
+    """A consumer as far as ``join_once`` looks at one: its coordinator."""
     return cast(AIOKafkaConsumer, SimpleNamespace(_coordinator=coordinator))
 
 
@@ -65,7 +65,7 @@ async def _join(coordinator: _Coordinator) -> None:
 async def test_a_join_sends_one_joingroup_offering_every_assignor() -> None:
     assignors = [StickyAssignor(), RoundRobinPartitionAssignor]
     coordinator = _Coordinator(assignors)
-    _join_once(_consumer(coordinator))
+    join_once(_consumer(coordinator))
 
     await _join(coordinator)
 
@@ -78,7 +78,7 @@ async def test_a_join_sends_one_joingroup_offering_every_assignor() -> None:
 
 
 async def test_without_the_adjustment_aiokafka_sends_one_joingroup_per_assignor() -> None:
-    """The behaviour ``_join_once`` corrects: if aiokafka fixes it, this test says so."""
+    """The behaviour ``join_once`` corrects: if aiokafka fixes it, this test says so."""
     coordinator = _Coordinator([StickyAssignor(), RoundRobinPartitionAssignor])
 
     await _join(coordinator)
@@ -88,7 +88,7 @@ async def test_without_the_adjustment_aiokafka_sends_one_joingroup_per_assignor(
 
 async def test_other_requests_go_out_unchanged() -> None:
     coordinator = _Coordinator([StickyAssignor(), RoundRobinPartitionAssignor])
-    _join_once(_consumer(coordinator))
+    join_once(_consumer(coordinator))
     request = object()
 
     answer = await coordinator._send_req(request)
@@ -111,7 +111,7 @@ class _StuckLane:
             self.cancelled = True
             raise
 
-    def drop_unready(self, revoked: set[TopicPartition]) -> None:
+    def lose_unready(self, revoked: set[TopicPartition]) -> None:
         self.dropped.append(revoked)
 
     def _log(self) -> dict[str, Any]:
@@ -122,7 +122,7 @@ async def test_a_revocation_that_does_not_end_is_cut_short_so_the_member_rejoins
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     lane = _StuckLane()
-    listener = _Listener(cast(_Rebalance, lane), within=0.05)
+    listener = _Listener(cast(TriggerLane, lane), within=0.05)
     revoked = {TopicPartition("deferline.defer", 3)}
 
     await listener.on_partitions_revoked(revoked)

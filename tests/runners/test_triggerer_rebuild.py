@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka import TopicPartition
-from deferline.runners.triggerer._lane_rebuild import _Rebuild
 from deferline.runners.triggerer._lane_types import OwnedPartition
 from deferline.runners.triggerer._partition_table import ActiveTriggerTable
+from deferline.runners.triggerer._rebuild import start_folded
+from deferline.runners.triggerer._rebuild_plan import RebuildPlan, Span
 
 
 class Count:
@@ -18,8 +19,8 @@ class Count:
         self.value += amount
 
 
-class Starts(_Rebuild):
-    """Only what ``_start_folded`` uses: ``_dispatch`` records what it is given, and may run a
+class Starts:
+    """What ``start_folded`` is given: ``dispatch`` records what it is given, and may run a
     tail step (what the live tail does between two slices) right after a given key."""
 
     def __init__(self, work: int = 0) -> None:
@@ -27,6 +28,26 @@ class Starts(_Rebuild):
         self.tail_after: dict[bytes, list[tuple[bytes, bytes | None]]] = {}
         self.work = work
         self._deferrals = Count()
+
+    async def _start_folded(
+        self,
+        parts: list[OwnedPartition],
+        emitted: dict[int, dict[bytes, int]],
+        committed: dict[int, int],
+    ) -> int:
+        plans = [
+            RebuildPlan(
+                number=part.number,
+                defer=Span(begin=0, end=part.table.defer_offset),
+                resume=Span(begin=0, end=0),
+                committed=committed.get(part.number, 0),
+                table=part.table,
+                from_checkpoint=False,
+                emitted=emitted[part.number],
+            )
+            for part in parts
+        ]
+        return await start_folded(plans, parts, self._dispatch, self._deferrals)
 
     def _dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> bool:
         self.dispatched.append((key, value, offset))

@@ -59,7 +59,7 @@ async def test_an_assignment_arriving_during_release_starts_no_rebuild() -> None
     lane = make_lane(journal)
     await lane.release_all()
     await lane.on_partitions_assigned({TopicPartition(lane.defer_topic, 3)})
-    assert lane._bootstrap is None, "a rebuild was started while shutting down"
+    assert lane._rebuild is None, "a rebuild was started while shutting down"
     assert lane.owned == []
     assert journal == []
     await lane.close()
@@ -77,7 +77,7 @@ async def test_close_cancels_a_running_rebuild_before_it_stops_the_clients() -> 
             journal.append("rebuild cancelled")
             raise
 
-    lane._bootstrap = asyncio.create_task(rebuild())
+    lane._rebuild = asyncio.create_task(rebuild())
     await asyncio.sleep(0)  # the rebuild is waiting on the broker
     await lane.close()
     assert journal == ["rebuild cancelled", "consumer stopped", "reader stopped"]

@@ -1,0 +1,226 @@
+"""What a lane does with the defer records of a partition: start, cancel, dead-letter."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from deferline.engine import BaseTrigger, TriggerSupervisor
+from deferline.schemas import (
+    DeadLetter,
+    KwargsCipher,
+    TaskKey,
+    TriggerEventRecord,
+    make_event_id,
+)
+
+from ._event_sink import EventSink
+from ._input import BadRecord, CancelTrigger, StartTrigger, interpret
+from ._lane_types import OwnedPartition, StopTrigger, TriggerRef
+from ._metrics import TriggererMetrics
+from ._rebuild_plan import Record
+
+if TYPE_CHECKING:
+    from ._lane import TriggerLane
+
+logger = logging.getLogger(__name__)
+
+
+class RecordDispatcher:
+    """Interprets records of the defer topic and acts on each (no table of its own: the
+    partition's table and book are the partition's)."""
+
+    def __init__(
+        self,
+        lane: TriggerLane,
+        *,
+        supervisor: TriggerSupervisor,
+        sink: EventSink,
+        cipher: KwargsCipher | None,
+        allowed: tuple[str, ...],
+        cancel: StopTrigger,
+        metrics: TriggererMetrics,
+        log: Callable[..., dict[str, Any]],
+    ) -> None:
+        self._lane = lane
+        self._supervisor = supervisor
+        self._sink = sink
+        self._cipher = cipher
+        self._allowed = allowed
+        self._cancel = cancel
+        self._metrics = metrics
+        self._log = log
+        self._label = lane.label
+        self._defer_topic = lane.defer_topic
+        self._member = lane.member
+        self._queue = lane.queue
+        self._classes: dict[str, type[BaseTrigger]] = {}
+        """Trigger classes resolved under ``allowed``, by classpath (a rebuild resolves the
+        same few classpaths for every record)."""
+        self.deferrals = metrics.deferrals.labels(queue=self._label)
+
+    def apply_live(self, part: OwnedPartition, records: Sequence[Record]) -> None:
+        """Fold a batch from the group consumer into the table and act on each record."""
+        table = part.table
+        deferrals = 0
+        for record in records:
+            if record.offset < table.defer_offset:
+                continue  # already folded (redelivery after a seek)
+            key, value = record.key, record.value
+            if key is None:
+                table.skip(record.offset)
+                if value is not None:
+                    self.dispatch(part, None, value, record.offset)
+                continue
+            table.apply(key, value, offset=record.offset, timestamp=record.timestamp)
+            if value is None:
+                self._tombstoned(part, key)
+            else:
+                deferrals += self.dispatch(part, key, value, record.offset)
+        if deferrals:
+            self.deferrals.inc(deferrals)
+
+    def _tombstoned(self, part: OwnedPartition, key: bytes) -> None:
+        if part.book.tombstoned(key):
+            return
+        tid = key.decode(errors="replace")
+        if tid in self._supervisor:
+            # Someone else finished it (an earlier owner's late tombstone): stop our copy.
+            logger.info(
+                "trigger tombstoned elsewhere; stopping it",
+                extra=self._log(part.number, trigger_id=tid),
+            )
+            self._cancel(tid)
+
+    def dispatch(self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int) -> bool:
+        """Act on one non-tombstone value: start, cancel, or dead-letter it.
+
+        True when it is a deferral, for the caller's count (one counter update per batch).
+        """
+        decision = interpret(
+            key, value, allowed_prefixes=self._allowed, cipher=self._cipher, classes=self._classes
+        )
+        if isinstance(decision, StartTrigger):
+            assert key is not None
+            request = decision.request
+            if key in part.book.done or request.trigger_id in self._supervisor:
+                return True  # the same deferral again: keep the running copy
+            ref = TriggerRef(self._lane, part, key, value)
+            self._supervisor.add(
+                request.trigger_id, decision.trigger, timeout_at=request.timeout_at, context=ref
+            )
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "trigger started",
+                    extra=self._log(
+                        part.number,
+                        trigger_id=request.trigger_id,
+                        task=str(request.task),
+                        classpath=request.classpath,
+                    ),
+                )
+            return True
+        if isinstance(decision, CancelTrigger):
+            assert key is not None
+            self._cancelled(part, key, decision)
+            return False
+        self._dead_letter(part, key, value, offset, decision)
+        return False
+
+    def _cancelled(self, part: OwnedPartition, key: bytes, decision: CancelTrigger) -> None:
+        cancel = decision.request
+        self._metrics.cancel_requests.labels(queue=self._label).inc()
+        if not part.book.claim(key):
+            return
+        part.table.note_emitting(key)
+        if cancel.trigger_id in self._supervisor:
+            self._cancel(cancel.trigger_id, kill=True)  # a user's action: on_kill()
+        record = self._event(
+            part, cancel.trigger_id, cancel.task, cancel.defer_seq, "cancelled", cancel.reason
+        )
+        logger.info(
+            "trigger cancelled",
+            extra=self._log(
+                part.number,
+                trigger_id=cancel.trigger_id,
+                task=str(cancel.task),
+                reason=cancel.reason,
+            ),
+        )
+        self._sink.record(part, key, record)
+
+    def tombstone_only(self, part: OwnedPartition, key: bytes, event_offset: int) -> None:
+        """The event is already on the resume topic: only the tombstone is missing."""
+        part.book.claim(key)
+        part.table.note_emitting(key)
+        part.table.note_event_offset(key, event_offset)
+        logger.info(
+            "trigger already emitted; writing its missing tombstone",
+            extra=self._log(part.number, trigger_id=key.decode(errors="replace")),
+        )
+        self._sink.tombstone(part.number, key)
+
+    def _dead_letter(
+        self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int, bad: BadRecord
+    ) -> None:
+        letter = DeadLetter(
+            topic=self._defer_topic,
+            partition=part.number,
+            offset=offset,
+            key=key,
+            value=value,
+            error=bad.error,
+            error_type=bad.error_type,
+            member=self._member,
+            trigger_id=bad.trigger_id,
+            task=bad.task,
+        )
+        logger.warning(
+            "bad record dead-lettered: %s: %s",
+            bad.error_type,
+            bad.error,
+            extra=self._log(
+                part.number,
+                trigger_id=bad.trigger_id,
+                task=str(bad.task) if bad.task else None,
+                offset=offset,
+                error_type=bad.error_type,
+            ),
+        )
+        self._metrics.dead_letters.labels(queue=self._label, reason=bad.error_type).inc()
+        if key is not None:
+            part.book.claim(key)
+            part.table.note_emitting(key)
+        if not bad.identified:
+            self._sink.dead_letter(letter, event=None)
+            return
+        assert bad.trigger_id is not None
+        assert bad.task is not None
+        error = f"{bad.error_type}: {bad.error}"
+        record = self._event(part, bad.trigger_id, bad.task, bad.defer_seq, "failed", error)
+        self._sink.dead_letter(letter, event=(part, key or bad.trigger_id.encode(), record))
+
+    def _event(
+        self,
+        part: OwnedPartition,
+        trigger_id: str,
+        task: TaskKey,
+        defer_seq: int,
+        status: Literal["cancelled", "failed"],
+        reason: str,
+    ) -> TriggerEventRecord:
+        """The event of a trigger ended by its record (a cancel, or bad input)."""
+        payload = {"reason": reason} if status == "cancelled" else {"error": reason}
+        return TriggerEventRecord(
+            event_id=make_event_id(trigger_id, status, payload),
+            trigger_id=trigger_id,
+            task=task,
+            defer_seq=defer_seq,
+            status=status,
+            payload=payload,
+            error=reason,
+            member=self._member,
+            partition=part.number,
+            queue=self._queue,
+        )

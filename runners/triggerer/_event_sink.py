@@ -1,0 +1,274 @@
+"""Where a lane's events are produced: trigger outcomes, cancels, failures, tombstones,
+dead letters, each queued on the emitter, and their acks and failures.
+
+Every record a lane writes goes out through :class:`EventSink`: the one place that builds
+the sends of an event (the event on the resume topic, the tombstone on the defer topic, a
+RunTask or a dead letter beside it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deferline.engine import TriggerOutcome
+from deferline.schemas import (
+    DeadLetter,
+    DeferRequest,
+    RunTask,
+    TaskKey,
+    TriggerEventRecord,
+    decode_as,
+    encode,
+    make_event_id,
+)
+from deferline.topics import TopicNames
+
+from ._emitter import Emission, Emitter, Send
+from ._events import EventEncoder, request_fields
+from ._input import peek_identity
+from ._lane_types import OwnedPartition, TriggerRef
+from ._metrics import TriggererMetrics
+
+logger = logging.getLogger(__name__)
+
+
+_UNPRODUCIBLE = {"error": "event not producible"}
+
+
+def _unproducible_id(trigger_id: str) -> str:
+    return make_event_id(trigger_id, "failed", _UNPRODUCIBLE)
+
+
+@dataclass(slots=True, eq=False)
+class _EventInfo:
+    """What the ack and failure callbacks of one queued event need to know."""
+
+    trigger_id: str
+    status: str
+    event_id: str
+    direct: bool
+    value: bytes | None = None
+    """The stored DeferRequest (hot path: decoded only if a log line or a failure needs it)."""
+    task_key: TaskKey | None = None
+    seq: int = 0
+
+    def task(self) -> TaskKey | None:
+        return self.task_key if self.task_key is not None else peek_identity(self.value)[1]
+
+    def defer_seq(self) -> int:
+        return peek_identity(self.value)[2] if self.value is not None else self.seq
+
+
+@dataclass(slots=True, eq=False)
+class _QueuedEvent:
+    """One event in the emitter; its ack and failure callbacks (one small object each)."""
+
+    sink: EventSink
+    part: OwnedPartition
+    key: bytes
+    tombstone: bool
+    info: _EventInfo
+
+    def acked(self, metadata: Sequence[Any]) -> None:
+        self.sink._acked(self, int(metadata[0].offset))
+
+    def failed(self, error: BaseException) -> None:
+        self.sink._failed(self, error)
+
+
+class EventSink:
+    """Builds and queues a lane's records on the shared :class:`Emitter`."""
+
+    def __init__(
+        self,
+        emitter: Emitter,
+        *,
+        names: TopicNames,
+        queue: str | None,
+        member: str,
+        direct_resume: bool,
+        metrics: TriggererMetrics,
+        log: Callable[..., dict[str, Any]],
+    ) -> None:
+        self._emitter = emitter
+        self._names = names
+        self._queue = queue
+        self._label = queue or "default"
+        self._member = member
+        self._defer_topic = names.defer(queue)
+        self._resume_topic = names.resume(queue)
+        self._direct_resume = direct_resume
+        self._metrics = metrics
+        self._log = log
+        self._encoder = EventEncoder()
+        self._counters: dict[str, Any] = {}
+
+    def outcome(self, ref: TriggerRef, outcome: TriggerOutcome) -> None:
+        """Queue a trigger's event (and, with direct resume, the task's RunTask)."""
+        fields = request_fields(ref.value)
+        direct = (
+            self._direct_resume
+            and fields.get("resume") is not None
+            and outcome.status == "fired"
+            and outcome.task_outcome is None
+        )
+        part = ref.part
+        encoded = self._encoder.encode(
+            fields,
+            event_id=outcome.event_id,
+            trigger_id=outcome.trigger_id,
+            status=outcome.status,
+            payload=outcome.payload,
+            task_outcome=outcome.task_outcome,
+            xcoms=outcome.xcoms,
+            error=outcome.error,
+            traceback=outcome.traceback,
+            due_at=outcome.due_at,
+            member=self._member,
+            partition=part.number,
+            queue=self._queue,
+            resumed_directly=direct,
+        )
+        extra = (self._resume_directly(ref.value, outcome),) if direct else ()
+        info = _EventInfo(outcome.trigger_id, outcome.status, outcome.event_id, direct, ref.value)
+        self._submit(part, ref.key, encoded, info, extra=extra)
+
+    def _resume_directly(self, value: bytes, outcome: TriggerOutcome) -> Send:
+        request = decode_as(value, DeferRequest)
+        target = request.resume
+        assert target is not None
+        run = RunTask(
+            task=request.task,
+            mode="resume",
+            operator=target.operator,
+            op_kwargs=target.op_kwargs,
+            next_method=request.next_method,
+            next_kwargs=request.next_kwargs,
+            event=outcome.payload,
+            event_id=outcome.event_id,
+            trigger_id=request.trigger_id,
+            defer_seq=request.defer_seq,
+            worker_queue=target.worker_queue,
+            pool=target.pool,
+            pool_slots=target.pool_slots,
+            priority_weight=target.priority_weight,
+            retries=target.retries,
+        )
+        return Send(
+            self._names.resumes(target.worker_queue), request.task.ti_key.encode(), encode(run)
+        )
+
+    def record(
+        self,
+        part: OwnedPartition,
+        key: bytes,
+        record: TriggerEventRecord,
+        *,
+        extra: Sequence[Send] = (),
+        tombstone: bool = True,
+    ) -> None:
+        """Queue an event built as a record (cancels, bad input: the rare paths)."""
+        info = _EventInfo(
+            record.trigger_id,
+            record.status,
+            record.event_id,
+            False,
+            task_key=record.task,
+            seq=record.defer_seq,
+        )
+        self._submit(part, key, encode(record), info, extra=extra, tombstone=tombstone)
+
+    def tombstone(self, number: int, key: bytes) -> None:
+        """Queue only the tombstone of ``key`` (its event is already on the resume topic)."""
+        self._emitter.submit(
+            Emission(sends=(), tombstone=Send(self._defer_topic, key, None, number))
+        )
+
+    def dead_letter(
+        self, letter: DeadLetter, *, event: tuple[OwnedPartition, bytes, TriggerEventRecord] | None
+    ) -> None:
+        """Queue a dead letter, with the failure event of its trigger when it names one
+        (``event``: partition, key, record), else with the tombstone of its key."""
+        sends = (Send(self._names.dead, letter.key, encode(letter), None),)
+        if event is not None:
+            part, key, record = event
+            # A keyless record has no table entry to delete: event and letter only.
+            self.record(part, key, record, extra=sends, tombstone=letter.key is not None)
+            return
+        bad = letter.key
+        tombstone = None if bad is None else Send(self._defer_topic, bad, None, letter.partition)
+        self._emitter.submit(Emission(sends=sends, tombstone=tombstone))
+
+    def _submit(
+        self,
+        part: OwnedPartition,
+        key: bytes,
+        encoded: bytes,
+        info: _EventInfo,
+        *,
+        extra: Sequence[Send],
+        tombstone: bool = True,
+    ) -> None:
+        number = part.number
+        queued = _QueuedEvent(self, part, key, tombstone, info)
+        self._emitter.submit(
+            Emission(
+                sends=(Send(self._resume_topic, key, encoded, number), *extra),
+                tombstone=Send(self._defer_topic, key, None, number) if tombstone else None,
+                on_acked=queued.acked,
+                on_failed=queued.failed,
+            )
+        )
+
+    def _acked(self, queued: _QueuedEvent, offset: int) -> None:
+        info = queued.info
+        if queued.part.book.owned:
+            queued.part.table.note_event_offset(queued.key, offset)
+        counter = self._counters.get(info.status)
+        if counter is None:
+            counter = self._metrics.events.labels(queue=self._label, status=info.status)
+            self._counters[info.status] = counter
+        counter.inc()
+        if info.direct:
+            self._metrics.direct_resumes.labels(queue=self._label).inc()
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "trigger event produced",
+                extra=self._log(
+                    queued.part.number,
+                    trigger_id=info.trigger_id,
+                    task=str(info.task()),
+                    status=info.status,
+                    event_id=info.event_id,
+                ),
+            )
+
+    def _failed(self, queued: _QueuedEvent, error: BaseException) -> None:
+        """The event itself cannot be produced (too large, say): tell the task why instead."""
+        info = queued.info
+        if info.status == "failed" and info.event_id == _unproducible_id(info.trigger_id):
+            return
+        task = info.task()
+        number = queued.part.number
+        if task is None:
+            logger.error(
+                "event not producible and its task unknown",
+                extra=self._log(number, trigger_id=info.trigger_id, error=repr(error)),
+            )
+            return
+        replacement = TriggerEventRecord(
+            event_id=_unproducible_id(info.trigger_id),
+            trigger_id=info.trigger_id,
+            task=task,
+            defer_seq=info.defer_seq(),
+            status="failed",
+            payload=_UNPRODUCIBLE,
+            error=f"the trigger's event could not be produced: {error!r}",
+            member=self._member,
+            partition=number,
+            queue=self._queue,
+        )
+        self.record(queued.part, queued.key, replacement, tombstone=queued.tombstone)

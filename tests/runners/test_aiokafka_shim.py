@@ -1,0 +1,97 @@
+"""One contract test per aiokafka internal that ``deferline.runners._aiokafka`` relies on.
+
+Each test reads the internal off the installed aiokafka (a consumer built, not started, or
+the class that owns it), so a release that renames or drops one fails here, by name, and
+not in a rebalance in production. The shim itself fails loudly on what is missing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.client import AIOKafkaClient
+from aiokafka.consumer.fetcher import Fetcher
+from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.protocol.group import JoinGroupRequest
+from deferline.runners._aiokafka import (
+    AiokafkaInternalsError,
+    client_of,
+    group_generation,
+    join_once,
+    leave_from_generation_zero,
+    set_fetch_wait,
+)
+
+
+def _assigned_in_init(cls: type, attribute: str) -> bool:
+    return f"self.{attribute} =" in inspect.getsource(cls.__init__)  # type: ignore[misc]
+
+
+async def test_a_consumer_holds_its_client_as_client() -> None:
+    consumer = AIOKafkaConsumer(bootstrap_servers="unused:9092")
+    try:
+        assert isinstance(client_of(consumer), AIOKafkaClient)
+    finally:
+        await consumer.stop()
+
+
+def test_the_client_offers_the_metadata_calls_the_runners_make() -> None:
+    for name in ("set_topics", "force_metadata_update", "fetch_all_metadata"):
+        assert callable(getattr(AIOKafkaClient, name)), name
+    for name in ("get_random_node", "send"):
+        assert callable(getattr(AIOKafkaClient, name)), name
+
+
+def test_a_consumer_keeps_its_coordinator_and_fetcher() -> None:
+    source = inspect.getsource(AIOKafkaConsumer.start)
+    assert "self._coordinator =" in source
+    assert "self._fetcher =" in source
+
+
+def test_the_coordinator_keeps_generation_member_and_assignors() -> None:
+    for attribute in ("generation", "member_id", "group_id", "_group_instance_id", "_assignors"):
+        assert _assigned_in_init(GroupCoordinator, attribute), attribute
+
+
+def test_the_coordinator_sends_through_send_req_and_leaves_through_maybe_leave_group() -> None:
+    for name in ("_send_req", "_maybe_leave_group", "reset_generation"):
+        assert inspect.iscoroutinefunction(getattr(GroupCoordinator, name)) or callable(
+            getattr(GroupCoordinator, name)
+        ), name
+    assert "self._maybe_leave_group()" in inspect.getsource(GroupCoordinator)
+
+
+def test_the_fetcher_reads_its_wait_from_fetch_max_wait_ms() -> None:
+    assert _assigned_in_init(Fetcher, "_fetch_max_wait_ms")
+    assert "self._fetch_max_wait_ms" in inspect.getsource(Fetcher._get_actions_per_node)
+
+
+def test_a_joingroup_request_lists_its_protocols_as_group_protocols() -> None:
+    request = JoinGroupRequest("g", 10_000, 30_000, "", None, "consumer", [("sticky", b"")])
+    assert request._group_protocols == [("sticky", b"")]
+
+
+def test_the_shim_reads_the_generation_of_a_joined_consumer() -> None:
+    consumer = SimpleNamespace(_coordinator=SimpleNamespace(generation=7))
+    assert group_generation(cast(AIOKafkaConsumer, consumer)) == 7
+
+
+def test_the_shim_sets_the_fetch_wait() -> None:
+    fetcher = SimpleNamespace(_fetch_max_wait_ms=500)
+    set_fetch_wait(cast(AIOKafkaConsumer, SimpleNamespace(_fetcher=fetcher)), 20)
+    assert fetcher._fetch_max_wait_ms == 20
+
+
+@pytest.mark.parametrize(
+    "adjust",
+    [join_once, leave_from_generation_zero, set_fetch_wait, group_generation, client_of],
+)
+def test_a_missing_internal_fails_loudly(adjust: Any) -> None:
+    consumer = cast(AIOKafkaConsumer, SimpleNamespace())
+    args = (20,) if adjust is set_fetch_wait else ()
+    with pytest.raises(AiokafkaInternalsError, match="aiokafka changed"):
+        adjust(consumer, *args)

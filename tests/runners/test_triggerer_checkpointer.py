@@ -1,0 +1,56 @@
+"""A checkpoint store that fails never stops the lane, and never fails quietly either."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka import TopicPartition
+from deferline.runners.triggerer._checkpoint import CheckpointError, MemoryCheckpointStore
+from deferline.runners.triggerer._checkpointer import Checkpointer
+from deferline.runners.triggerer._lane_types import OwnedPartition
+from deferline.runners.triggerer._metrics import TriggererMetrics
+from deferline.runners.triggerer._partition_table import TableChanges
+from prometheus_client import CollectorRegistry
+
+
+class FailingStore(MemoryCheckpointStore):
+    """Every write and release fails as a broken disk would."""
+
+    def write(self, topic: str, partition: int, changes: TableChanges) -> None:
+        raise CheckpointError("disk full")
+
+    def release(self, topic: str, partition: int) -> None:
+        raise CheckpointError("cannot close")
+
+
+def failures(registry: CollectorRegistry, action: str) -> float:
+    value = registry.get_sample_value(
+        "deferline_triggerer_checkpoint_failures_total", {"action": action}
+    )
+    return value or 0.0
+
+
+async def test_store_failures_are_logged_and_counted_and_the_changes_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    checkpointer = Checkpointer(
+        FailingStore(),
+        topic="p.defer",
+        max_age=3600.0,
+        metrics=TriggererMetrics(registry),
+        log=lambda part=None, **fields: {"partition": part, **fields},
+    )
+    part = OwnedPartition(
+        number=0, defer_tp=TopicPartition("p.defer", 0), resume_tp=TopicPartition("p.resume", 0)
+    )
+    part.table.apply(b"a", b"a0", offset=0)
+
+    await checkpointer.save(part, rebuilt=True)
+    await checkpointer.release(0)
+
+    assert failures(registry, "write") == 1
+    assert failures(registry, "release") == 1
+    assert "checkpoint failed" in caplog.text
+    assert "checkpoint release failed" in caplog.text
+    assert part.saved.positions is None, "nothing was saved"
+    assert not part.table.take_changes().empty, "the unsaved change is written next time"
