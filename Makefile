@@ -9,13 +9,17 @@ PKG_DIRS := engine schemas topics runners replay client
 
 .PHONY: install test lint typecheck unit integration airflow2 bench schemas clean kafka-jars demo
 
+# A virtualenv is made anew when pyproject.toml changes: pip cannot move an installed Airflow
+# from one major line to another in place (Airflow 3 split into packages 2.10 did not have).
 $(BIN)/.deps: pyproject.toml
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[dev,airflow]' --config-settings editable_mode=strict
 	touch $@
 
 $(BIN_AIRFLOW2)/.deps: pyproject.toml
+	rm -rf $(VENV_AIRFLOW2)
 	$(PYTHON) -m venv $(VENV_AIRFLOW2)
 	$(BIN_AIRFLOW2)/pip install -q --upgrade pip setuptools wheel
 	$(BIN_AIRFLOW2)/pip install -q -e '.[dev,airflow2]' --config-settings editable_mode=strict
