@@ -7,8 +7,8 @@ batch. A checkpoint interrupted in between keeps the previous positions over ent
 are partly newer; that is safe because the table is a last-value-wins fold: every key that
 changed after the stored defer offset has its latest record after it too, so reading the
 log on from the stored offset ends each such key at the same value, and a key not read again
-did not change. (One batch for a million new triggers held 60 MB per partition and left
-about 700 MB with the allocator after it was written.)
+did not change. (Why batches: docs/benchmarks.md, "Triggerer checkpoints written in
+bounded batches".)
 :class:`RocksCheckpointStore` keeps one rocksdict database per partition under a state
 directory; :class:`MemoryCheckpointStore` is the same contract in memory.
 

@@ -1,7 +1,7 @@
 """Encode a trigger's event straight from its stored DeferRequest bytes (the hot path).
 
 Every fired trigger turns into one TriggerEventRecord. Building it through pydantic means
-validating the DeferRequest again and then the event (tens of µs each); the request was
+validating the DeferRequest again and then the event; the request was
 validated when the trigger started, so the event's JSON is assembled here with orjson
 from the request's own JSON and the outcome. The result is the wire form of
 :class:`~deferline.schemas.TriggerEventRecord` (a unit test checks it decodes to the same

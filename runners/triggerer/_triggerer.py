@@ -72,9 +72,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 10_000
-"""Triggers run at once per process. Ten times Airflow's 1,000: timers cost a few hundred
-bytes in the supervisor's heap and coroutine triggers a few KB, and partition ownership is
-not load-aware, so a member should run what it owns rather than hold it back."""
+"""Triggers run at once per process. Ten times Airflow's 1,000: a timer costs far less than a
+coroutine trigger (docs/benchmarks.md, the engine's figures), and partition ownership is not
+load-aware, so a member should run what it owns rather than hold it back."""
 
 
 def default_member() -> str:
@@ -113,7 +113,7 @@ class TriggererOptions:
         session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
             member's partitions move after the session timeout. The other members hear of
             a rebalance (a join, a leave) at their next heartbeat, so the interval is part
-            of the pause of every rebalance: 250 ms costs about 0.1 % of a core.
+            of the pause of every rebalance (docs/operations.md, its cost).
         fetch_max_wait_ms: broker-side fetch wait of the group consumer; ``None`` (default)
             chooses at start from the brokers' ApiVersions answer: 500 ms on Apache Kafka,
             which answers as soon as a record arrives (a long poll costs no latency and keeps
