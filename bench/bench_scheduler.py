@@ -11,21 +11,26 @@
    a scheduler starts, takes the lease and applies them all. Reported: seconds and scheduler
    CPU (this process: nothing else runs in it meanwhile) from active until every decision is
    published and read back from the tasks topic, CPU per resumed task.
-5. memory: bytes the fold keeps per task (tracemalloc), N tasks deferred, then resumed.
-6. restart: the tasks topic holds N deferred tasks (one record each); time until a
+5. path: the scheduler's work per event without a broker: N events (as bytes) of N deferred
+   tasks decoded, folded and their decisions (a ``queued`` state and a RunTask each) encoded,
+   in batches of 10,000 as the scheduler reads them. Reported: events per second, µs each.
+6. memory: bytes the fold keeps per task (tracemalloc), N tasks deferred, then resumed.
+7. restart: the tasks topic holds N deferred tasks (one record each); time until a
    scheduler is ready, cold (no checkpoint: the whole topic is folded, as every start did
    before checkpoints) and from its local checkpoint with N/100 records written after it
    (restore, then fold the tail). Also reported: the first (full) checkpoint write and its
    size on disk. ``--backend kafka`` runs it on Apache Kafka.
-7. idle: a ``deferline scheduler`` process (``--deferline``) on an empty broker: its CPU
+8. idle: a ``deferline scheduler`` process (``--deferline``) on an empty broker: its CPU
    share over 30 s.
 
-(2), (3) and (4) run on the embedded Tansu broker (or DEFERLINE_BENCH_BOOTSTRAP=host:port).
+(2), (3) and (4) run on the embedded Tansu broker, on Apache Kafka with ``--backend kafka``
+(or on DEFERLINE_BENCH_BOOTSTRAP=host:port).
 The script uses public or long-standing APIs only, so another checkout's interpreter can run
 it for "before" figures (``cd <checkout> && .venv/bin/python <this file>``).
 
 Run: .venv/bin/python -m bench.bench_scheduler [--n 20000] [--only apply memory]
      .venv/bin/python -m bench.bench_scheduler --only restart --n 1000000 --backend kafka
+     .venv/bin/python -m bench.bench_scheduler --only path apply --backend kafka
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from pathlib import Path
 
 from deferline.engine import Pools, TaskTable
 from deferline.runners.scheduler import Scheduler
+from deferline.runners.scheduler._records import read_as, waves
 from deferline.schemas import (
     ResumeTarget,
     TaskKey,
@@ -123,9 +129,9 @@ def bench_fold(n: int) -> None:
     )
 
 
-async def bench_broker(n: int) -> None:
+async def bench_broker(n: int, backend: str) -> None:
     states, events = life(n)
-    async with local_broker("tansu", os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
+    async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
         settings = Settings(
             bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
         )
@@ -172,10 +178,14 @@ async def bench_broker(n: int) -> None:
             await producer.stop()
 
 
-async def bench_apply(n: int) -> None:
+def _deferred(states: list[TaskStateRecord]) -> list[TaskStateRecord]:
+    return [r.model_copy(update={"resume": TARGET}) for r in states if r.state == "deferred"]
+
+
+async def bench_apply(n: int, backend: str) -> None:
     states, events = life(n)
-    deferred = [r.model_copy(update={"resume": TARGET}) for r in states if r.state == "deferred"]
-    async with local_broker("tansu", os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
+    deferred = _deferred(states)
+    async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
         settings = Settings(
             bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
         )
@@ -213,7 +223,8 @@ async def bench_apply(n: int) -> None:
             took, cpu = time.perf_counter() - began, time.process_time() - cpu
             mode = "transactions" if sched.transactional else "waves"
             print(
-                f"apply    n={n:>7}  {n} events applied in {took:6.2f}s ({n / took:,.0f}/s), "
+                f"apply    n={n:>7}  {backend:<6} {n} events applied in {took:6.2f}s "
+                f"({n / took:,.0f}/s), "
                 f"scheduler CPU {cpu:5.2f}s ({cpu / n * 1e6:,.0f} µs per resumed task, {mode})"
             )
 
@@ -233,6 +244,29 @@ async def bench_idle(exe: str, backend: str) -> None:
             process.terminate()
             await asyncio.wait_for(process.wait(), 30)
         print(f"idle     scheduler CPU {share * 100:.2f} % of a core (30 s, empty broker)")
+
+
+def bench_path(n: int) -> None:
+    states, events = life(n)
+    wire = [encode(e) for e in events]
+    names = TopicNames("bench.")
+    table = TaskTable(pools=Pools(slots={}, default_slots=None))
+    for record in _deferred(states):
+        table.apply(record)
+    table.drain()
+    sent = 0
+    began, cpu = time.perf_counter(), time.process_time()
+    for first in range(0, n, 10_000):
+        for value in wire[first : first + 10_000]:
+            table.apply(read_as(value, TriggerEventRecord))
+        sent += sum(len(wave) for wave in waves(names, table.drain(), written={}))
+    took, cpu = time.perf_counter() - began, time.process_time() - cpu
+    assert table.counters.resumes == n
+    assert sent == 2 * n
+    print(
+        f"path     n={n:>7}  {n / took:>10,.0f} events/s decoded, folded, decisions encoded "
+        f"({cpu / n * 1e6:5.1f} µs CPU each)"
+    )
 
 
 def bench_memory(n: int) -> None:
@@ -351,7 +385,7 @@ async def bench_restart(n: int, backend: str) -> None:
             await producer.stop()
 
 
-CASES = ("fold", "broker", "apply", "memory", "restart", "idle")
+CASES = ("fold", "broker", "apply", "memory", "restart", "idle", "path")
 
 
 def main() -> None:
@@ -375,9 +409,11 @@ def main() -> None:
     if "fold" in args.only:
         bench_fold(args.n)
     if "broker" in args.only:
-        asyncio.run(bench_broker(args.n))
+        asyncio.run(bench_broker(args.n, args.backend))
     if "apply" in args.only:
-        asyncio.run(bench_apply(args.n))
+        asyncio.run(bench_apply(args.n, args.backend))
+    if "path" in args.only:
+        bench_path(args.n)
     if "memory" in args.only:
         bench_memory(args.n)
     if "restart" in args.only:
