@@ -36,14 +36,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from deferline.engine import Emit, Pools, TaskTable
+from deferline.engine import Emit, Pools, TaskTable, WrittenState
 from deferline.schemas import (
     DeadLetter,
     DeferlineError,
-    RunTask,
+    EventFields,
     SchemaError,
-    TaskStateRecord,
-    TriggerEventRecord,
 )
 from deferline.topics import (
     Lifecycle,
@@ -66,7 +64,7 @@ from ._checkpoint import SchedulerCheckpoint, _Checkpointing
 from ._cli import scheduler_command
 from ._lease import Outgoing, SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
-from ._records import committable, dead_letter, orphan_letter, read_as, waves
+from ._records import committable, dead_letter, orphan_letter, read_event, waves
 from ._tasks_topic import _TasksTopic
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
@@ -180,7 +178,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         self._tasks_pos: dict[TopicPartition, int] = {}
         self._tasks_moved = asyncio.Event()
         # Values of task states this scheduler published and has not read back yet.
-        self._written: dict[bytes, TaskStateRecord] = {}
+        self._written: dict[bytes, WrittenState] = {}
         self._events_done: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         # Where the resume partitions ended at a takeover without transactions.
@@ -599,7 +597,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             "events without a deferral on the tasks topic %s", fate, extra={"count": len(orphans)}
         )
 
-    def _task_now(self, event: TriggerEventRecord) -> str:
+    def _task_now(self, event: EventFields) -> str:
         record = self.table.get(event.task.ti_key)
         if record is None:
             return "not on the tasks topic"
@@ -620,7 +618,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         if value is None:
             return None
         try:
-            self.table.apply(read_as(value, TriggerEventRecord), ref=ref, resend=resend)
+            self.table.apply(read_event(value), ref=ref, resend=resend)
         except SchemaError as exc:
             return self._bad(exc, live=True)
         return None
@@ -657,7 +655,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         commit = self._committable() if offsets and self._publisher.transactional else {}
         if not out and not dead and not commit:
             return None
-        queues = {e.record.worker_queue for e in out if isinstance(e.record, RunTask)}
+        queues = {e.worker_queue for e in out if e.worker_queue is not None}
         batch = waves(self.names, out, dead, written=self._written)
         task = asyncio.create_task(
             self._send_after(self._in_flight, queues, batch, commit), name="scheduler-publish"

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from deferline.engine import Emit, TaskTable
+from deferline.engine import Emit, TaskTable, WrittenState
 from deferline.schemas import DeadLetter, SchemaError, TaskStateRecord
 from deferline.topics import TopicNames
 
@@ -36,7 +36,7 @@ class _TasksTopic:
     _task_tps: list[TopicPartition]
     _tasks_pos: dict[TopicPartition, int]
     _tasks_moved: asyncio.Event
-    _written: dict[bytes, TaskStateRecord]
+    _written: dict[bytes, WrittenState]
     _active: asyncio.Event
     _publish_lock: asyncio.Lock
 

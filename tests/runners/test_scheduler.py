@@ -10,7 +10,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 from click.testing import CliRunner
 from deferline.engine import Emit, Pools
-from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
+from deferline.runners.scheduler import Scheduler, SchedulerError, _tasks_topic, scheduler_command
 from deferline.runners.scheduler import _cli as _scheduler_cli
 from deferline.runners.scheduler import _scheduler as scheduler_module
 from deferline.schemas import (
@@ -228,7 +228,7 @@ async def test_own_writes_read_back_are_folded_without_decoding(
     def no_decoding(value: bytes, kind: Any) -> Any:
         raise AssertionError("an own write was decoded")
 
-    monkeypatch.setattr(scheduler_module, "read_as", no_decoding)
+    monkeypatch.setattr(_tasks_topic, "read_as", no_decoding)
     assert sched._fold_task(TASK.ti_key.encode(), value, live=True) is None
     assert sched._written == {}
     assert sched.table._views[TASK.ti_key].inflight == [], "read back: no longer in flight"
