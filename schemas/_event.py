@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -91,10 +91,6 @@ class EventFields:
         )
 
 
-def _text(value: Any) -> bool:
-    return value is None or type(value) is str
-
-
 def quick_event_fields(raw: dict[str, Any]) -> EventFields | None:
     """The fields of a decoded TriggerEventRecord ``raw`` in its usual shape; None: ask the
     model. Accepts only what :class:`TriggerEventRecord` accepts unchanged, with its values."""
@@ -106,6 +102,9 @@ def quick_event_fields(raw: dict[str, Any]) -> EventFields | None:
     partition = raw.get("partition")
     queue = raw.get("queue")
     resumed_directly = raw.get("resumed_directly", False)
+    error = raw.get("error")
+    traceback = raw.get("traceback")
+    member = raw.get("member")
     if (
         type(event_id) is not str
         or not event_id
@@ -115,9 +114,9 @@ def quick_event_fields(raw: dict[str, Any]) -> EventFields | None:
         or type(status) is not str
         or status not in _STATUSES
         or (outcome is not None and (type(outcome) is not str or outcome not in _OUTCOMES))
-        or not _text(raw.get("error"))
-        or not _text(raw.get("traceback"))
-        or not _text(raw.get("member"))
+        or (error is not None and type(error) is not str)
+        or (traceback is not None and type(traceback) is not str)
+        or (member is not None and type(member) is not str)
         or (partition is not None and type(partition) is not int)
         or (queue is not None and not _queue_ok(queue))
         or type(resumed_directly) is not bool
@@ -139,22 +138,22 @@ def quick_event_fields(raw: dict[str, Any]) -> EventFields | None:
     except (SchemaError, ValidationError):
         return None
     return EventFields(
-        event_id=event_id,
-        trigger_id=trigger_id,
-        task=key,
-        defer_seq=defer_seq,
-        status=cast("EventStatus", status),
-        payload=payload,
-        task_outcome=cast("TaskOutcome | None", outcome),
-        xcoms=xcoms,
-        error=raw.get("error"),
-        traceback=raw.get("traceback"),
-        due_at=due_at,
-        emitted_at=emitted_at,
-        member=raw.get("member"),
-        partition=partition,
-        queue=queue,
-        resumed_directly=resumed_directly,
+        event_id,
+        trigger_id,
+        key,
+        defer_seq,
+        raw["status"],  # status, as the Literal type the checks above made sure of
+        payload,
+        raw.get("task_outcome"),  # outcome, likewise
+        xcoms,
+        error,
+        traceback,
+        due_at,
+        emitted_at,
+        member,
+        partition,
+        queue,
+        resumed_directly,
     )
 
 
