@@ -325,10 +325,14 @@ def _tagged(value: Any) -> Any:
     return None if value is None else to_tagged(value)
 
 
+def _tagged_kwargs(kwargs: dict[str, Any]) -> Any:
+    return to_tagged(kwargs) if kwargs else {}  # most targets have none
+
+
 def _target_fields(target: ResumeTarget) -> dict[str, Any]:
     return {
         "operator": target.operator,
-        "op_kwargs": to_tagged(target.op_kwargs),
+        "op_kwargs": _tagged_kwargs(target.op_kwargs),
         "worker_queue": target.worker_queue,
         "pool": target.pool,
         "pool_slots": target.pool_slots,
@@ -369,7 +373,7 @@ class _ResumeRun:
                         "task": state.task_fields(),
                         "mode": "resume",
                         "operator": target.operator,
-                        "op_kwargs": to_tagged(target.op_kwargs),
+                        "op_kwargs": _tagged_kwargs(target.op_kwargs),
                         "next_method": state.next_method,
                         "next_kwargs": _tagged(state.next_kwargs),
                         "event": to_tagged(event.payload),

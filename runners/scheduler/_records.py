@@ -118,17 +118,23 @@ def waves(
     cancels: list[Outgoing] = []
     states: list[Outgoing] = []
     runs: list[Outgoing] = []
+    tasks = names.tasks
+    run_topics: dict[tuple[str | None, bool], str] = {}  # names are formatted once a batch
     for emit in out:
         kind = emit.kind
         if kind == "task_state":
             value = emit.value()
-            states.append((names.tasks, emit.key.encode(), value))
+            states.append((tasks, emit.key.encode(), value))
             if written is not None:
                 written[value] = emit.written
         elif kind == "run_task":
-            worker_queue = emit.worker_queue
-            assert worker_queue is not None
-            topic = names.resumes(worker_queue) if emit.resumes else names.work(worker_queue)
+            where = (emit.worker_queue, emit.resumes)
+            topic = run_topics.get(where)
+            if topic is None:
+                worker_queue, resumes = where
+                assert worker_queue is not None
+                topic = names.resumes(worker_queue) if resumes else names.work(worker_queue)
+                run_topics[where] = topic
             runs.append((topic, emit.key.encode(), emit.value()))
         elif kind == "cancel_request":
             cancels.append((names.defer(emit.queue), emit.key.encode(), emit.value()))
