@@ -47,6 +47,7 @@ import time
 import tracemalloc
 import uuid
 from pathlib import Path
+from typing import Any
 
 from deferline.engine import Pools, TaskTable
 from deferline.runners.scheduler import Scheduler
@@ -214,11 +215,7 @@ async def bench_apply(n: int, backend: str) -> None:
                 if sched.table.counters.resumes >= n:
                     break
                 await asyncio.sleep(0.005)
-            async with sched._publish_lock:  # the last batch is handed to the producer
-                pass
-            await sched.chain.settle()  # and acknowledged (batches overlap)
-            assert sched._reader is not None
-            await sched._reader.caught_up()  # and read back
+            await _published_and_read_back(sched)
             took, cpu = time.perf_counter() - began, time.process_time() - cpu
             mode = "transactions" if sched.transactional else "waves"
             print(
@@ -321,6 +318,29 @@ def _disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+async def _published_and_read_back(sched: Scheduler) -> None:
+    """Wait until every decision taken is handed to the producer, acknowledged and read
+    back from the tasks topic (through this checkout's internals or the older ones)."""
+    async with sched._publish_lock:  # the last batch is handed to the producer
+        pass
+    chain: Any = getattr(sched, "chain", None)
+    settle = chain.settle if chain is not None else getattr(sched, "_settle", None)
+    if settle is not None:
+        await settle()  # and acknowledged (batches overlap)
+    old: Any = sched
+    reader: Any = getattr(sched, "_reader", None)
+    caught_up = reader.caught_up if reader is not None else old._tasks_caught_up
+    await caught_up()  # and read back
+
+
+def _checkpointed(sched: Scheduler) -> bool:
+    """True once the scheduler wrote its first checkpoint (this checkout's or older)."""
+    checkpoints: Any = getattr(sched, "checkpoints", None)
+    if checkpoints is not None:
+        return bool(checkpoints._saved)
+    return getattr(sched, "_saved_positions", None) is not None
+
+
 async def _time_to_ready(
     settings: Settings, pools: Pools, **options: object
 ) -> tuple[Scheduler, float]:
@@ -357,8 +377,7 @@ async def bench_restart(n: int, backend: str) -> None:
             gc.collect()
             saver, _ = await _time_to_ready(settings, pools, state_dir=state_dir)
             began = time.perf_counter()
-            assert saver.checkpoints is not None
-            while not saver.checkpoints._saved:  # noqa: ASYNC110 - polling a figure
+            while not _checkpointed(saver):  # noqa: ASYNC110 - polling a figure
                 await asyncio.sleep(0.01)  # until the first checkpoint (every task) is out
             wrote = time.perf_counter() - began
             await saver.stop()
