@@ -112,10 +112,12 @@ def test_each_role_can_write_only_its_own_topics(secured_kafka: SecuredKafka, pr
         assert not await _write_refused(secured_kafka, "worker", prefix, names.defer())
         # A worker publishes no trigger events and no RunTasks.
         assert await _write_refused(secured_kafka, "worker", prefix, names.resume())
+        assert await _write_refused(secured_kafka, "worker", prefix, names.task_events)
         assert await _write_refused(secured_kafka, "worker", prefix, names.resumes())
         assert await _write_refused(secured_kafka, "client", prefix, names.resume())
+        assert await _write_refused(secured_kafka, "client", prefix, names.task_events)
         # replay is read-only.
-        for topic in (names.tasks, names.resume(), names.work(), names.dead):
+        for topic in (names.tasks, names.resume(), names.task_events, names.work(), names.dead):
             assert await _write_refused(secured_kafka, "replay", prefix, topic), topic
 
     asyncio.run(scenario())
