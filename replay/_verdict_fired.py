@@ -115,7 +115,7 @@ def _dead_lettered_event(case: _Case, history: TriggerHistory) -> Verdict | None
         for rec in history.dead_letters.ordered()
         if isinstance(rec.record, DeadLetter)
         and (origin := classify_topic(rec.record.topic, prefix=case.index.prefix)) is not None
-        and origin.role is TopicRole.RESUME
+        and origin.role in (TopicRole.RESUME, TopicRole.TASK_EVENTS)
     ]
     if not letters:
         return None

@@ -151,7 +151,7 @@ def acl_bindings(
         ],
         # Folds events into task state; writes state, RunTasks, cancels and dead letters.
         "scheduler": [
-            ("TOPIC", [*resume, names.tasks, scheduler.lease_topic], "READ"),
+            ("TOPIC", [names.task_events, names.tasks, scheduler.lease_topic], "READ"),
             ("TOPIC", [names.tasks, *work, *resumes, *defer, names.dead], "WRITE"),
             ("GROUP", [scheduler.group], "READ"),
             ("TRANSACTIONAL_ID", [scheduler.transactional_id], "WRITE"),

@@ -5,15 +5,16 @@ It reads two streams into one :class:`~deferline.engine.TaskTable`:
 - the compacted **tasks** topic, every partition, from the beginning, without a consumer
   group: it *is* the state (clients, workers and the scheduler itself write it), so a
   (re)started scheduler folds it to the end before deciding anything;
-- every partition of every **resume** topic (``resume`` and ``resume.<queue>``, found by
-  name), with offsets kept in the consumer group ``<prefix>scheduler``: committed only once
-  what they caused is published, and never past an event still held pending.
+- every partition of the **tasks.events** topic (the events of every trigger queue, which
+  triggerers copy there keyed by task), with offsets kept in the consumer group
+  ``<prefix>scheduler``: committed only once what they caused is published, and never past
+  an event still held pending.
 
 Any number of schedulers may run; one is active (see :mod:`._lease`): it holds
 partition 0 of the lease topic in the group ``<prefix>scheduler``. Standbys fold the tasks
 topic as it grows and read no events; on takeover a standby starts the fenced producer,
-folds the tasks topic's tail, takes the decisions the state calls for, and reads the resume
-topics from the committed offsets.
+folds the tasks topic's tail, takes the decisions the state calls for, and reads
+tasks.events from the committed offsets.
 
 Decisions go out in batches (see :mod:`._records` for where each record goes).
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -82,22 +82,22 @@ class SchedulerError(DeferlineError):
 
 
 class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
-    """Fold the tasks and resume topics into task state; publish decisions while active.
+    """Fold the tasks and tasks.events topics into task state; publish decisions while active.
 
     Args:
         settings: connection and topic layout.
         pools: slot counts per pool (default: ``default_pool`` with 128 slots, like Airflow).
         worker_queues: worker queues whose topics are created at start; others are created
             the first time a task names them.
-        group_id: consumer group of the lease and the resume offsets; also the transactional
+        group_id: consumer group of the lease and the event offsets; also the transactional
             id; default ``<prefix>scheduler``.
         metrics_port: serve Prometheus metrics on this port (0: any free port; None: off).
         orphan_check_interval: how often events held pending are checked against the tasks
             topic's end; one that still has no deferral once the scheduler has read past it
             is dropped as an orphan (for instance a DeferRequest published by another system).
-        commit_interval: seconds between offset commits of the resume topics when the broker
+        commit_interval: seconds between offset commits of tasks.events when the broker
             has no transactions (with them, offsets go in every batch's transaction).
-        topic_refresh_interval: seconds between looks for new ``resume.<queue>`` topics.
+        topic_refresh_interval: seconds between looks for new partitions of tasks.events.
         max_records: most records folded per fetch (and so per published batch).
         lease_timeout: group session timeout: how long a silent active scheduler keeps the
             lease before a standby takes over.
@@ -158,9 +158,6 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         self._tasks_idle = False
         self.restored_tasks = 0
         self.restore_seconds: float | None = None
-        self._resume_pattern = re.compile(
-            f"^{re.escape(settings.topic_prefix)}resume(\\.[A-Za-z0-9_-]+)?$"
-        )
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(self))
         self._metrics = (
@@ -183,7 +180,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         self._written: dict[bytes, TaskStateRecord] = {}
         self._events_done: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
-        # Where the resume partitions ended at a takeover without transactions.
+        # Where the event partitions ended at a takeover without transactions.
         self._reread: dict[TopicPartition, int] = {}
         self._publish_lock = asyncio.Lock()
         # Apache Kafka answers a fetch once data arrives: a long wait only saves idle CPU.
@@ -389,7 +386,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
                 await self._publish(self.table.drain())
             self._events = self._consumer()
             await self._events.start()
-            await self._follow_resume_topics()
+            await self._follow_event_partitions()
             await self._mark_reread()
         except KafkaError as exc:
             raise SchedulerError(f"scheduler could not take over: {exc}") from exc
@@ -407,7 +404,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         await self._events_loop()
 
     async def _mark_reread(self) -> None:
-        """Without transactions, remember where the resume partitions end at takeover.
+        """Without transactions, remember where the event partitions end at takeover.
 
         Events below that were read before, by a predecessor that may have died between a
         batch's task states and its RunTasks: folding them again re-sends the RunTask of a
@@ -510,27 +507,23 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
                         await self._commit()
                 last_commit = now
             if now - last_refresh >= self.topic_refresh_interval:
-                await self._follow_resume_topics()
+                await self._follow_event_partitions()
                 last_refresh = now
 
-    async def _follow_resume_topics(self) -> None:
-        """Read every partition of every resume topic, assigned by hand (the active scheduler
-        sees every event: pools are global); new ones from the group's committed offset."""
+    async def _follow_event_partitions(self) -> None:
+        """Read every partition of tasks.events, assigned by hand (the active scheduler sees
+        every event: pools are global); new ones from the group's committed offset."""
         events, lease = self._events, self._lease
         assert events is not None
         assert lease is not None
+        topic = self.names.task_events
         cluster = await client_of(events).fetch_all_metadata()
-        wanted = {
-            TopicPartition(topic, partition)
-            for topic in cluster.topics()
-            if self._resume_pattern.match(topic)
-            for partition in cluster.partitions_for_topic(topic) or ()
-        }
-        if not any(tp.topic == self.names.resume() for tp in wanted):
+        wanted = {TopicPartition(topic, p) for p in cluster.partitions_for_topic(topic) or ()}
+        if not wanted:
             # Kafka leaves topics this principal may not describe out of the listing: ask
-            # for the default one by name, so a missing ACL is named (AuthorizationError)
-            # rather than waited on as "no resume topic yet".
-            await describe_topics(self.settings, [self.names.resume()], configs=False)
+            # for it by name, so a missing ACL is named (AuthorizationError) rather than
+            # waited on as "no events topic yet".
+            await describe_topics(self.settings, [topic], configs=False)
         current = set(events.assignment())
         if wanted <= current:
             return
@@ -547,7 +540,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             events.seek(tp, offset)
             self._committed[tp] = offset
         logger.info(
-            "reading resume partitions",
+            "reading event partitions",
             extra={
                 "group_id": self.group_id,
                 "added": [f"{tp.topic}:{tp.partition}" for tp in added],
@@ -647,12 +640,12 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
     ) -> asyncio.Task[None] | None:
         """Hand ``out`` to the producer, after the batch in flight; returns its task.
 
-        Synchronous up to the task, so a batch is encoded, and its resume offsets are taken,
+        Synchronous up to the task, so a batch is encoded, and its event offsets are taken,
         at the moment of the drain that made it (an event still pending then is not
         committed past, even if a later fold resolves it). Records go out in waves:
         CancelRequests (the "removed" record that follows one is the proof it was sent),
         task states, then RunTasks (a worker's "running" must land after "queued"). In a
-        transaction the waves and the resume offsets commit together; without, each wave is
+        transaction the waves and the event offsets commit together; without, each wave is
         acknowledged before the next. Call with the publish lock."""
         commit = self._committable() if offsets and self._publisher.transactional else {}
         if not out and not dead and not commit:
@@ -698,7 +691,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         return committable(self._events_done, self.table.pending_refs(), self._committed)
 
     async def _commit(self) -> None:
-        """Commit resume offsets through the lease member (brokers without transactions)."""
+        """Commit event offsets through the lease member (brokers without transactions)."""
         lease = self._lease
         offsets = self._committable()  # taken now: what is folded is handed to the producer
         await self._settle()  # and is sent before its offsets are committed
