@@ -64,6 +64,7 @@ def outcome_us(n: int, repeat: int) -> float:
             cipher=None,
             cancel=lambda trigger_id, *, kill=False: None,
             on_fatal=lambda exc: None,
+            task_partitions=12,
         )
         part, ref_to = live_partition(lane)
         lane._parts[0] = part

@@ -159,7 +159,7 @@ async def bench_broker(n: int, backend: str) -> None:
                 )
                 began = time.perf_counter()
                 futures = [
-                    await producer.send(names.resume(), encode(e), key=e.trigger_id.encode())
+                    await producer.send(names.task_events, encode(e), key=e.task.ti_key.encode())
                     for e in events
                 ]
                 await asyncio.gather(*futures)
@@ -202,7 +202,7 @@ async def bench_apply(n: int, backend: str) -> None:
                 for r in deferred
             ]
             futures += [
-                await producer.send(names.resume(), encode(e), key=e.trigger_id.encode())
+                await producer.send(names.task_events, encode(e), key=e.task.ti_key.encode())
                 for e in events
             ]
             await asyncio.gather(*futures)

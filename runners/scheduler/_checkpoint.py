@@ -18,7 +18,7 @@ The scheduler checkpoints at such points only (between two fetches of the tasks 
 the publish lock, with nothing drained and unsent, and no batch still on its way to the
 broker), and never again after a failed publish. Every partition's checkpoint is captured at
 the same point.
-Events still pending are not stored: resume offsets are never committed past a pending event,
+Events still pending are not stored: event offsets are never committed past a pending event,
 so a restarted scheduler reads them again.
 
 The header also records the log it was read from (:class:`~deferline.topics.LogIdentity`: the

@@ -1,4 +1,4 @@
-"""The scheduler's outgoing side: batches of decisions sent one after another, and the resume
+"""The scheduler's outgoing side: batches of decisions sent one after another, and the event
 offsets they may commit."""
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from ._fold import TaskFold
 from ._lease import Outgoing, SchedulerPublisher
 from ._records import committable, waves
 
-__all__ = ["DecisionChain", "ResumeOffsets", "SchedulerError"]
+__all__ = ["DecisionChain", "EventOffsets", "SchedulerError"]
 
 
 class SchedulerError(DeferlineError):
     """The scheduler could not read or publish (broker unreachable, topic missing...)."""
 
 
-class ResumeOffsets:
-    """Per resume partition: how far the fold has read (``done``), what the group has
+class EventOffsets:
+    """Per tasks.events partition: how far the fold has read (``done``), what the group has
     committed, and, after a takeover without transactions, where the partition ended then
     (``reread``: events below were read before, by a predecessor)."""
 
@@ -56,7 +56,7 @@ class DecisionChain:
         settings: Settings,
         publisher: SchedulerPublisher,
         fold: TaskFold,
-        offsets: ResumeOffsets,
+        offsets: EventOffsets,
         *,
         worker_queues: Iterable[str] = (),
     ) -> None:
@@ -74,12 +74,12 @@ class DecisionChain:
     ) -> asyncio.Task[None] | None:
         """Hand ``out`` to the producer, after the batch in flight; returns its task.
 
-        Synchronous up to the task, so a batch is encoded, and its resume offsets are taken,
+        Synchronous up to the task, so a batch is encoded, and its event offsets are taken,
         at the moment of the drain that made it (an event still pending then is not
         committed past, even if a later fold resolves it). Records go out in waves:
         CancelRequests (the "removed" record that follows one is the proof it was sent),
         task states, then RunTasks (a worker's "running" must land after "queued"). In a
-        transaction the waves and the resume offsets commit together; without, each wave is
+        transaction the waves and the event offsets commit together; without, each wave is
         acknowledged before the next. Call with the publish lock."""
         commit = (
             self.offsets.committable(self.fold.table.pending_refs())

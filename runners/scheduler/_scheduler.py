@@ -6,27 +6,29 @@ It reads two streams into one :class:`~deferline.engine.TaskTable`:
   local checkpoint), without a consumer group: it *is* the state (clients, workers and the
   scheduler itself write it), so a (re)started scheduler folds it to the end before deciding
   anything;
-- every partition of every **resume** topic (``resume`` and ``resume.<queue>``, found by
-  name), with offsets kept in the consumer group ``<prefix>scheduler``: committed only once
-  what they caused is published, and never past an event still held pending.
+- every partition of the **tasks.events** topic (the events of every trigger queue, which
+  triggerers copy there keyed by task), with offsets kept in the consumer group
+  ``<prefix>scheduler``: committed only once what they caused is published, and never past
+  an event still held pending.
 
 Any number of schedulers may run; one is active (see :mod:`._lease`): it holds
 partition 0 of the lease topic in the group ``<prefix>scheduler``. Standbys fold the tasks
 topic as it grows and read no events; on takeover a standby starts the fenced producer,
-folds the tasks topic's tail, takes the decisions the state calls for, and reads the resume
-topics from the committed offsets.
+folds the tasks topic's tail, takes the decisions the state calls for, and reads
+tasks.events from the committed offsets.
 
 The parts, each owning its state: :class:`~._fold.TaskFold` (the table, no I/O),
 :class:`~._tasks_topic.TasksReader` (the tasks consumer and its positions),
 :class:`~._checkpoint.Checkpoints` (one database per tasks partition),
 :class:`~._publishing.DecisionChain` (batches sent one after another) and
-:class:`~._publishing.ResumeOffsets`, :class:`~._lease.SchedulerLease` (membership) and
+:class:`~._publishing.EventOffsets`, :class:`~._lease.SchedulerLease` (membership) and
 :class:`~._lease.SchedulerPublisher` (the fenced producer). :class:`Scheduler` is the I/O
 shell that runs their loops; its lifecycle is :class:`~._phase.Phase`.
 
 Plain aiokafka rather than faust tables: the tasks topic is written by several parties and is
 already the changelog; pools are global (admission needs every task of a pool in one place);
-and the event→task join needs no repartition topic when one process reads both topics.
+and the event→task join needs no repartition stage of its own: triggerers write each event,
+keyed by task, to tasks.events, which has the tasks topic's partitions.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -67,7 +68,7 @@ from ._fold import TaskFold
 from ._lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
 from ._phase import Phase, PhaseMachine
-from ._publishing import DecisionChain, ResumeOffsets, SchedulerError
+from ._publishing import DecisionChain, EventOffsets, SchedulerError
 from ._records import dead_letter, orphan_letter
 from ._tasks_topic import TasksReader
 
@@ -80,22 +81,22 @@ _BATCHES_AHEAD = 3
 
 
 class Scheduler(Lifecycle):
-    """Fold the tasks and resume topics into task state; publish decisions while active.
+    """Fold the tasks and tasks.events topics into task state; publish decisions while active.
 
     Args:
         settings: connection and topic layout.
         pools: slot counts per pool (default: ``default_pool`` with 128 slots, like Airflow).
         worker_queues: worker queues whose topics are created at start; others are created
             the first time a task names them.
-        group_id: consumer group of the lease and the resume offsets; also the transactional
+        group_id: consumer group of the lease and the event offsets; also the transactional
             id; default ``<prefix>scheduler``.
         metrics_port: serve Prometheus metrics on this port (0: any free port; None: off).
         orphan_check_interval: how often events held pending are checked against the tasks
             topic's end; one that still has no deferral once the scheduler has read past it
             is dropped as an orphan (for instance a DeferRequest published by another system).
-        commit_interval: seconds between offset commits of the resume topics when the broker
+        commit_interval: seconds between offset commits of tasks.events when the broker
             has no transactions (with them, offsets go in every batch's transaction).
-        topic_refresh_interval: seconds between looks for new ``resume.<queue>`` topics.
+        topic_refresh_interval: seconds between looks for new partitions of tasks.events.
         max_records: most records folded per fetch (and so per published batch).
         lease_timeout: group session timeout: how long a silent active scheduler keeps the
             lease before a standby takes over.
@@ -151,7 +152,7 @@ class Scheduler(Lifecycle):
             if state_dir is not None
             else None
         )
-        self.offsets = ResumeOffsets()
+        self.offsets = EventOffsets()
         self.publisher = SchedulerPublisher(
             settings, transactional_id=self.group_id, group_id=self.group_id
         )
@@ -165,9 +166,6 @@ class Scheduler(Lifecycle):
             else None
         )
         self._worker_queues = {"default", *worker_queues}
-        self._resume_pattern = re.compile(
-            f"^{re.escape(settings.topic_prefix)}resume(\\.[A-Za-z0-9_-]+)?$"
-        )
         self._reader: TasksReader | None = None
         self._lease: SchedulerLease | None = None
         self._events: AIOKafkaConsumer | None = None
@@ -429,7 +427,7 @@ class Scheduler(Lifecycle):
                 await self.chain.publish(self.fold.drain())
             self._events = self._consumer()
             await self._events.start()
-            await self._follow_resume_topics()
+            await self._follow_event_partitions()
             await self._mark_reread()
         except KafkaError as exc:
             raise SchedulerError(f"scheduler could not take over: {exc}") from exc
@@ -447,7 +445,7 @@ class Scheduler(Lifecycle):
         await self._events_loop()
 
     async def _mark_reread(self) -> None:
-        """Without transactions, remember where the resume partitions end at takeover.
+        """Without transactions, remember where the event partitions end at takeover.
 
         Events below that were read before, by a predecessor that may have died between a
         batch's task states and its RunTasks: folding them again re-sends the RunTask of a
@@ -551,27 +549,23 @@ class Scheduler(Lifecycle):
                         await self._commit()
                 last_commit = now
             if now - last_refresh >= self.topic_refresh_interval:
-                await self._follow_resume_topics()
+                await self._follow_event_partitions()
                 last_refresh = now
 
-    async def _follow_resume_topics(self) -> None:
-        """Read every partition of every resume topic, assigned by hand (the active scheduler
-        sees every event: pools are global); new ones from the group's committed offset."""
+    async def _follow_event_partitions(self) -> None:
+        """Read every partition of tasks.events, assigned by hand (the active scheduler sees
+        every event: pools are global); new ones from the group's committed offset."""
         events, lease = self._events, self._lease
         assert events is not None
         assert lease is not None
+        topic = self.names.task_events
         cluster = await client_of(events).fetch_all_metadata()
-        wanted = {
-            TopicPartition(topic, partition)
-            for topic in cluster.topics()
-            if self._resume_pattern.match(topic)
-            for partition in cluster.partitions_for_topic(topic) or ()
-        }
-        if not any(tp.topic == self.names.resume() for tp in wanted):
+        wanted = {TopicPartition(topic, p) for p in cluster.partitions_for_topic(topic) or ()}
+        if not wanted:
             # Kafka leaves topics this principal may not describe out of the listing: ask
-            # for the default one by name, so a missing ACL is named (AuthorizationError)
-            # rather than waited on as "no resume topic yet".
-            await describe_topics(self.settings, [self.names.resume()], configs=False)
+            # for it by name, so a missing ACL is named (AuthorizationError) rather than
+            # waited on as "no events topic yet".
+            await describe_topics(self.settings, [topic], configs=False)
         current = set(events.assignment())
         if wanted <= current:
             return
@@ -588,7 +582,7 @@ class Scheduler(Lifecycle):
             events.seek(tp, offset)
             self.offsets.committed[tp] = offset
         logger.info(
-            "reading resume partitions",
+            "reading event partitions",
             extra={
                 "group_id": self.group_id,
                 "added": [f"{tp.topic}:{tp.partition}" for tp in added],
@@ -711,7 +705,7 @@ class Scheduler(Lifecycle):
         return dead_letter(message, error, member=self.group_id)
 
     async def _commit(self) -> None:
-        """Commit resume offsets through the lease member (brokers without transactions)."""
+        """Commit event offsets through the lease member (brokers without transactions)."""
         lease = self._lease
         offsets = self.offsets.committable(self.table.pending_refs())  # taken now: what is
         await self.chain.settle()  # folded is handed over, and sent before it is committed

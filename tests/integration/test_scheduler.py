@@ -55,7 +55,7 @@ async def test_defer_fire_resume(settings: Settings) -> None:
             await flow.worker_state(task, "running")
             await flow.defer(task, queue=queue)
         await flow.fire(a, payload={"ok": 1})
-        await flow.fire(b, queue="slow")  # read from resume.slow, found by pattern
+        await flow.fire(b, queue="slow")  # on resume.slow and tasks.events, as a triggerer
         [resume] = await flow.wait_for(lambda: flow.runs_of(a, "resume"))
         assert [t for t, r in flow.runs if r is resume] == [flow.names.resumes()]
         assert resume.next_method == "execute_complete"
@@ -294,8 +294,8 @@ async def test_event_without_deferral_is_dead_lettered_named_and_committed(
         await wait_until(lambda: dead.values(), 10, message="the orphan is dead-lettered")
         [letter] = dead.values()
         assert isinstance(letter, DeadLetter)
-        assert (letter.topic, letter.offset) == (flow.names.resume(), 0)
-        assert letter.partition == _partition_of(flow, record.trigger_id)
+        assert (letter.topic, letter.offset) == (flow.names.task_events, 0)
+        assert letter.partition == _partition_of(flow, ghost.ti_key)
         assert (letter.error_type, letter.trigger_id, letter.task) == (
             "OrphanEvent",
             record.trigger_id,
@@ -312,7 +312,7 @@ async def test_event_without_deferral_is_dead_lettered_named_and_committed(
         consumer = make_consumer(settings, group_id=sched.group_id)
         await consumer.start()
         try:
-            tp = TopicPartition(flow.names.resume(), _partition_of(flow, record.trigger_id))
+            tp = TopicPartition(flow.names.task_events, _partition_of(flow, ghost.ti_key))
 
             async def committed() -> int:
                 return (await consumer.committed(tp)) or 0
@@ -325,5 +325,5 @@ async def test_event_without_deferral_is_dead_lettered_named_and_committed(
             await consumer.stop()
 
 
-def _partition_of(flow: TaskFlow, trigger_id: str) -> int:
-    return partition_for(trigger_id.encode(), flow.settings.partitions)
+def _partition_of(flow: TaskFlow, key: str) -> int:
+    return partition_for(key.encode(), flow.settings.partitions)

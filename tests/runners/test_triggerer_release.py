@@ -65,6 +65,7 @@ def make_lane(emitter: FiringEmitter) -> tuple[TriggerLane, TriggerRef]:
         cipher=None,
         cancel=lambda trigger_id, *, kill=False: None,
         on_fatal=lambda exc: None,
+        task_partitions=1,
     )
     part = OwnedPartition(
         number=0,
