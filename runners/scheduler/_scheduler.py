@@ -180,6 +180,7 @@ class Scheduler(Lifecycle):
         self.takeovers = 0
         self.takeover_seconds: float | None = None
         self.lag: dict[str, int] = {"tasks": 0, "events": 0}
+        self.events_lag: dict[int, int] = {}  # per tasks.events partition read
 
     # -- figures ----------------------------------------------------------------------------
 
@@ -475,6 +476,7 @@ class Scheduler(Lifecycle):
             await asyncio.wait({in_flight})  # the batch handed to the producer goes out
             sent = not in_flight.cancelled() and in_flight.exception() is None
         events, self._events = self._events, None
+        self.events_lag = {}
         if events is not None:
             if was_active and sent and not self.publisher.transactional:
                 with contextlib.suppress(KafkaError):
@@ -645,10 +647,12 @@ class Scheduler(Lifecycle):
     async def _refresh_events_lag(self) -> None:
         assigned = list(self._events.assignment()) if self._events is not None else []
         ends = await self._events.end_offsets(assigned) if self._events and assigned else {}
-        self.lag["events"] = sum(
-            max(0, ends[tp] - self.offsets.done.get(tp, self.offsets.committed.get(tp, ends[tp])))
+        done, committed = self.offsets.done, self.offsets.committed
+        self.events_lag = {
+            tp.partition: max(0, ends[tp] - done.get(tp, committed.get(tp, ends[tp])))
             for tp in assigned
-        )
+        }
+        self.lag["events"] = sum(self.events_lag.values())
 
     # -- checkpoints --------------------------------------------------------------------------
 

@@ -66,6 +66,8 @@ async def test_defer_fire_resume(settings: Settings) -> None:
         assert queued.event == {"ok": 1}
         assert queued.next_method == "execute_complete"
         await flow.wait_for(lambda: flow.runs_of(b, "resume"))
+        # Every partition of tasks.events is read, each folded to its end.
+        await until(lambda: sched.events_lag == dict.fromkeys(range(settings.partitions), 0))
         await flow.worker_state(a, "running", trigger_id=resume.trigger_id, defer_seq=0)
         await flow.worker_state(a, "success")
         await until(lambda: sched.table.get(a.ti_key).state == "success")  # type: ignore[union-attr]

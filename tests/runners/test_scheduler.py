@@ -298,12 +298,15 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     sched.fold.task(b"k", encode(state()), live=True)
     sched.table.drain()
     sched.lag["events"] = 7
+    sched.events_lag = {0: 3, 1: 4}
     text = generate_latest(sched.registry).decode()
     assert 'deferline_scheduler_runs_enqueued_total{mode="start"} 1.0' in text
     assert 'deferline_scheduler_pool_slots_used{pool="default_pool"} 1.0' in text
     assert 'deferline_scheduler_pool_slots{pool="default_pool"} 1.0' in text
     assert 'deferline_scheduler_tasks{state="queued"} 1.0' in text
     assert 'deferline_scheduler_lag{input="events"} 7.0' in text
+    assert 'deferline_scheduler_partition_lag{partition="1"} 4.0' in text
+    assert "deferline_scheduler_partitions_owned 2.0" in text
     assert "deferline_scheduler_duplicates_dropped_total 0.0" in text
     assert "deferline_scheduler_active 0.0" in text, "not active until it holds the lease"
     assert "deferline_scheduler_takeovers_total 0.0" in text
