@@ -229,7 +229,7 @@ class Checkpoints:
         self._stores: dict[int, SchedulerCheckpoint] = {}
         self._saved: dict[int, int] = {}
         self._identity: LogIdentity | None = None
-        self._written_at = 0.0
+        self._tried_at = 0.0
         self._writing: asyncio.Future[list[int]] | None = None
 
     def path(self, topic: str, partition: int) -> Path:
@@ -358,8 +358,12 @@ class Checkpoints:
         return None, saved
 
     def due(self) -> bool:
-        """True when the interval since the last checkpoint has passed."""
-        return bool(self._stores) and time.monotonic() - self._written_at >= self.interval
+        """True when the interval since the last attempt has passed."""
+        return bool(self._stores) and time.monotonic() - self._tried_at >= self.interval
+
+    def tried(self) -> None:
+        """An attempt was made (written or not): the next is due an interval from now."""
+        self._tried_at = time.monotonic()
 
     def capture(
         self, table: TaskTable, positions: Mapping[int, int]
@@ -377,7 +381,6 @@ class Checkpoints:
     async def write(self, table: TaskTable, delta: TableDelta, positions: dict[int, int]) -> bool:
         """Encode and write each partition's part in a thread; on failure its keys count as
         changed again (the parts written stand: each is the tasks of its own position)."""
-        self._written_at = time.monotonic()
         parts = split_delta(delta, self._partitions)
         empty = TableDelta([], [], [], [], delta.clock)
         began = time.monotonic()

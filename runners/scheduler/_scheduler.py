@@ -683,6 +683,7 @@ class Scheduler(Lifecycle):
             await asyncio.wait({in_flight})  # and the batch it handed over; the capture
             # below does not yield, and skips this turn if another batch went out meanwhile
         captured = self._capture(reader)
+        self.checkpoints.tried()
         if captured is not None:
             await self.checkpoints.write(self.table, *captured)
 

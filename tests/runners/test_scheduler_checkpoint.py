@@ -221,3 +221,18 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
 
 def state_record() -> TaskStateRecord:
     return TaskStateRecord(task=TaskKey(dag_id="d", task_id="t0", run_id="r"), state="queued")
+
+
+def test_an_attempt_that_finds_no_consistent_point_waits_a_whole_interval(
+    tmp_path: Path,
+) -> None:
+    sched, store, reader = _scheduler_between_fetches(tmp_path)
+    checkpoints = sched.checkpoints
+    assert checkpoints is not None
+    store.fail = False
+    checkpoints.interval = 60.0
+    sched.table._outbox.append(Emit(state_record()))  # decided, not yet published
+    assert checkpoints.due()
+    asyncio.run(sched._maybe_checkpoint(reader))
+    assert store.written == []
+    assert not checkpoints.due(), "not tried again at every fetch until the next interval"
