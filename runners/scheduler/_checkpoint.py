@@ -163,9 +163,13 @@ class SchedulerCheckpoint:
             raise CheckpointError(f"cannot discard checkpoint {self.path}: {exc}") from exc
 
     def close(self) -> None:
+        """Flush and close: the next open reads tables rather than replaying the log."""
         db, self._db = self._db, None
         if db is not None:
-            db.close()
+            try:
+                db.flush()
+            finally:
+                db.close()
 
 
 def split_delta(delta: TableDelta, partitions: int) -> dict[int, TableDelta]:
