@@ -115,3 +115,38 @@ async def test_every_event_of_every_queue_is_copied_to_its_tasks_partition(
         assert key == event.task.ti_key.encode()
         assert partition == partition_for(key, task_partitions)
     assert statuses == {"fired", "cancelled", "failed"}
+
+
+async def test_a_new_owner_copies_an_event_its_predecessor_left_uncopied(
+    settings: Settings, kafka_clients: KafkaClients, tmp_path: Path
+) -> None:
+    """The previous owner wrote the event to the resume topic and died before its copy and
+    the tombstone: the member that rebuilds the partition writes the copy, then the
+    tombstone, and does not run the trigger again."""
+    names = TopicNames(settings.topic_prefix)
+    await ensure_topics(settings, topic_specs(settings))
+    request = defer_request(1, due_in=3600)
+    event = TriggerEventRecord(
+        event_id="e-1",
+        trigger_id=request.trigger_id,
+        task=request.task,
+        status="fired",
+        payload={"n": 1},
+        member="gone",
+    )
+    producer = await kafka_clients.producer()
+    await produce_requests(producer, settings, [request])
+    await produce(producer, names.resume(), [(request.trigger_id.encode(), encode(event))])
+    options = TriggererOptions(member="next", state_dir=tmp_path, session_timeout_ms=6000)
+    async with Triggerer(settings, options) as triggerer:
+
+        async def tombstoned() -> bool:
+            defer = await read_all(settings, names.defer(), tombstones=True)
+            return any(value is None for _, _, value in defer)
+
+        await wait_until(tombstoned, 60, interval=0.5, message="the missing tombstone written")
+        assert request.trigger_id not in triggerer.supervisor, "the trigger ran again"
+    [(partition, key, value)] = await read_all(settings, names.task_events)
+    assert (key, value) == (request.task.ti_key.encode(), encode(event))
+    assert partition == partition_for(key, settings.partitions)
+    assert len(await read_all(settings, names.resume())) == 1, "no second event"

@@ -9,66 +9,27 @@ before the missing tombstone.
 
 from __future__ import annotations
 
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
-from deferline.engine import TriggerOutcome, TriggerSupervisor
-from deferline.runners.triggerer._checkpoint import MemoryCheckpointStore
+from deferline.engine import TriggerOutcome
 from deferline.runners.triggerer._emitter import Emitter
-from deferline.runners.triggerer._lane import OwnedPartition, TriggerLane, TriggerRef
-from deferline.runners.triggerer._lane_types import LaneOptions
-from deferline.runners.triggerer._metrics import TriggererMetrics
+from deferline.runners.triggerer._lane import TriggerLane, TriggerRef
 from deferline.runners.triggerer._partition_table import ActiveTriggerTable
 from deferline.runners.triggerer._rebuild_plan import RebuildPlan, Span
-from deferline.schemas import (
-    CancelRequest,
-    DeferRequest,
-    TaskKey,
-    TriggerEventRecord,
-    decode,
-    encode,
-    make_trigger_id,
-)
-from deferline.topics import Settings, TopicNames, partition_for
+from deferline.schemas import CancelRequest, TriggerEventRecord, decode, encode
+from deferline.topics import TopicNames, partition_for
 
+from .test_triggerer_release import TASK, TID
+from .test_triggerer_release import make_lane as release_lane
 from .test_triggerer_units import FakeProducer
 
-PREFIX = "p."
-NAMES = TopicNames(PREFIX)
+NAMES = TopicNames()
 PARTITIONS = 7
-TASK = TaskKey(dag_id="d", task_id="t", run_id="r", map_index=3)
-TID = make_trigger_id(TASK, 0)
-REQUEST = DeferRequest(
-    trigger_id=TID,
-    task=TASK,
-    classpath="deferline.engine.triggers.DateTimeTrigger",
-    kwargs={"moment": "2030-01-01T00:00:00+00:00"},
-)
 
 
 def make_lane(emitter: Emitter) -> tuple[TriggerLane, TriggerRef]:
-    """A lane owning defer partition 2, live, and a trigger of it."""
-    lane = TriggerLane(
-        Settings(bootstrap_servers="unused:9092", topic_prefix=PREFIX),
-        queue=None,
-        options=LaneOptions(member="m"),
-        supervisor=TriggerSupervisor(capacity=10, on_event=lambda outcome: None),
-        emitter=emitter,
-        store=MemoryCheckpointStore(),
-        metrics=TriggererMetrics(),
-        cipher=None,
-        cancel=lambda trigger_id, *, kill=False: None,
-        on_fatal=lambda exc: None,
-        task_partitions=PARTITIONS,
-    )
-    part = OwnedPartition(
-        number=2,
-        defer_tp=TopicPartition(lane.defer_topic, 2),
-        resume_tp=TopicPartition(lane.resume_topic, 2),
-    )
-    part.book.follow()
-    part.book.rebuilt()
-    lane._parts[2] = part
-    return lane, TriggerRef(lane, part, TID.encode(), encode(REQUEST))
+    """A lane owning defer partition 0, live, and a trigger of it; tasks.events has
+    ``PARTITIONS`` partitions."""
+    return release_lane(emitter, task_partitions=PARTITIONS)
 
 
 def task_partition() -> int:
@@ -86,9 +47,9 @@ async def test_a_fired_event_goes_to_resume_then_its_tasks_partition_then_the_to
         lane.handle_outcome(ref, TriggerOutcome(TID, "fired", {"n": 1}, "e-1", context=ref))
         assert await emitter.flush(5)
     assert sent(producer) == [
-        (NAMES.resume(), TID.encode(), 2),
-        (NAMES.task_events, b"d/t/r/3", task_partition()),
-        (NAMES.defer(), TID.encode(), 2),
+        (NAMES.resume(), TID.encode(), 0),
+        (NAMES.task_events, b"d/t/r/-1", task_partition()),
+        (NAMES.defer(), TID.encode(), 0),
     ]
     event, copy, tombstone = producer.sent
     assert copy.value == event.value, "the same bytes on both topics"
@@ -134,9 +95,9 @@ async def test_a_cancel_event_is_copied_too() -> None:
         lane._dispatcher.dispatch(ref.part, TID.encode(), encode(cancel), 5)
         assert await emitter.flush(5)
     assert sent(producer) == [
-        (NAMES.resume(), TID.encode(), 2),
-        (NAMES.task_events, b"d/t/r/3", task_partition()),
-        (NAMES.defer(), TID.encode(), 2),
+        (NAMES.resume(), TID.encode(), 0),
+        (NAMES.task_events, b"d/t/r/-1", task_partition()),
+        (NAMES.defer(), TID.encode(), 0),
     ]
     record = decode(producer.sent[1].value or b"")
     assert isinstance(record, TriggerEventRecord)
@@ -155,8 +116,8 @@ async def test_a_rebuild_sends_the_copy_again_before_the_missing_tombstone() -> 
         lane._dispatcher.tombstone_only(ref.part, TID.encode(), 41, encode(event))
         assert await emitter.flush(5)
     assert sent(producer) == [
-        (NAMES.task_events, b"d/t/r/3", task_partition()),
-        (NAMES.defer(), TID.encode(), 2),
+        (NAMES.task_events, b"d/t/r/-1", task_partition()),
+        (NAMES.defer(), TID.encode(), 0),
     ]
     assert producer.sent[0].value == encode(event)
 
@@ -167,7 +128,7 @@ async def test_a_rebuild_tombstones_an_event_that_names_no_task_without_a_copy()
         lane, ref = make_lane(emitter)
         lane._dispatcher.tombstone_only(ref.part, TID.encode(), 41, b"not json")
         assert await emitter.flush(5)
-    assert sent(producer) == [(NAMES.defer(), TID.encode(), 2)]
+    assert sent(producer) == [(NAMES.defer(), TID.encode(), 0)]
 
 
 class _Rec:
