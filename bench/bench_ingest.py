@@ -72,6 +72,7 @@ async def apply_live_us(records: list[Record], repeat: int) -> float:
             cipher=None,
             cancel=lambda trigger_id, kill=False: None,
             on_fatal=lambda exc: None,
+            task_partitions=12,
         )
         part = OwnedPartition(0, TopicPartition("defer", 0), TopicPartition("resume", 0))
         started = time.process_time()

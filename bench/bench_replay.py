@@ -1,8 +1,9 @@
 """Replay of a million-record topic set: rate and peak memory of `stuck` and `why`.
 
 Produces a realistic history first (batched producer): most tasks run the whole loop
-(scheduled → queued → start → running → deferred → DeferRequest → event → tombstone →
-queued → resume → running → success, 12 records), a fraction stays stuck in one of three
+(scheduled → queued → start → running → deferred → DeferRequest → event and its copy on
+tasks.events → tombstone → queued → resume → running → success, 13 records), a fraction
+stays stuck in one of three
 ways (never requested, requested without an event, fired but not applied). Then each replay
 runs in a fresh subprocess so its peak RSS is its own:
 
@@ -151,6 +152,7 @@ async def produce(bootstrap: str, prefix: str, n_records: int, stuck_every: int)
             partition=partition_for(tid.encode(), 12),
         )
         await send(names.resume(), tid, event, event.emitted_at)
+        await send(names.task_events, task.ti_key, event, event.emitted_at)
         await send(names.defer(), tid, None, event.emitted_at)
         if mode == 2:
             kinds["fired_not_applied"] += 1

@@ -63,6 +63,8 @@ class TriggerHistory:
     tombstones: _Kept = field(default_factory=_Kept)
     cancels: _Kept = field(default_factory=_Kept)
     events: _Kept = field(default_factory=_Kept)
+    copies: _Kept = field(default_factory=_Kept)
+    """The events' copies on tasks.events (where the task's scheduler reads them)."""
     dead_letters: _Kept = field(default_factory=_Kept)
     runs: _Kept = field(default_factory=_Kept)
     undecodable: _Kept = field(default_factory=_Kept)
@@ -100,7 +102,7 @@ class TriggerHistory:
         return self.events.ordered()
 
     def all_records(self) -> list[ReplayRecord]:
-        lists = (self.requests, self.tombstones, self.cancels, self.events)
+        lists = (self.requests, self.tombstones, self.cancels, self.events, self.copies)
         rest = (self.dead_letters, self.runs, self.undecodable)
         return [rec for kept in (*lists, *rest) for rec in kept]
 
@@ -243,9 +245,12 @@ class ReplayIndex:
             history.task = history.task or record.task
         elif isinstance(record, TriggerEventRecord):
             history = self.trigger(record.trigger_id)
-            history.events.keep(rec)
             history.task = history.task or record.task
             self.task(record.task.ti_key).trigger_ids[record.trigger_id] = None
+            if rec.role is TopicRole.TASK_EVENTS:
+                history.copies.keep(rec)  # the same event again, not another one
+            else:
+                history.events.keep(rec)
             if record.member:
                 partition = rec.position.partition if record.partition is None else record.partition
                 queue = record.queue if record.queue is not None else rec.queue

@@ -56,7 +56,7 @@ class GroupHints:
     def names_for(self, role: TopicRole) -> tuple[str, ...]:
         if role is TopicRole.DEFER:
             return self.triggerer
-        if role in (TopicRole.RESUME, TopicRole.TASKS):
+        if role in (TopicRole.TASK_EVENTS, TopicRole.TASKS):
             return self.scheduler
         if role in (TopicRole.WORK, TopicRole.RESUMES):
             return self.worker
@@ -66,10 +66,10 @@ class GroupHints:
         """Is ``group_id`` the hinted group of this role and queue?
 
         Per-queue groups are ``<name>.<queue>`` (the default queue: ``<name>`` or
-        ``<name>.default``); the scheduler's one group reads every resume topic.
+        ``<name>.default``); the scheduler's one group reads tasks.events.
         """
         names = self.names_for(role)
-        if role in (TopicRole.RESUME, TopicRole.TASKS):
+        if role in (TopicRole.TASK_EVENTS, TopicRole.TASKS):
             return group_id in names
         for name in names:
             if queue is None and group_id in (name, f"{name}.default", f"{name}-default"):

@@ -75,6 +75,9 @@ class ReplayRecord:
         if isinstance(rec, DeferRequest | CancelRequest):
             return rec.requested_at
         if isinstance(rec, TriggerEventRecord):
+            landed = self.position.timestamp
+            if self.role is TopicRole.TASK_EVENTS and landed is not None:
+                return max(landed, rec.emitted_at)  # when the copy reached the task's partition
             return rec.emitted_at
         if isinstance(rec, TaskStateRecord):
             return rec.updated_at
@@ -193,6 +196,8 @@ def describe(rec: ReplayRecord) -> str:
         return f"CancelRequest reason={r.reason!r}"
     if isinstance(r, TriggerEventRecord):
         parts = [f"event {r.status}", f"id={r.event_id[:12]}"]
+        if rec.role is TopicRole.TASK_EVENTS:
+            parts.insert(0, "copy on the task's partition:")
         if r.member:
             parts.append(f"member={r.member}")
         if r.task_outcome:

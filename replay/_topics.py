@@ -17,6 +17,7 @@ class TopicRole(StrEnum):
     DEFER = "defer"  # DeferRequest / CancelRequest / tombstones, key = trigger id
     RESUME = "resume"  # TriggerEventRecord, key = trigger id
     TASKS = "tasks"  # TaskStateRecord, key = task instance
+    TASK_EVENTS = "tasks.events"  # TriggerEventRecord copied from RESUME, key = task instance
     WORK = "work"  # RunTask(mode="start")
     RESUMES = "resumes"  # RunTask(mode="resume")
     DEAD = "dead"  # DeadLetter
@@ -41,6 +42,8 @@ def classify_topic(name: str, *, prefix: str) -> TopicInfo | None:
         return None
     rest = name[len(prefix) :]
     head, _, tail = rest.partition(".")
+    if head == "tasks" and tail == "events":
+        return TopicInfo(name, TopicRole.TASK_EVENTS)
     if head in ("tasks", "dead"):
         return TopicInfo(name, TopicRole(head)) if not tail else None
     if head in ("defer", "resume"):

@@ -57,6 +57,8 @@ class VerdictKind(StrEnum):
     """Requested, not fired; the live groups were not read, so the owner is unknown."""
     FIRED_NOT_APPLIED = "fired_not_applied"
     """Fired, but the task is not (or not yet) resumed by the scheduler."""
+    EVENT_NOT_COPIED = "event_not_copied"
+    """The event is on the resume topic but not on tasks.events, where the scheduler reads."""
     TIMED_OUT = "timed_out"
     """The trigger reached its timeout."""
     TRIGGER_FAILED = "trigger_failed"

@@ -59,7 +59,7 @@ def _dead_lettered(case: _Case, history: TriggerHistory, events: list[ReplayReco
         VerdictKind.IMPORT_ERROR: "its trigger class could not be imported",
         VerdictKind.UNDECRYPTABLE_KWARGS: "no configured key opens its sealed kwargs",
     }.get(kind, "the request is bad")
-    tail = _application_note(case, events)
+    tail = _application_note(case, history, events)
     case.facts["dead_letter_of"] = f"{letter.topic}[{letter.partition}]@{letter.offset}"
     origin = classify_topic(letter.topic, prefix=case.index.prefix)
     if origin is not None and origin.role is not TopicRole.DEFER:
@@ -75,12 +75,12 @@ def _dead_lettered(case: _Case, history: TriggerHistory, events: list[ReplayReco
     return case.verdict(kind, summary, cause=letter.error_type, since=letter.failed_at)
 
 
-def _application_note(case: _Case, events: list[ReplayRecord]) -> str:
+def _application_note(case: _Case, history: TriggerHistory, events: list[ReplayRecord]) -> str:
     """Whether the scheduler has turned the trigger's outcome into task state yet."""
     if not events:
         return "; no failure event was emitted, so the task stays deferred until cleared"
     if case.deferred_here:
-        lag = _scheduler_lag(case, events[0])
+        lag = _scheduler_lag(case, history)
         return f"; the task is still deferred: {lag[1]}"
     state = case.state
     return f"; the task is {state.state} now" if state else ""

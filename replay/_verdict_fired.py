@@ -45,6 +45,11 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
     placed = _dead_lettered_event(case, history)
     if placed is not None and applied is None:
         return placed
+    copies = history.copies.ordered()
+    if copies:
+        case.add("the event reached the task's partition (tasks.events)", copies[0])
+    elif case.deferred_here and applied is None:
+        return _not_copied(case, history, first_rec)
     if status == "cancelled":
         cancels = history.cancels.ordered()
         if cancels:
@@ -52,7 +57,7 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
         return case.verdict(
             VerdictKind.CANCELLED,
             f"cancelled {at} ({first.error or 'cancelled'}) by {first.member or 'the triggerer'}"
-            + _application_note(case, events),
+            + _application_note(case, history, events),
             since=first.emitted_at,
         )
     if status == "timed_out":
@@ -64,7 +69,7 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
             VerdictKind.TIMED_OUT,
             f"timed out {at}"
             + (f" (timeout_at {deadline.isoformat(timespec='seconds')})" if deadline else "")
-            + _application_note(case, events),
+            + _application_note(case, history, events),
             since=first.emitted_at,
         )
     if status == "failed":
@@ -74,12 +79,12 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
         return case.verdict(
             VerdictKind.TRIGGER_FAILED,
             f"the trigger failed {at}: {first.error or 'no error text'}"
-            + _application_note(case, events),
+            + _application_note(case, history, events),
             since=first.emitted_at,
         )
     # fired
     if case.deferred_here:
-        lag_cause, text = _scheduler_lag(case, first_rec)
+        lag_cause, text = _scheduler_lag(case, history)
         return case.verdict(
             VerdictKind.FIRED_NOT_APPLIED,
             f"fired {at} on {first.member or 'an unknown member'}, but the task is still "
@@ -107,6 +112,32 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
     return _resume_check(case, history, first_rec, state)
 
 
+def _not_copied(case: _Case, history: TriggerHistory, event_rec: ReplayRecord) -> Verdict:
+    """The event is on the resume topic, the task still deferred on it, and no copy of it is
+    on tasks.events: the scheduler owning the task never sees it."""
+    event = _event(event_rec)
+    at = _ago(case.ctx.now, event.emitted_at)
+    if history.alive:
+        advice = (
+            "the trigger is still in the defer table, so its triggerer retries the copy (look "
+            "for 'produce failed' on tasks.events in its log: a missing topic or ACL), and "
+            "the next owner of its partition writes it again before the tombstone"
+        )
+    else:
+        advice = (
+            "the trigger is tombstoned, so no triggerer will copy it (written by a triggerer "
+            "from before tasks.events, or the copy is past retention): re-drive the trigger "
+            "with `deferline replay redrive --force` to run it again"
+        )
+    return case.verdict(
+        VerdictKind.EVENT_NOT_COPIED,
+        f"{event.status} {at} on {event.member or 'an unknown member'}, but no copy of the "
+        f"event is on tasks.events, where the task's scheduler reads; {advice}",
+        cause="alive" if history.alive else "tombstoned",
+        since=event.emitted_at,
+    )
+
+
 def _dead_lettered_event(case: _Case, history: TriggerHistory) -> Verdict | None:
     """The scheduler could not place an event of this trigger and dead-lettered it: no
     deferral on the tasks topic matched it once it had read that topic to its end."""
@@ -115,7 +146,7 @@ def _dead_lettered_event(case: _Case, history: TriggerHistory) -> Verdict | None
         for rec in history.dead_letters.ordered()
         if isinstance(rec.record, DeadLetter)
         and (origin := classify_topic(rec.record.topic, prefix=case.index.prefix)) is not None
-        and origin.role is TopicRole.RESUME
+        and origin.role in (TopicRole.RESUME, TopicRole.TASK_EVENTS)
     ]
     if not letters:
         return None

@@ -179,6 +179,10 @@ def _consumer_progress(
     return lag_cause, "; ".join(texts)
 
 
-def _scheduler_lag(case: _Case, event_rec: ReplayRecord) -> tuple[str, str]:
-    topic = TopicInfo(event_rec.position.topic, TopicRole.RESUME, event_rec.queue)
-    return _consumer_progress(case, topic, event_rec, "scheduler")
+def _scheduler_lag(case: _Case, history: TriggerHistory) -> tuple[str, str]:
+    """Has the scheduler group read the copy of the trigger's event on tasks.events?"""
+    copies = history.copies.ordered()
+    if not copies:
+        return "not_copied", "no copy of its event is on tasks.events, where the scheduler reads"
+    topic = TopicInfo(copies[0].position.topic, TopicRole.TASK_EVENTS)
+    return _consumer_progress(case, topic, copies[0], "scheduler")

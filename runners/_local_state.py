@@ -13,13 +13,17 @@ from typing import Any
 
 from deferline.schemas import DeferlineError
 
-__all__ = ["CheckpointError", "open_rocks", "state_home"]
+__all__ = ["CheckpointError", "CheckpointInUse", "open_rocks", "state_home"]
 
 _WRITE_BUFFER = 4 << 20
 
 
 class CheckpointError(DeferlineError):
     """A checkpoint could not be opened, read or written."""
+
+
+class CheckpointInUse(CheckpointError):
+    """Another live process holds the checkpoint open (RocksDB's lock)."""
 
 
 def state_home() -> Path:
@@ -43,8 +47,5 @@ def open_rocks(path: Path) -> Any:
         return Rdict(str(path), options)
     except Exception as exc:  # rocksdict raises a bare Exception (lock, corruption)
         if "lock" in str(exc).lower():
-            raise CheckpointError(
-                f"checkpoint {path} is in use by another process (each process on a host "
-                f"needs its own state directory): {exc}"
-            ) from exc
+            raise CheckpointInUse(f"checkpoint {path} is in use by another process: {exc}") from exc
         raise CheckpointError(f"cannot open checkpoint {path}: {exc}") from exc

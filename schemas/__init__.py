@@ -38,6 +38,7 @@ from ._models import (
     TriggerEventRecord,
     make_event_id,
     make_trigger_id,
+    ti_key_of,
     utcnow,
 )
 from ._wire import decode, decode_as, encode
@@ -82,6 +83,7 @@ __all__ = [
     "record_json_schemas",
     "rendered_json_schemas",
     "seal",
+    "ti_key_of",
     "to_tagged",
     "utcnow",
     "whole_minute_offset",

@@ -164,10 +164,16 @@ class TaskKey(_Wire):
     @property
     def ti_key(self) -> str:
         """Key of the task instance across attempts: ``dag_id/task_id/run_id/map_index``."""
-        return f"{self.dag_id}/{self.task_id}/{self.run_id}/{self.map_index}"
+        return ti_key_of(self.dag_id, self.task_id, self.run_id, self.map_index)
 
     def __str__(self) -> str:
         return f"{self.ti_key}#{self.try_number}"
+
+
+def ti_key_of(dag_id: str, task_id: str, run_id: str, map_index: int) -> str:
+    """The tasks topic's key of a task instance (``TaskKey.ti_key``) from its parts, for
+    callers holding a task's wire JSON rather than a :class:`TaskKey`."""
+    return f"{dag_id}/{task_id}/{run_id}/{map_index}"
 
 
 def make_trigger_id(task: TaskKey, defer_seq: int) -> str:

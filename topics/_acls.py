@@ -131,7 +131,7 @@ def acl_bindings(
     ]
     worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
     scheduler = SchedulerResources.for_prefix(prefix)
-    all_topics = [*defer, *resume, names.tasks, *work, *resumes, names.dead]
+    all_topics = [*defer, *resume, names.tasks, names.task_events, *work, *resumes, names.dead]
 
     grants: dict[Role, list[tuple[ResourceType, Iterable[str], Operation]]] = {
         # Runs tasks: takes RunTasks, folds and writes task state, publishes DeferRequests,
@@ -141,16 +141,17 @@ def acl_bindings(
             ("TOPIC", [names.tasks, *defer, names.dead], "WRITE"),
             ("GROUP", worker_groups, "READ"),
         ],
-        # Runs triggers: reads DeferRequests, writes events (and direct resumes), scans its
-        # resume topic on recovery, dead-letters bad requests. Never writes defer or tasks.
+        # Runs triggers: reads DeferRequests, writes events (on its resume topic and on
+        # tasks.events, and direct resumes), scans its resume topic on recovery, dead-letters
+        # bad requests. Never writes defer or tasks.
         "triggerer": [
             ("TOPIC", [*defer, *resume], "READ"),
-            ("TOPIC", [*resume, *resumes, names.dead], "WRITE"),
+            ("TOPIC", [*resume, names.task_events, *resumes, names.dead], "WRITE"),
             ("GROUP", triggerer_groups, "READ"),
         ],
         # Folds events into task state; writes state, RunTasks, cancels and dead letters.
         "scheduler": [
-            ("TOPIC", [*resume, names.tasks, scheduler.lease_topic], "READ"),
+            ("TOPIC", [names.task_events, names.tasks, scheduler.lease_topic], "READ"),
             ("TOPIC", [names.tasks, *work, *resumes, *defer, names.dead], "WRITE"),
             ("GROUP", [scheduler.group], "READ"),
             ("TRANSACTIONAL_ID", [scheduler.transactional_id], "WRITE"),

@@ -344,11 +344,13 @@ def _check_pairs(names: TopicNames, topics: list[str], counts: dict[str, int]) -
             )
     if problems:
         raise TopicLayoutError(
-            "defer/resume topics are not co-partitioned: "
+            "topic pairs are not co-partitioned: "
             + "; ".join(problems)
-            + ". A trigger id would map to different partitions in the two topics, so a "
-            "triggerer could not find a trigger's events. Recreate one of the two with the "
-            "partition count of the other (adding partitions would also move existing keys)."
+            + ". A key would map to different partitions in the two topics, so a triggerer "
+            "could not find a trigger's events (defer/resume), or a task's events would not "
+            "reach the scheduler owning the task (tasks/tasks.events). Recreate one of the two "
+            "with the partition count of the other (adding partitions would also move "
+            "existing keys)."
         )
 
 

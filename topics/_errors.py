@@ -14,7 +14,7 @@ class BrokerError(DeferlineError):
 
 
 class TopicLayoutError(BrokerError):
-    """Existing topics break deferline's layout (a defer/resume pair is not co-partitioned)."""
+    """Existing topics break deferline's layout (two topics that must be co-partitioned are not)."""
 
 
 class BrokerStartError(BrokerError):

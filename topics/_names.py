@@ -47,6 +47,12 @@ class TopicNames:
         """The compacted task-state changelog (key=TaskKey.ti_key)."""
         return f"{self.prefix}tasks"
 
+    @property
+    def task_events(self) -> str:
+        """Every trigger queue's events again, keyed by ``TaskKey.ti_key`` and co-partitioned
+        with ``tasks``: the scheduler that owns a task partition reads its events here."""
+        return f"{self.prefix}tasks.events"
+
     def work(self, worker_queue: str = DEFAULT_QUEUE) -> str:
         """RunTask(mode="start") records for a worker queue."""
         return self._worker_topic(worker_queue)
@@ -66,10 +72,13 @@ class TopicNames:
         return f"{self.prefix}dead"
 
     def partner(self, topic: str) -> str | None:
-        """The co-partitioned partner of a defer or resume topic name, else None."""
+        """The co-partitioned partner of a topic name (defer and resume of one trigger queue;
+        tasks and tasks.events), else None."""
         if not topic.startswith(self.prefix):
             return None
         rest = topic[len(self.prefix) :]
+        if rest in ("tasks", "tasks.events"):
+            return self.task_events if rest == "tasks" else self.tasks
         for this, other in (("defer", "resume"), ("resume", "defer")):
             if rest == this:
                 return f"{self.prefix}{other}"

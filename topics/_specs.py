@@ -21,7 +21,7 @@ COMPACTED: dict[str, str] = {
     "delete.retention.ms": str(DAY_MS),
     "segment.ms": str(HOUR_MS),
 }
-# Event streams (resume, queues): kept a week, enough for replay and diagnosis.
+# Event streams (resume, tasks.events, queues): kept a week, enough for replay and diagnosis.
 EVENTS: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}
 # Dead letters wait a month for a human.
 DEAD: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": str(30 * DAY_MS)}
@@ -45,7 +45,8 @@ def topic_specs(
     """Specs for the default topics plus each trigger queue and worker queue.
 
     Every ``defer.<q>``/``resume.<q>`` pair gets the same partition count, so a trigger id
-    hashes to the same partition number in both (co-partitioning).
+    hashes to the same partition number in both (co-partitioning); so do ``tasks`` and
+    ``tasks.events``, for a task key (ensure_topics matches a new one to an existing partner).
     """
     names = TopicNames(settings.topic_prefix)
     n, rf = settings.partitions, settings.replication_factor
@@ -62,6 +63,7 @@ def topic_specs(
         add(names.defer(queue), COMPACTED)
         add(names.resume(queue), EVENTS)
     add(names.tasks, COMPACTED)
+    add(names.task_events, EVENTS)
     for worker_queue in ("default", *worker_queues):
         add(names.work(worker_queue), EVENTS)
         add(names.resumes(worker_queue), EVENTS)

@@ -21,7 +21,11 @@ __all__ = ["GroupTracker"]
 _KEEP = 30
 """Moves and departures remembered per group."""
 
-_ROLES = {TopicRole.DEFER: "triggerer", TopicRole.RESUME: "scheduler", TopicRole.TASKS: "scheduler"}
+_ROLES = {
+    TopicRole.DEFER: "triggerer",
+    TopicRole.TASK_EVENTS: "scheduler",
+    TopicRole.TASKS: "scheduler",
+}
 
 
 @dataclass(slots=True)
@@ -98,7 +102,7 @@ class GroupTracker:
     def observe(self, live: LiveView, now: float) -> list[dict[str, Any]]:
         """Record this snapshot and return the view of every triggerer and scheduler group."""
         out: list[dict[str, Any]] = []
-        for role in (TopicRole.DEFER, TopicRole.RESUME):
+        for role in (TopicRole.DEFER, TopicRole.TASK_EVENTS):
             for group in live.groups_for_role(role):
                 history = self._history.setdefault(group.group_id, _GroupHistory())
                 history.observe(group, now)

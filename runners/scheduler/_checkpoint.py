@@ -1,33 +1,41 @@
-"""The scheduler's local checkpoint: its task table and the tasks-topic positions it reflects.
+"""The scheduler's local checkpoints: per tasks partition, its tasks and the position they
+reflect.
 
-A restarted scheduler restores the table from the checkpoint and folds only the tasks topic's
-tail, instead of every record since the topic began. Rows (one per tracked task) and the
-positions are written in one rocksdict write batch, so a checkpoint is always the table of
-its positions. Only tasks that changed since the previous checkpoint are written.
+A restarted scheduler restores the table from the checkpoints and folds only the tasks
+topic's tail, instead of every record since the topic began. Each tasks partition has a
+database of its own, ``<state dir>/<tasks topic>/<partition>/`` (a task's rows go to the
+partition its key hashes to, as its records do), each locked by the one process that holds
+it open: several schedulers on one host share the default directory, and a partition whose
+database another live process holds folds from the topic instead (said in one log line).
+A partition's rows (one per tracked task) and its position are written in one rocksdict
+write batch, so a checkpoint is always the tasks of its position. Only tasks that changed
+since the previous checkpoint are written.
 
 When is the table "of its positions"? When the tasks consumer has folded exactly up to them
 and everything the table decided was published and acknowledged: decisions already in the
 table but past the positions are then on the topic, and the tail brings them back as echoes.
 The scheduler checkpoints at such points only (between two fetches of the tasks loop, under
 the publish lock, with nothing drained and unsent, and no batch still on its way to the
-broker), and never again after a failed publish.
-Events still pending are not stored: resume offsets are never committed past a pending event,
+broker), and never again after a failed publish. Every partition's checkpoint is captured at
+the same point.
+Events still pending are not stored: event offsets are never committed past a pending event,
 so a restarted scheduler reads them again.
 
 The header also records the log it was read from (:class:`~deferline.topics.LogIdentity`: the
 cluster id, the tasks topic's id and partition count, the topic prefix and the group). A
 checkpoint of another log (a recreated cluster or topic whose offsets happen to fall in the
-saved range) is discarded, named in one log line and counted, and the topic folded from the
-start.
+saved range) is discarded, named in one log line and counted, and its partition folded from
+the start.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import datetime as dt
+import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,23 +43,30 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.engine import TableDelta, TableRows, TaskTable
-from deferline.topics import LogIdentity, Settings, compare_identity, read_log_identity
+from deferline.topics import (
+    LogIdentity,
+    compare_identity,
+    partition_for,
+    read_log_identity,
+)
 
-from .._local_state import CheckpointError, open_rocks, state_home
+from .._local_state import CheckpointError, CheckpointInUse, open_rocks, state_home
+from ._fold import TaskFold
 
-__all__ = ["SchedulerCheckpoint", "default_state_dir"]
+__all__ = ["Checkpoints", "SchedulerCheckpoint", "default_state_dir", "merge_states", "split_delta"]
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 2  # 2: the header records the log identity
+_FORMAT = 3  # 2: the header records the log identity; 3: one database per partition
 _META = b"m"
 _ROW = b"t:"
 _ROW_END = b"t;"
+_OTHER_LOG = "it was read from another log"
 
 
 def default_state_dir(group_id: str) -> Path:
-    """``$XDG_STATE_HOME/deferline/scheduler/<group id>``: one checkpoint per scheduler group;
-    two schedulers of one group on one host each need their own ``--state-dir``."""
+    """``$XDG_STATE_HOME/deferline/scheduler/<group id>``, shared by the group's schedulers on
+    a host (each partition's database is locked by the one process holding it)."""
     return state_home() / "scheduler" / group_id
 
 
@@ -67,7 +82,8 @@ class SavedFold:
 
 
 class SchedulerCheckpoint:
-    """One rocksdict database: ``m`` holds the header, ``t:<ti_key>`` one row per task."""
+    """One partition's rocksdict database: ``m`` holds the header, ``t:<ti_key>`` one row
+    per task."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -147,212 +163,275 @@ class SchedulerCheckpoint:
             raise CheckpointError(f"cannot discard checkpoint {self.path}: {exc}") from exc
 
     def close(self) -> None:
+        """Flush and close: the next open reads tables rather than replaying the log."""
         db, self._db = self._db, None
         if db is not None:
-            db.close()
+            try:
+                db.flush()
+            finally:
+                db.close()
 
 
-class _Checkpointing:
-    """Checkpoints of a :class:`Scheduler` (a part of it, not used alone)."""
+def split_delta(delta: TableDelta, partitions: int) -> dict[int, TableDelta]:
+    """``delta`` cut by the tasks partition each key hashes to (partitions without a change
+    are left out); every part carries the table's clock."""
+    parts: dict[int, TableDelta] = {}
 
-    settings: Settings
-    group_id: str
-    table: TaskTable
-    checkpoint_mismatches: int
-    checkpoint_interval: float
-    checkpoint_max_age: float
-    restored_tasks: int
-    restore_seconds: float | None
-    _checkpoint: SchedulerCheckpoint | None
-    _tasks: AIOKafkaConsumer | None
-    _task_tps: list[TopicPartition]
-    _tasks_pos: dict[TopicPartition, int]
-    _tasks_idle: bool
-    _publish_lock: asyncio.Lock
-    _lead: asyncio.Task[None] | None
-    _in_flight: asyncio.Task[None] | None
-    _checkpoints_off: bool
-    _checkpointed_at: float
-    _saved_positions: dict[int, int] | None
-    _identity: LogIdentity | None
-    _writing: asyncio.Future[bool] | None
+    def part(key: str) -> TableDelta:
+        p = partition_for(key.encode(), partitions)
+        found = parts.get(p)
+        if found is None:
+            found = parts[p] = TableDelta([], [], [], [], delta.clock)
+        return found
 
-    async def _restore_checkpoint(self, topic: str) -> dict[TopicPartition, int] | None:
-        """Restore the table from the checkpoint; the positions to fold the tail from, or None
-        (no checkpoint, or one that does not match the topic: discarded, fold everything)."""
-        store, consumer = self._checkpoint, self._tasks
-        if store is None or consumer is None:
-            return None
+    for upsert in delta.upserts:
+        part(upsert[0]).upserts.append(upsert)
+    for key in delta.deletes:
+        part(key).deletes.append(key)
+    for key in delta.repair:
+        part(key).repair.append(key)
+    for cancel in delta.cancels:
+        part(cancel[0]).cancels.append(cancel)
+    return parts
+
+
+def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The table-wide state of several partitions' checkpoints, as one table restores it:
+    the latest clock, every repair and every cancel."""
+    merged: dict[str, Any] = {}
+    for state in states:
+        if not merged:
+            merged = {**state, "repair": list(state["repair"]), "cancels": list(state["cancels"])}
+            continue
+        if state.get("format") != merged.get("format"):
+            raise ValueError("checkpoints of different formats")
+        merged["clock"] = max(merged["clock"], state["clock"], key=_instant)
+        merged["repair"] += state["repair"]
+        merged["cancels"] += state["cancels"]
+    return merged
+
+
+def _instant(clock: str) -> float:
+    return dt.datetime.fromisoformat(clock).timestamp()
+
+
+class Checkpoints:
+    """The scheduler's checkpoints: one :class:`SchedulerCheckpoint` per tasks partition this
+    process could lock, restored at start and written at the points the shell says are
+    consistent (see the module docstring)."""
+
+    def __init__(self, state_dir: str | Path, *, interval: float, max_age: float) -> None:
+        self.root = Path(state_dir)
+        self.interval = interval
+        self.max_age = max_age
+        self.mismatches = 0
+        self.restored_tasks = 0
+        self.restore_seconds: float | None = None
+        self.off = False  # a publish failed: the table may be ahead of the topic for good
+        self._topic = ""
+        self._partitions = 0
+        self._stores: dict[int, SchedulerCheckpoint] = {}
+        self._saved: dict[int, int] = {}
+        self._identity: LogIdentity | None = None
+        self._tried_at = 0.0
+        self._writing: asyncio.Future[list[int]] | None = None
+
+    def path(self, topic: str, partition: int) -> Path:
+        return self.root / topic / str(partition)
+
+    def open(self, topic: str, partitions: Iterable[int]) -> None:
+        """Open each partition's database; one another process holds is left to it, and
+        that partition folds from the topic. CheckpointError for any other failure."""
+        self._topic = topic
+        ids = sorted(partitions)
+        self._partitions = len(ids)
+        for p in ids:
+            store = SchedulerCheckpoint(self.path(topic, p))
+            try:
+                store.open()
+            except CheckpointInUse:
+                logger.info(
+                    "tasks partition %d folds from the topic: its checkpoint is held by "
+                    "another process",
+                    p,
+                    extra={"path": str(store.path)},
+                )
+                continue
+            self._stores[p] = store
+
+    async def restore(
+        self,
+        fold: TaskFold,
+        consumer: AIOKafkaConsumer,
+        tps: list[TopicPartition],
+        *,
+        prefix: str,
+        group: str,
+    ) -> dict[TopicPartition, int]:
+        """Restore the table from the partitions' checkpoints; the position to fold each
+        restored partition's tail from (the others fold from the start, their checkpoint
+        discarded if it does not match the topic)."""
+        if not self._stores:
+            return {}
         began = time.monotonic()
         identity = await read_log_identity(
-            consumer._client, [topic], prefix=self.settings.topic_prefix, group=self.group_id
+            consumer._client, [self._topic], prefix=prefix, group=group
         )
         self._identity = identity  # what every checkpoint written from now on reflects
-        try:
-            saved = await asyncio.to_thread(store.load)
-        except CheckpointError as exc:
-            logger.warning("scheduler checkpoint discarded: %s", exc)
-            await asyncio.to_thread(store.discard)
-            return None
-        if saved is None:
-            return None
-        tps = {tp.partition: tp for tp in self._task_tps}
-        ends = await consumer.end_offsets(self._task_tps)
-        starts = await consumer.beginning_offsets(self._task_tps)
-        problem = None
-        age = time.time() - saved.saved_at
-        mismatch = compare_identity(identity, saved.identity)
-        if mismatch is not None:
-            problem = f"it was read from another log ({mismatch})"
-            self.checkpoint_mismatches += 1
-        elif age > self.checkpoint_max_age:
-            # Compaction may since have removed tombstones the tail would have to show.
-            problem = f"it is {age / 3600:.1f} h old"
-        elif saved.topic != topic:
-            problem = f"it is of topic {saved.topic}"
-        elif set(saved.positions) != set(tps):
-            problem = f"{len(saved.positions)} partitions saved, the topic has {len(tps)}"
-        else:
-            for partition, offset in saved.positions.items():
-                tp = tps[partition]
-                if not starts[tp] <= offset <= ends[tp]:
-                    problem = (
-                        f"partition {partition}: saved position {offset} outside "
-                        f"{starts[tp]}..{ends[tp]} (topic truncated?)"
-                    )
-                    break
-        if problem is None:
-            try:
-                tasks = await asyncio.to_thread(self.table.restore_rows, store.rows(), saved.state)
-            except ValueError as exc:
-                problem = str(exc)
-                self.table = TaskTable(pools=self.table.pools)
-                self.table.track_changes()
-        if problem is not None:
+        by_partition = {tp.partition: tp for tp in tps}
+        ends = await consumer.end_offsets(tps)
+        starts = await consumer.beginning_offsets(tps)
+        usable: dict[int, SavedFold] = {}
+        problems: dict[str, list[int]] = {}
+        for p, store in self._stores.items():
+            tp = by_partition[p]
+            problem, saved = await self._check(store, identity, starts[tp], ends[tp])
+            if problem is not None:
+                problems.setdefault(problem, []).append(p)
+                await asyncio.to_thread(store.discard)
+            elif saved is not None:
+                usable[p] = saved
+        for problem, partitions in problems.items():  # one line per reason
             logger.warning(
-                "scheduler checkpoint discarded: %s; folding the tasks topic from the start",
+                "scheduler checkpoint discarded: %s; folding partitions %s from the start",
                 problem,
-                extra={
-                    "path": str(store.path),
-                    **(
-                        {"expected": mismatch.expected, "found": mismatch.found}
-                        if mismatch is not None
-                        else {}
-                    ),
-                },
+                partitions,
+                extra={"path": str(self.root / self._topic)},
             )
-            await asyncio.to_thread(store.discard)
-            return None
+            if problem.startswith(_OTHER_LOG):
+                self.mismatches += 1
+        if not usable:
+            return {}
+        stores = [self._stores[p] for p in sorted(usable)]
+        try:
+            state = merge_states(saved.state for saved in usable.values())
+            tasks = await asyncio.to_thread(
+                fold.table.restore_rows,
+                itertools.chain.from_iterable(store.rows() for store in stores),
+                state,
+            )
+        except ValueError as exc:
+            fold.reset()
+            logger.warning(
+                "scheduler checkpoints discarded: %s; folding the tasks topic from the start",
+                exc,
+            )
+            for store in stores:
+                await asyncio.to_thread(store.discard)
+            return {}
         self.restored_tasks = tasks
         self.restore_seconds = time.monotonic() - began
-        self._saved_positions = dict(saved.positions)
+        self._saved = {p: saved.positions[p] for p, saved in usable.items()}
         logger.info(
             "scheduler checkpoint restored",
             extra={
-                "path": str(store.path),
+                "path": str(self.root / self._topic),
+                "partitions": sorted(usable),
                 "tasks": tasks,
-                "age_seconds": round(age, 1),
                 "restore_seconds": round(self.restore_seconds, 3),
             },
         )
-        return {tps[p]: offset for p, offset in saved.positions.items()}
+        return {by_partition[p]: offset for p, offset in self._saved.items()}
 
-    def _capture(self) -> tuple[TableDelta, dict[int, int]] | None:
-        """The table's changes and the positions they reflect, if now is a consistent point
-        (see the module docstring); call without yielding between the checks and the capture.
-        """
-        lead = self._lead
-        if (
-            self._checkpoint is None
-            or not self._task_tps
-            or self._checkpoints_off
-            or self._publish_lock.locked()
-            or (lead is not None and lead.done())
-            or self.table.unpublished
-            or not _sent(self._in_flight)
-        ):
+    async def _check(
+        self, store: SchedulerCheckpoint, identity: LogIdentity, start: int, end: int
+    ) -> tuple[str | None, SavedFold | None]:
+        """Whether ``store``'s checkpoint can be restored: (why not, or None; the header).
+        The reason a checkpoint of another log is refused starts with :data:`_OTHER_LOG`."""
+        try:
+            saved = await asyncio.to_thread(store.load)
+        except CheckpointError as exc:
+            return str(exc), None
+        if saved is None:
+            return None, None
+        mismatch = compare_identity(identity, saved.identity)
+        age = time.time() - saved.saved_at
+        partition = int(store.path.name)
+        if mismatch is not None:
+            return f"{_OTHER_LOG} ({mismatch})", saved
+        if age > self.max_age:
+            # Compaction may since have removed tombstones the tail would have to show.
+            return f"it is {age / 3600:.1f} h old", saved
+        if saved.topic != self._topic or set(saved.positions) != {partition}:
+            return f"it is of {saved.topic} partitions {sorted(saved.positions)}", saved
+        if not start <= saved.positions[partition] <= end:
+            return (
+                f"saved position {saved.positions[partition]} outside {start}..{end} "
+                "(topic truncated?)"
+            ), saved
+        return None, saved
+
+    def due(self) -> bool:
+        """True when the interval since the last attempt has passed."""
+        return bool(self._stores) and time.monotonic() - self._tried_at >= self.interval
+
+    def tried(self) -> None:
+        """An attempt was made (written or not): the next is due an interval from now."""
+        self._tried_at = time.monotonic()
+
+    def capture(
+        self, table: TaskTable, positions: Mapping[int, int]
+    ) -> tuple[TableDelta, dict[int, int]] | None:
+        """The table's changes and the positions they reflect; call at a consistent point,
+        without yielding between the caller's checks and this."""
+        if not self._stores or self.off:
             return None
-        positions = {tp.partition: self._tasks_pos[tp] for tp in self._task_tps}
-        delta = self.table.export_changes()
-        if positions == self._saved_positions and not delta.upserts and not delta.deletes:
+        held = {p: positions[p] for p in self._stores}
+        delta = table.export_changes()
+        if held == self._saved and not delta.upserts and not delta.deletes:
             return None
-        return delta, positions
+        return delta, held
 
-    async def _maybe_checkpoint(self) -> None:
-        """Checkpoint if the interval has passed (called by the tasks loop between fetches)."""
-        if self._checkpoint is None or time.monotonic() - self._checkpointed_at < (
-            self.checkpoint_interval
-        ):
-            return
-        async with self._publish_lock:
-            pass  # let a fold in progress finish
-        in_flight = self._in_flight
-        if in_flight is not None:
-            await asyncio.wait({in_flight})  # and the batch it handed over; the capture
-            # below does not yield, and skips this turn if another batch went out meanwhile
-        captured = self._capture()
-        self._checkpointed_at = time.monotonic()
-        if captured is not None:
-            await self._store(*captured)
-
-    async def _store(self, delta: TableDelta, positions: dict[int, int]) -> bool:
-        """Encode and write in a thread; on failure the keys count as changed again."""
-        store = self._checkpoint
-        assert store is not None
-        topic = self._task_tps[0].topic
+    async def write(self, table: TaskTable, delta: TableDelta, positions: dict[int, int]) -> bool:
+        """Encode and write each partition's part in a thread; on failure its keys count as
+        changed again (the parts written stand: each is the tasks of its own position)."""
+        parts = split_delta(delta, self._partitions)
+        empty = TableDelta([], [], [], [], delta.clock)
         began = time.monotonic()
 
-        def write() -> bool:
-            try:
-                rows = delta.encode()
-            except Exception as exc:  # a value the tagged codec refuses: keep the old one
-                raise CheckpointError(f"cannot encode the task table: {exc}") from exc
-            store.write(topic, positions, rows, self._identity)
-            return True
+        def write_all() -> list[int]:
+            failed = []
+            for p, store in self._stores.items():
+                part = parts.get(p, empty)
+                try:
+                    try:
+                        rows = part.encode()
+                    except Exception as exc:  # a value the tagged codec refuses
+                        raise CheckpointError(f"cannot encode the task table: {exc}") from exc
+                    store.write(self._topic, {p: positions[p]}, rows, self._identity)
+                except CheckpointError as exc:
+                    logger.warning("scheduler checkpoint not written: %s", exc)
+                    failed.append(p)
+            return failed
 
-        self._writing = asyncio.ensure_future(asyncio.to_thread(write))
+        self._writing = writing = asyncio.ensure_future(asyncio.to_thread(write_all))
         try:
-            await asyncio.shield(self._writing)  # a cancelled caller leaves it to stop()
-        except CheckpointError as exc:
-            logger.warning("scheduler checkpoint not written: %s", exc)
-            self.table.mark_changed(delta.keys)
-            return False
+            failed = await asyncio.shield(writing)  # a cancelled caller leaves it to stop()
         finally:
-            if self._writing.done():
+            if writing.done():
                 self._writing = None
-        self._saved_positions = positions
+        for p in failed:
+            table.mark_changed(parts.get(p, empty).keys)
+        self._saved = {p: o for p, o in positions.items() if p not in failed}
         logger.debug(
             "scheduler checkpoint written",
             extra={
                 "tasks_written": len(delta.upserts),
                 "tasks_deleted": len(delta.deletes),
+                "partitions_failed": failed,
                 "seconds": round(time.monotonic() - began, 3),
             },
         )
-        return True
+        return not failed
 
-    async def _last_checkpoint(self, main: asyncio.Task[None]) -> None:
-        """At stop: capture now if the tasks loop waits between fetches (otherwise the last
-        periodic checkpoint stands), stop ``main``, then write it after any write in flight."""
-        captured = self._capture() if self._tasks_idle and not main.done() else None
-        main.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await main
-        if await self._settle_checkpoint() and captured is not None:
-            await self._store(*captured)
-            await self._settle_checkpoint()
-
-    async def _settle_checkpoint(self) -> bool:
-        """Wait for a checkpoint write still running in its thread; False if it failed."""
+    async def settle(self) -> bool:
+        """Wait for a write still running in its thread; False if it failed."""
         writing, self._writing = self._writing, None
         if writing is None:
             return True
-        try:
-            return await writing
-        except CheckpointError:
-            return False
+        return not await writing  # no partition failed
 
-
-def _sent(batch: asyncio.Task[None] | None) -> bool:
-    """True when no batch is on its way to the broker and the last one did not fail."""
-    return batch is None or (batch.done() and not batch.cancelled() and batch.exception() is None)
+    def close(self) -> None:
+        stores, self._stores = self._stores, {}
+        for store in stores.values():
+            store.close()

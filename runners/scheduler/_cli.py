@@ -93,8 +93,9 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Checkpoint directory of the task table [$XDG_STATE_HOME/deferline/scheduler/"
-    "<group id>]. Two schedulers on one host each need their own.",
+    help="Checkpoint directory of the task table, one database per tasks partition "
+    "[$XDG_STATE_HOME/deferline/scheduler/<group id>]. Schedulers on one host may share it: "
+    "a partition whose database another process holds is folded from the topic.",
 )
 @click.option(
     "--no-checkpoint",

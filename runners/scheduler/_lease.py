@@ -7,7 +7,7 @@ so a takeover only reads the tail.
 
 On Apache Kafka the active scheduler writes through a transactional producer whose
 ``transactional.id`` is the same for every scheduler: starting it bumps the producer epoch,
-so a paused old leader's writes are rejected (fenced). Each batch of decisions and the resume
+so a paused old leader's writes are rejected (fenced). Each batch of decisions and the event
 offsets it consumed are committed in one transaction. Brokers without transactions (Tansu)
 get a plain producer: the lease and the task-state guard are then the only protection.
 """
@@ -113,9 +113,9 @@ class SchedulerLease(ConsumerRebalanceListener):  # type: ignore[misc]
         return found
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Commit resume offsets as the group member holding the lease (no transactions).
+        """Commit event offsets as the group member holding the lease (no transactions).
 
-        The resume partitions are assigned by hand, not through the group, so the public
+        The event partitions are assigned by hand, not through the group, so the public
         ``commit()`` (which checks the group assignment) does not apply; the coordinator's
         commit carries this member's id and generation, which the broker checks.
         """

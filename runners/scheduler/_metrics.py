@@ -125,6 +125,19 @@ class SchedulerCollector(Collector):
         for name, value in sorted(self.scheduler.lag.items()):
             lag.add_metric([name], value)
         yield lag
+        partition_lag = GaugeMetricFamily(
+            "deferline_scheduler_partition_lag",
+            "Events on tasks.events not yet folded, per partition this scheduler reads.",
+            labels=["partition"],
+        )
+        for partition, value in sorted(self.scheduler.events_lag.items()):
+            partition_lag.add_metric([str(partition)], value)
+        yield partition_lag
+        yield GaugeMetricFamily(
+            "deferline_scheduler_partitions_owned",
+            "Partitions of tasks.events this scheduler reads (every one while active).",
+            value=len(self.scheduler.events_lag),
+        )
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:

@@ -148,7 +148,7 @@ def committable(
     pending: Iterable[Hashable],
     committed: Mapping[TopicPartition, int],
 ) -> dict[TopicPartition, int]:
-    """Per resume partition: the offset after the last published event, but never past an
+    """Per events partition: the offset after the last published event, but never past an
     event still held pending (so a new leader reads it again); only offsets that moved."""
     offsets = dict(done)
     for ref in pending:

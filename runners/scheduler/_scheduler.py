@@ -2,24 +2,33 @@
 
 It reads two streams into one :class:`~deferline.engine.TaskTable`:
 
-- the compacted **tasks** topic, every partition, from the beginning, without a consumer
-  group: it *is* the state (clients, workers and the scheduler itself write it), so a
-  (re)started scheduler folds it to the end before deciding anything;
-- every partition of every **resume** topic (``resume`` and ``resume.<queue>``, found by
-  name), with offsets kept in the consumer group ``<prefix>scheduler``: committed only once
-  what they caused is published, and never past an event still held pending.
+- the compacted **tasks** topic, every partition, from the beginning (or each partition's
+  local checkpoint), without a consumer group: it *is* the state (clients, workers and the
+  scheduler itself write it), so a (re)started scheduler folds it to the end before deciding
+  anything;
+- every partition of the **tasks.events** topic (the events of every trigger queue, which
+  triggerers copy there keyed by task), with offsets kept in the consumer group
+  ``<prefix>scheduler``: committed only once what they caused is published, and never past
+  an event still held pending.
 
 Any number of schedulers may run; one is active (see :mod:`._lease`): it holds
 partition 0 of the lease topic in the group ``<prefix>scheduler``. Standbys fold the tasks
 topic as it grows and read no events; on takeover a standby starts the fenced producer,
-folds the tasks topic's tail, takes the decisions the state calls for, and reads the resume
-topics from the committed offsets.
+folds the tasks topic's tail, takes the decisions the state calls for, and reads
+tasks.events from the committed offsets.
 
-Decisions go out in batches (see :mod:`._records` for where each record goes).
+The parts, each owning its state: :class:`~._fold.TaskFold` (the table, no I/O),
+:class:`~._tasks_topic.TasksReader` (the tasks consumer and its positions),
+:class:`~._checkpoint.Checkpoints` (one database per tasks partition),
+:class:`~._publishing.DecisionChain` (batches sent one after another) and
+:class:`~._publishing.EventOffsets`, :class:`~._lease.SchedulerLease` (membership) and
+:class:`~._lease.SchedulerPublisher` (the fenced producer). :class:`Scheduler` is the I/O
+shell that runs their loops; its lifecycle is :class:`~._phase.Phase`.
 
 Plain aiokafka rather than faust tables: the tasks topic is written by several parties and is
 already the changelog; pools are global (admission needs every task of a pool in one place);
-and the event→task join needs no repartition topic when one process reads both topics.
+and the event→task join needs no repartition stage of its own: triggerers write each event,
+keyed by task, to tasks.events, which has the tasks topic's partitions.
 """
 
 from __future__ import annotations
@@ -27,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -36,16 +44,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from deferline.engine import Emit, Pools, TaskTable, WrittenState
-from deferline.schemas import (
-    DeadLetter,
-    DeferlineError,
-    EventFields,
-    SchemaError,
-)
+from deferline.engine import Pools, TableDelta, TaskTable
+from deferline.schemas import DeadLetter, EventFields
 from deferline.topics import (
     Lifecycle,
-    LogIdentity,
     Settings,
     TopicNames,
     describe_topics,
@@ -60,12 +62,15 @@ from .._aiokafka import client_of
 from .._local_state import CheckpointError
 from .._metrics import MetricsServer
 from ..triggerer import LONG_POLL_MS, answers_fetches_early
-from ._checkpoint import SchedulerCheckpoint, _Checkpointing
+from ._checkpoint import Checkpoints
 from ._cli import scheduler_command
-from ._lease import Outgoing, SchedulerFenced, SchedulerLease, SchedulerPublisher
+from ._fold import TaskFold
+from ._lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
-from ._records import committable, dead_letter, orphan_letter, read_event, waves
-from ._tasks_topic import _TasksTopic
+from ._phase import Phase, PhaseMachine
+from ._publishing import DecisionChain, EventOffsets, SchedulerError
+from ._records import dead_letter, orphan_letter
+from ._tasks_topic import TasksReader
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
 
@@ -75,37 +80,35 @@ _BATCHES_AHEAD = 3
 """Folded batches handed to the producer, beyond the one being sent, before the fold waits."""
 
 
-class SchedulerError(DeferlineError):
-    """The scheduler could not read or publish (broker unreachable, topic missing...)."""
-
-
-class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
-    """Fold the tasks and resume topics into task state; publish decisions while active.
+class Scheduler(Lifecycle):
+    """Fold the tasks and tasks.events topics into task state; publish decisions while active.
 
     Args:
         settings: connection and topic layout.
         pools: slot counts per pool (default: ``default_pool`` with 128 slots, like Airflow).
         worker_queues: worker queues whose topics are created at start; others are created
             the first time a task names them.
-        group_id: consumer group of the lease and the resume offsets; also the transactional
+        group_id: consumer group of the lease and the event offsets; also the transactional
             id; default ``<prefix>scheduler``.
         metrics_port: serve Prometheus metrics on this port (0: any free port; None: off).
         orphan_check_interval: how often events held pending are checked against the tasks
             topic's end; one that still has no deferral once the scheduler has read past it
             is dropped as an orphan (for instance a DeferRequest published by another system).
-        commit_interval: seconds between offset commits of the resume topics when the broker
+        commit_interval: seconds between offset commits of tasks.events when the broker
             has no transactions (with them, offsets go in every batch's transaction).
-        topic_refresh_interval: seconds between looks for new ``resume.<queue>`` topics.
+        topic_refresh_interval: seconds between looks for new partitions of tasks.events.
         max_records: most records folded per fetch (and so per published batch).
         lease_timeout: group session timeout: how long a silent active scheduler keeps the
             lease before a standby takes over.
         transactions: write in Kafka transactions (True), never (False), or when the broker
             has them (None).
         finished_retention: seconds (by record time) a finished task stays in memory.
-        state_dir: directory of the local checkpoint of the task table (see
-            :mod:`._checkpoint`); a restart restores it and folds only the tasks topic's tail.
-            ``None``: no checkpoint, every start folds the whole topic. One process per
-            directory (RocksDB locks it).
+        state_dir: directory of the local checkpoints of the task table, one database per
+            tasks partition (see :mod:`._checkpoint`); a restart restores them and folds only
+            the tasks topic's tail. ``None``: no checkpoint, every start folds the whole
+            topic. Schedulers on one host may share it: a partition's database is used by
+            the one process that holds it (RocksDB locks it), the others fold that partition
+            from the topic.
         checkpoint_interval: seconds between checkpoints (and one at a clean stop).
         checkpoint_max_age: an older checkpoint is discarded: compaction may have removed
             tombstones written since (keep it below the tasks topic's delete.retention.ms).
@@ -135,7 +138,6 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             pools = Pools(slots=dict(pools))
         self.settings = settings
         self.names = TopicNames(settings.topic_prefix)
-        self.table = TaskTable(pools=pools)
         self.group_id = group_id or f"{settings.topic_prefix}scheduler"
         self.orphan_check_interval = orphan_check_interval
         self.commit_interval = commit_interval
@@ -144,21 +146,18 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         self.lease_timeout = lease_timeout
         self.transactions = transactions
         self.finished_retention = finished_retention
-        self.checkpoint_interval = checkpoint_interval
-        self.checkpoint_max_age = checkpoint_max_age
-        self._checkpoint = SchedulerCheckpoint(state_dir) if state_dir is not None else None
-        self._checkpoints_off = False
-        self._checkpointed_at = 0.0
-        self._saved_positions: dict[int, int] | None = None
-        self._identity: LogIdentity | None = None
-        self.checkpoint_mismatches = 0
-        self._writing: asyncio.Future[bool] | None = None
-        self._tasks_idle = False
-        self.restored_tasks = 0
-        self.restore_seconds: float | None = None
-        self._resume_pattern = re.compile(
-            f"^{re.escape(settings.topic_prefix)}resume(\\.[A-Za-z0-9_-]+)?$"
+        self.fold = TaskFold(pools)
+        self.checkpoints = (
+            Checkpoints(state_dir, interval=checkpoint_interval, max_age=checkpoint_max_age)
+            if state_dir is not None
+            else None
         )
+        self.offsets = EventOffsets()
+        self.publisher = SchedulerPublisher(
+            settings, transactional_id=self.group_id, group_id=self.group_id
+        )
+        self.chain = DecisionChain(settings, self.publisher, self.fold, self.offsets)
+        self.phase = PhaseMachine()
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(self))
         self._metrics = (
@@ -167,40 +166,55 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             else None
         )
         self._worker_queues = {"default", *worker_queues}
-        self._ensured_worker_queues: set[str] = set()
-        self._publisher = SchedulerPublisher(
-            settings, transactional_id=self.group_id, group_id=self.group_id
-        )
+        self._reader: TasksReader | None = None
         self._lease: SchedulerLease | None = None
-        self._tasks: AIOKafkaConsumer | None = None
         self._events: AIOKafkaConsumer | None = None
-        self._task_tps: list[TopicPartition] = []
-        self._tasks_pos: dict[TopicPartition, int] = {}
-        self._tasks_moved = asyncio.Event()
-        # Values of task states this scheduler published and has not read back yet.
-        self._written: dict[bytes, WrittenState] = {}
-        self._events_done: dict[TopicPartition, int] = {}
-        self._committed: dict[TopicPartition, int] = {}
-        # Where the resume partitions ended at a takeover without transactions.
-        self._reread: dict[TopicPartition, int] = {}
         self._publish_lock = asyncio.Lock()
         # Apache Kafka answers a fetch once data arrives: a long wait only saves idle CPU.
         # Tansu holds every fetch for the whole wait: there it bounds the latency the
         # scheduler adds, so it stays short. Chosen at start from the brokers' API versions.
         self._fetch_wait_ms = 100
-        # The last batch handed to the producer; each batch is sent after the one before it.
-        self._in_flight: asyncio.Task[None] | None = None
         self._main: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
-        self._active = asyncio.Event()
         self._acquired = asyncio.Event()
         self._lead: asyncio.Task[None] | None = None
-        self.recovered_records = 0
-        self.recovery_seconds: float | None = None
         self.takeovers = 0
         self.takeover_seconds: float | None = None
-        self.bad_records = self.published = 0
         self.lag: dict[str, int] = {"tasks": 0, "events": 0}
+        self.events_lag: dict[int, int] = {}  # per tasks.events partition read
+
+    # -- figures ----------------------------------------------------------------------------
+
+    @property
+    def table(self) -> TaskTable:
+        return self.fold.table
+
+    @property
+    def bad_records(self) -> int:
+        return self.fold.bad_records
+
+    @property
+    def published(self) -> int:
+        return self.chain.published
+
+    @property
+    def recovered_records(self) -> int:
+        return self._reader.recovered_records if self._reader is not None else 0
+
+    @property
+    def recovery_seconds(self) -> float | None:
+        return self._reader.recovery_seconds if self._reader is not None else None
+
+    @property
+    def restore_seconds(self) -> float | None:
+        return self.checkpoints.restore_seconds if self.checkpoints is not None else None
+
+    @property
+    def restored_tasks(self) -> int:
+        return self.checkpoints.restored_tasks if self.checkpoints is not None else 0
+
+    @property
+    def checkpoint_mismatches(self) -> int:
+        return self.checkpoints.mismatches if self.checkpoints is not None else 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -212,28 +226,28 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
     @property
     def ready(self) -> bool:
         """True once the tasks topic is folded and the scheduler is in the lease group."""
-        return self._ready.is_set()
+        return self.phase.is_(Phase.STANDBY, Phase.ACTIVE)
 
     @property
     def active(self) -> bool:
         """True while this scheduler holds the lease and applies events."""
-        return self._active.is_set()
+        return self.phase.is_(Phase.ACTIVE)
 
     @property
     def transactional(self) -> bool:
         """True when the active scheduler writes in Kafka transactions."""
-        return self._publisher.transactional
+        return self.publisher.transactional
 
     async def wait_ready(self) -> None:
         """Wait until :attr:`ready`; raises if the scheduler failed first."""
-        await self._wait_for(self._ready)
+        await self._wait_for(Phase.STANDBY, Phase.ACTIVE)
 
     async def wait_active(self) -> None:
         """Wait until :attr:`active`; raises if the scheduler failed first."""
-        await self._wait_for(self._active)
+        await self._wait_for(Phase.ACTIVE)
 
-    async def _wait_for(self, event: asyncio.Event) -> None:
-        waiter = asyncio.ensure_future(event.wait())
+    async def _wait_for(self, *phases: Phase) -> None:
+        waiter = asyncio.ensure_future(self.phase.reach(*phases))
         watch: set[asyncio.Future[Any]] = {waiter}
         if self._main is not None:
             watch.add(self._main)
@@ -250,28 +264,26 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         if self._main is not None:
             return
         try:
-            if self._checkpoint is not None:
-                self._checkpoint.open()
-                self.table.track_changes()
             await ensure_topics(
                 self.settings, topic_specs(self.settings, worker_queues=self._worker_queues)
             )
-            self._ensured_worker_queues |= self._worker_queues
+            self.chain.ensured_queues |= self._worker_queues
             if self._metrics is not None:
                 await self._metrics.start()
             if await answers_fetches_early(self.settings):
                 self._fetch_wait_ms = LONG_POLL_MS
-            self._tasks = self._consumer()
-            await self._tasks.start()
-        except CheckpointError as exc:
-            await self._close()
-            raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
+            tasks = self._consumer()
+            self._reader = TasksReader(
+                tasks, self.fold, max_records=self.max_records, dead=self._dead
+            )
+            await tasks.start()
         except KafkaError as exc:
             await self._close()
             raise SchedulerError(f"cannot connect the scheduler: {exc}") from exc
         except BaseException:
             await self._close()
             raise
+        self.phase.move(Phase.RECOVERING)
         self._main = asyncio.create_task(self._run(), name="deferline-scheduler")
 
     async def stop(self) -> None:
@@ -298,22 +310,35 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
 
     async def _close(self) -> None:
         await self._step_down()
-        for client in (self._lease, self._tasks):
+        for client in (self._lease, self._reader.consumer if self._reader else None):
             if client is not None:
                 await client.stop()
-        self._lease = self._tasks = None
+        self._lease = None
         if self._metrics is not None:
             await self._metrics.stop()
-        if self._checkpoint is not None:
-            await self._settle_checkpoint()
-            self._checkpoint.close()
-        self._ready.clear()
+        if self.checkpoints is not None:
+            await self.checkpoints.settle()
+            self.checkpoints.close()
+        self.phase.move(Phase.STOPPED)
 
     # -- loops ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        reader = self._reader
+        assert reader is not None
         try:
-            await self._recover()
+            try:
+                if self.checkpoints is not None:
+                    self.table.track_changes()
+                await reader.recover(
+                    self.names.tasks,
+                    await self._tasks_partitions(reader.consumer),
+                    self.checkpoints,
+                    prefix=self.settings.topic_prefix,
+                    group=self.group_id,
+                )
+            except CheckpointError as exc:
+                raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
             self._lease = SchedulerLease(
                 self.settings,
                 topic=self.names.scheduler_lease,
@@ -324,33 +349,47 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             )
             await self._lease.start()
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._tasks_loop(), name="scheduler-tasks")
+                group.create_task(self._tasks_loop(reader), name="scheduler-tasks")
                 group.create_task(self._lease.poll_forever(), name="scheduler-lease")
                 group.create_task(self._leadership_loop(), name="scheduler-leadership")
                 group.create_task(self._housekeeping_loop(), name="scheduler-housekeeping")
-                self._ready.set()
+                self.phase.move(Phase.STANDBY)
                 logger.info(
                     "scheduler ready (standby until it holds the lease)",
                     extra={
                         "tasks": len(self.table),
-                        "recovered_records": self.recovered_records,
-                        "recovery_seconds": self.recovery_seconds,
+                        "recovered_records": reader.recovered_records,
+                        "recovery_seconds": reader.recovery_seconds,
                         "group_id": self.group_id,
                     },
                 )
         except KafkaError as exc:
+            self.phase.move(Phase.FAILED)
             raise SchedulerError(f"scheduler lost the broker: {exc}") from exc
+        except Exception:
+            self.phase.move(Phase.FAILED)
+            raise
 
-    async def _tasks_partitions(self) -> set[int]:
-        assert self._tasks is not None
+    async def _tasks_partitions(self, consumer: AIOKafkaConsumer) -> set[int]:
         deadline = time.monotonic() + 30.0
         while True:
-            partitions = self._tasks.partitions_for_topic(self.names.tasks)
+            partitions = consumer.partitions_for_topic(self.names.tasks)
             if partitions:
                 return set(partitions)
             if time.monotonic() > deadline:
                 raise SchedulerError(f"topic {self.names.tasks} has no partitions")
-            await client_of(self._tasks).force_metadata_update()
+            await client_of(consumer).force_metadata_update()
+
+    async def _tasks_loop(self, reader: TasksReader) -> None:
+        """Fold the tasks topic, active or not; publish what it calls for while active."""
+        while True:
+            await self._maybe_checkpoint(reader)
+            moved, dead = await reader.fetch()
+            if moved and self.active:
+                async with self._publish_lock:
+                    if self.active:
+                        await self.chain.publish(self.fold.drain(), dead)
+            reader.moved.set()
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -369,25 +408,27 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
                     await asyncio.wait({lead})
             failure = None if lead.cancelled() else lead.exception()
             if failure is not None:
-                self._checkpoints_off = True  # a publish may have failed halfway
+                if self.checkpoints is not None:
+                    self.checkpoints.off = True  # a publish may have failed halfway
                 await self._step_down()
                 raise failure
 
     async def _take_over(self) -> None:
+        reader = self._reader
+        assert reader is not None
         began = time.monotonic()
         try:
             # Fences the previous leader first (its open transaction is aborted), so the
             # tasks topic's end read next already holds everything it managed to commit.
-            await self._publisher.start(transactions=self.transactions)
-            await self._tasks_caught_up()
+            await self.publisher.start(transactions=self.transactions)
+            await reader.caught_up()
             async with self._publish_lock:
-                self._events_done.clear()
-                self._committed.clear()
-                self._active.set()
-                await self._publish(self.table.drain())
+                self.offsets.clear()
+                self.phase.move(Phase.ACTIVE)
+                await self.chain.publish(self.fold.drain())
             self._events = self._consumer()
             await self._events.start()
-            await self._follow_resume_topics()
+            await self._follow_event_partitions()
             await self._mark_reread()
         except KafkaError as exc:
             raise SchedulerError(f"scheduler could not take over: {exc}") from exc
@@ -397,7 +438,7 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             "scheduler active",
             extra={
                 "group_id": self.group_id,
-                "transactional": self._publisher.transactional,
+                "transactional": self.publisher.transactional,
                 "takeover_seconds": round(self.takeover_seconds, 3),
                 "tasks": len(self.table),
             },
@@ -405,42 +446,44 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         await self._events_loop()
 
     async def _mark_reread(self) -> None:
-        """Without transactions, remember where the resume partitions end at takeover.
+        """Without transactions, remember where the event partitions end at takeover.
 
         Events below that were read before, by a predecessor that may have died between a
         batch's task states and its RunTasks: folding them again re-sends the RunTask of a
         task still ``queued`` on one of them (see ``TaskTable.apply(resend=...)``).
         """
-        self._reread = {}
-        if self._publisher.transactional or self._events is None:
+        self.offsets.reread = {}
+        if self.publisher.transactional or self._events is None:
             return  # a batch's states, RunTasks and offsets committed together, or not at all
         assigned = list(self._events.assignment())
         if assigned:
-            self._reread = await self._events.end_offsets(assigned)
+            self.offsets.reread = await self._events.end_offsets(assigned)
 
     async def _step_down(self) -> None:
         """Stop applying events, after the batch in flight (called before the lease moves)."""
         lead, self._lead = self._lead, None
         async with self._publish_lock:
-            was_active = self._active.is_set()
-            self._active.clear()
+            was_active = self.active
+            if was_active:
+                self.phase.move(Phase.STANDBY)
             if lead is not None and not lead.done():
                 lead.cancel()
         if lead is not None:
             await asyncio.wait({lead})
-        in_flight, self._in_flight = self._in_flight, None
+        in_flight, self.chain.in_flight = self.chain.in_flight, None
         sent = True
         if in_flight is not None:
             await asyncio.wait({in_flight})  # the batch handed to the producer goes out
             sent = not in_flight.cancelled() and in_flight.exception() is None
         events, self._events = self._events, None
+        self.events_lag = {}
         if events is not None:
-            if was_active and sent and not self._publisher.transactional:
+            if was_active and sent and not self.publisher.transactional:
                 with contextlib.suppress(KafkaError):
                     await self._commit()
             await events.stop()
-        await self._publisher.stop()
-        self._written.clear()  # what was not read back yet is read (and decoded) as any record
+        await self.publisher.stop()
+        self.fold.forget_unread_writes()
         if was_active:
             logger.info("scheduler standing by", extra={"group_id": self.group_id})
 
@@ -454,26 +497,26 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             if batches:
                 began = time.monotonic()
                 async with self._publish_lock:
-                    if not self._active.is_set():
+                    if not self.active:
                         return
                     dead: list[DeadLetter] = []
                     read: dict[TopicPartition, int] = {}
                     for tp, messages in batches.items():
                         for message in messages:
                             trace_receive(tp.topic, message.value, message.headers)
-                            bad = self._fold_event(
+                            bad = self.fold.event(
                                 message.value,
                                 ref=(tp, message.offset),
-                                resend=message.offset < self._reread.get(tp, 0),
+                                resend=message.offset < self.offsets.reread.get(tp, 0),
                             )
                             if bad is not None:
                                 dead.append(self._dead(message, bad))
                         if messages:
                             read[tp] = messages[-1].offset + 1
-                    self._events_done.update(read)
-                    out = self.table.drain()
-                    handed.append(self._start_publish(out, dead, offsets=True))
-                if self._publisher.transactional:
+                    self.offsets.done.update(read)
+                    out = self.fold.drain()
+                    handed.append(self.chain.start(out, dead, offsets=True))
+                if self.publisher.transactional:
                     last_commit = time.monotonic()  # the batch's transaction carries its offsets
                 logger.debug(
                     "events batch folded",
@@ -495,40 +538,36 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
                 async with self._publish_lock:
-                    if not self._active.is_set():
+                    if not self.active:
                         return
-                    if self._publisher.transactional:
+                    if self.publisher.transactional:
                         # Handed over, not awaited: chained after a batch in flight, waiting
                         # for it here would stop the fold for as long (up to the time the
                         # broker takes to complete the previous transaction, 0.5 s seen).
                         if committing is not None and committing.done():
                             committing.result()  # a failed commit stops the loop, as a batch does
-                        committing = self._start_publish([], offsets=True)
+                        committing = self.chain.start([], offsets=True)
                     else:
                         await self._commit()
                 last_commit = now
             if now - last_refresh >= self.topic_refresh_interval:
-                await self._follow_resume_topics()
+                await self._follow_event_partitions()
                 last_refresh = now
 
-    async def _follow_resume_topics(self) -> None:
-        """Read every partition of every resume topic, assigned by hand (the active scheduler
-        sees every event: pools are global); new ones from the group's committed offset."""
+    async def _follow_event_partitions(self) -> None:
+        """Read every partition of tasks.events, assigned by hand (the active scheduler sees
+        every event: pools are global); new ones from the group's committed offset."""
         events, lease = self._events, self._lease
         assert events is not None
         assert lease is not None
+        topic = self.names.task_events
         cluster = await client_of(events).fetch_all_metadata()
-        wanted = {
-            TopicPartition(topic, partition)
-            for topic in cluster.topics()
-            if self._resume_pattern.match(topic)
-            for partition in cluster.partitions_for_topic(topic) or ()
-        }
-        if not any(tp.topic == self.names.resume() for tp in wanted):
+        wanted = {TopicPartition(topic, p) for p in cluster.partitions_for_topic(topic) or ()}
+        if not wanted:
             # Kafka leaves topics this principal may not describe out of the listing: ask
-            # for the default one by name, so a missing ACL is named (AuthorizationError)
-            # rather than waited on as "no resume topic yet".
-            await describe_topics(self.settings, [self.names.resume()], configs=False)
+            # for it by name, so a missing ACL is named (AuthorizationError) rather than
+            # waited on as "no events topic yet".
+            await describe_topics(self.settings, [topic], configs=False)
         current = set(events.assignment())
         if wanted <= current:
             return
@@ -543,9 +582,9 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
             await events.seek_to_beginning(*fresh)
         for tp, offset in committed.items():
             events.seek(tp, offset)
-            self._committed[tp] = offset
+            self.offsets.committed[tp] = offset
         logger.info(
-            "reading resume partitions",
+            "reading event partitions",
             extra={
                 "group_id": self.group_id,
                 "added": [f"{tp.topic}:{tp.partition}" for tp in added],
@@ -555,11 +594,12 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
     async def _housekeeping_loop(self) -> None:
         """Dead-letter events that can never apply, forget finished tasks past retention,
         refresh lag."""
-        assert self._tasks is not None
+        reader = self._reader
+        assert reader is not None
         while True:
             await asyncio.sleep(self.orphan_check_interval)
             generation = self.table.mark_generation()
-            await self._tasks_caught_up()
+            await reader.caught_up()
             self.lag["tasks"] = 0  # just caught up with the end read before the wait
             async with self._publish_lock:
                 await self._dead_letter_orphans(generation)
@@ -575,13 +615,13 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
         orphans = self.table.expire_pending(generation)
         if not orphans:
             return
-        active = self._active.is_set()
+        active = self.active
         if active:
             letters = [
                 orphan_letter(event, ref, now=self._task_now(event), member=self.group_id)
                 for event, ref in orphans
             ]
-            self._start_publish([], letters)
+            self.chain.start([], letters)
         fate = "dead-lettered" if active else "forgotten (standby)"
         for event, _ in orphans:
             logger.info(
@@ -607,100 +647,74 @@ class Scheduler(_Checkpointing, _TasksTopic, Lifecycle):
     async def _refresh_events_lag(self) -> None:
         assigned = list(self._events.assignment()) if self._events is not None else []
         ends = await self._events.end_offsets(assigned) if self._events and assigned else {}
-        self.lag["events"] = sum(
-            max(0, ends[tp] - self._events_done.get(tp, self._committed.get(tp, ends[tp])))
+        done, committed = self.offsets.done, self.offsets.committed
+        self.events_lag = {
+            tp.partition: max(0, ends[tp] - done.get(tp, committed.get(tp, ends[tp])))
             for tp in assigned
-        )
+        }
+        self.lag["events"] = sum(self.events_lag.values())
 
-    # -- folding and publishing -------------------------------------------------------------
+    # -- checkpoints --------------------------------------------------------------------------
 
-    def _fold_event(self, value: bytes | None, *, ref: object, resend: bool = False) -> str | None:
-        if value is None:
+    def _capture(self, reader: TasksReader) -> tuple[TableDelta, dict[int, int]] | None:
+        """The checkpoint to write if now is a consistent point (see :mod:`._checkpoint`):
+        between two fetches, no fold in progress, nothing drained and unsent, no batch on
+        its way to the broker, and the active role not failed. Does not yield."""
+        lead = self._lead
+        if (
+            self.checkpoints is None
+            or not reader.tps
+            or self._publish_lock.locked()
+            or (lead is not None and lead.done())
+            or self.table.unpublished
+            or not self.chain.sent
+        ):
             return None
-        try:
-            self.table.apply(read_event(value), ref=ref, resend=resend)
-        except SchemaError as exc:
-            return self._bad(exc, live=True)
-        return None
+        return self.checkpoints.capture(self.table, reader.partition_positions())
 
-    def _bad(self, exc: SchemaError, *, live: bool) -> str | None:
-        self.bad_records += 1
-        logger.warning("unreadable record skipped: %s", exc, extra={"field": exc.field})
-        # Tasks records read during recovery were dead-lettered when first read live.
-        return f"{type(exc).__name__}: {exc}" if live else None
+    async def _maybe_checkpoint(self, reader: TasksReader) -> None:
+        """Checkpoint if the interval has passed (called by the tasks loop between fetches)."""
+        if self.checkpoints is None or not self.checkpoints.due():
+            return
+        async with self._publish_lock:
+            pass  # let a fold in progress finish
+        in_flight = self.chain.in_flight
+        if in_flight is not None:
+            await asyncio.wait({in_flight})  # and the batch it handed over; the capture
+            # below does not yield, and skips this turn if another batch went out meanwhile
+        captured = self._capture(reader)
+        self.checkpoints.tried()
+        if captured is not None:
+            await self.checkpoints.write(self.table, *captured)
+
+    async def _last_checkpoint(self, main: asyncio.Task[None]) -> None:
+        """At stop: capture now if the tasks loop waits between fetches (otherwise the last
+        periodic checkpoint stands), stop ``main``, then write it after any write in flight."""
+        reader = self._reader
+        captured = (
+            self._capture(reader)
+            if reader is not None and reader.idle and not main.done()
+            else None
+        )
+        main.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await main
+        if self.checkpoints is None or not await self.checkpoints.settle():
+            return
+        if captured is not None:
+            await self.checkpoints.write(self.table, *captured)
+
+    # -- records ------------------------------------------------------------------------------
 
     def _dead(self, message: Any, error: str) -> DeadLetter:
         return dead_letter(message, error, member=self.group_id)
 
-    async def _publish(
-        self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
-    ) -> None:
-        """Publish ``out`` after every batch started before it. Call with the publish lock."""
-        sent = self._start_publish(out, dead, offsets=offsets)
-        if sent is not None:
-            await asyncio.shield(sent)  # cancelled or not, the batch goes out
-
-    def _start_publish(
-        self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
-    ) -> asyncio.Task[None] | None:
-        """Hand ``out`` to the producer, after the batch in flight; returns its task.
-
-        Synchronous up to the task, so a batch is encoded, and its resume offsets are taken,
-        at the moment of the drain that made it (an event still pending then is not
-        committed past, even if a later fold resolves it). Records go out in waves:
-        CancelRequests (the "removed" record that follows one is the proof it was sent),
-        task states, then RunTasks (a worker's "running" must land after "queued"). In a
-        transaction the waves and the resume offsets commit together; without, each wave is
-        acknowledged before the next. Call with the publish lock."""
-        commit = self._committable() if offsets and self._publisher.transactional else {}
-        if not out and not dead and not commit:
-            return None
-        queues = {e.worker_queue for e in out if e.worker_queue is not None}
-        batch = waves(self.names, out, dead, written=self._written)
-        task = asyncio.create_task(
-            self._send_after(self._in_flight, queues, batch, commit), name="scheduler-publish"
-        )
-        self._in_flight = task
-        return task
-
-    async def _send_after(
-        self,
-        previous: asyncio.Task[None] | None,
-        queues: set[str],
-        batch: tuple[list[Outgoing], list[Outgoing], list[Outgoing]],
-        commit: dict[TopicPartition, int],
-    ) -> None:
-        if previous is not None:
-            await asyncio.shield(previous)  # raises its error: nothing goes out past it
-        for worker_queue in sorted(queues):
-            await self._ensure_worker_queue(worker_queue)
-        try:
-            await self._publisher.publish(batch, commit)
-        except KafkaError as exc:
-            raise SchedulerError(f"cannot publish scheduler decisions: {exc}") from exc
-        self._committed.update(commit)
-        self.published += sum(len(wave) for wave in batch)
-
-    async def _settle(self) -> None:
-        """Wait until every batch handed to the producer is sent (raises a failed one's error)."""
-        if self._in_flight is not None:
-            await asyncio.shield(self._in_flight)
-
-    async def _ensure_worker_queue(self, worker_queue: str) -> None:
-        if worker_queue in self._ensured_worker_queues:
-            return
-        await ensure_topics(self.settings, topic_specs(self.settings, worker_queues=[worker_queue]))
-        self._ensured_worker_queues.add(worker_queue)
-
-    def _committable(self) -> dict[TopicPartition, int]:
-        return committable(self._events_done, self.table.pending_refs(), self._committed)
-
     async def _commit(self) -> None:
-        """Commit resume offsets through the lease member (brokers without transactions)."""
+        """Commit event offsets through the lease member (brokers without transactions)."""
         lease = self._lease
-        offsets = self._committable()  # taken now: what is folded is handed to the producer
-        await self._settle()  # and is sent before its offsets are committed
+        offsets = self.offsets.committable(self.table.pending_refs())  # taken now: what is
+        await self.chain.settle()  # folded is handed over, and sent before it is committed
         if not offsets or lease is None or not lease.held:
             return
         await lease.commit(offsets)
-        self._committed.update(offsets)
+        self.offsets.committed.update(offsets)

@@ -150,16 +150,20 @@ class RecordDispatcher:
         )
         self._sink.record(part, key, record)
 
-    def tombstone_only(self, part: OwnedPartition, key: bytes, event_offset: int) -> None:
-        """The event is already on the resume topic: only the tombstone is missing."""
+    def tombstone_only(
+        self, part: OwnedPartition, key: bytes, event_offset: int, event: bytes | None
+    ) -> None:
+        """The event is already on the resume topic: only the tombstone is missing (and
+        perhaps the event's copy on tasks.events: it is sent again first)."""
         part.book.claim(key)
         part.table.note_emitting(key)
         part.table.note_event_offset(key, event_offset)
         logger.info(
-            "trigger already emitted; writing its missing tombstone",
+            "trigger already emitted; copying its event to tasks.events again and writing "
+            "its missing tombstone",
             extra=self._log(part.number, trigger_id=key.decode(errors="replace")),
         )
-        self._sink.tombstone(part.number, key)
+        self._sink.tombstone(part.number, key, event)
 
     def _dead_letter(
         self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int, bad: BadRecord

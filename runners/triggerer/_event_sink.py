@@ -2,8 +2,13 @@
 dead letters, each queued on the emitter, and their acks and failures.
 
 Every record a lane writes goes out through :class:`EventSink`: the one place that builds
-the sends of an event (the event on the resume topic, the tombstone on the defer topic, a
-RunTask or a dead letter beside it).
+the sends of an event (the event on the resume topic, its copy on tasks.events, the
+tombstone on the defer topic, a RunTask or a dead letter beside it).
+
+Every event goes out twice, same bytes: on the trigger queue's resume topic keyed by
+trigger id (the wire contract), and on tasks.events keyed by the task's ``ti_key``, in the
+partition the tasks topic gives that key, where the scheduler owning the task reads it.
+Both are sends of one emission, so the tombstone follows only once both are acked.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from deferline.schemas import (
     decode_as,
     encode,
     make_event_id,
+    ti_key_of,
 )
-from deferline.topics import TopicNames
+from deferline.topics import TopicNames, partition_for
 
 from ._emitter import Emission, Emitter, Send
 from ._events import EventEncoder, request_fields
@@ -89,10 +95,14 @@ class EventSink:
         names: TopicNames,
         queue: str | None,
         member: str,
+        task_partitions: int,
         direct_resume: bool,
         metrics: TriggererMetrics,
         log: Callable[..., dict[str, Any]],
     ) -> None:
+        """``task_partitions``: the partition count of tasks.events (that of ``tasks``)."""
+        if task_partitions < 1:
+            raise ValueError(f"task_partitions must be at least 1, got {task_partitions}")
         self._emitter = emitter
         self._names = names
         self._queue = queue
@@ -100,6 +110,8 @@ class EventSink:
         self._member = member
         self._defer_topic = names.defer(queue)
         self._resume_topic = names.resume(queue)
+        self._task_events = names.task_events
+        self._task_partitions = task_partitions
         self._direct_resume = direct_resume
         self._metrics = metrics
         self._log = log
@@ -134,7 +146,11 @@ class EventSink:
         )
         extra = (self._resume_directly(ref.value, outcome),) if direct else ()
         info = _EventInfo(outcome.trigger_id, outcome.status, outcome.event_id, direct, ref.value)
-        self._submit(part, ref.key, encoded, info, extra=extra)
+        task = fields["task"]
+        ti_key = ti_key_of(
+            task["dag_id"], task["task_id"], task["run_id"], task.get("map_index", -1)
+        )
+        self._submit(part, ref.key, encoded, info, ti_key=ti_key, extra=extra)
 
     def _resume_directly(self, value: bytes, outcome: TriggerOutcome) -> Send:
         request = decode_as(value, DeferRequest)
@@ -179,13 +195,36 @@ class EventSink:
             task_key=record.task,
             seq=record.defer_seq,
         )
-        self._submit(part, key, encode(record), info, extra=extra, tombstone=tombstone)
-
-    def tombstone(self, number: int, key: bytes) -> None:
-        """Queue only the tombstone of ``key`` (its event is already on the resume topic)."""
-        self._emitter.submit(
-            Emission(sends=(), tombstone=Send(self._defer_topic, key, None, number))
+        self._submit(
+            part,
+            key,
+            encode(record),
+            info,
+            ti_key=record.task.ti_key,
+            extra=extra,
+            tombstone=tombstone,
         )
+
+    def tombstone(self, number: int, key: bytes, event: bytes | None) -> None:
+        """Queue the tombstone of ``key``, whose event is already on the resume topic, after
+        that event (its bytes, ``event``) is sent again to tasks.events: an owner that died
+        before the tombstone may also have died before the copy, and a copy the scheduler
+        already has is dropped there as a duplicate. No copy when ``event`` names no task."""
+        task = peek_identity(event)[1]
+        sends = () if task is None or event is None else (self._task_send(task.ti_key, event),)
+        if task is None:
+            logger.warning(
+                "event on the resume topic names no task: tombstone only, no tasks.events copy",
+                extra=self._log(number, trigger_id=key.decode(errors="replace")),
+            )
+        self._emitter.submit(
+            Emission(sends=sends, tombstone=Send(self._defer_topic, key, None, number))
+        )
+
+    def _task_send(self, ti_key: str, value: bytes) -> Send:
+        """The copy of an event on tasks.events: key ``ti_key``, in its tasks partition."""
+        key = ti_key.encode()
+        return Send(self._task_events, key, value, partition_for(key, self._task_partitions))
 
     def dead_letter(
         self, letter: DeadLetter, *, event: tuple[OwnedPartition, bytes, TriggerEventRecord] | None
@@ -209,6 +248,7 @@ class EventSink:
         encoded: bytes,
         info: _EventInfo,
         *,
+        ti_key: str,
         extra: Sequence[Send],
         tombstone: bool = True,
     ) -> None:
@@ -216,7 +256,11 @@ class EventSink:
         queued = _QueuedEvent(self, part, key, tombstone, info)
         self._emitter.submit(
             Emission(
-                sends=(Send(self._resume_topic, key, encoded, number), *extra),
+                sends=(
+                    Send(self._resume_topic, key, encoded, number),
+                    self._task_send(ti_key, encoded),
+                    *extra,
+                ),
                 tombstone=Send(self._defer_topic, key, None, number) if tombstone else None,
                 on_acked=queued.acked,
                 on_failed=queued.failed,

@@ -124,7 +124,10 @@ class TriggerLane:
         cipher: KwargsCipher | None,
         cancel: StopTrigger,
         on_fatal: Callable[[BaseException], None],
+        task_partitions: int,
     ) -> None:
+        """``task_partitions``: the partition count of tasks.events, where every event is
+        copied keyed by its task (see :mod:`._event_sink`)."""
         self.settings = settings
         self.queue = queue
         self.label = queue or "default"
@@ -172,6 +175,7 @@ class TriggerLane:
             names=names,
             queue=queue,
             member=self.member,
+            task_partitions=task_partitions,
             direct_resume=options.direct_resume,
             metrics=metrics,
             log=self._log,

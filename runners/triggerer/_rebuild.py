@@ -68,8 +68,8 @@ class Rebuilder:
 
         # Tombstone what already fired; dead-letter keyless values.
         for part, plan in zip(parts, plans, strict=True):
-            for key, offset in plan.already_emitted():
-                dispatcher.tombstone_only(part, key, offset)
+            for key, (offset, event) in plan.already_emitted():
+                dispatcher.tombstone_only(part, key, offset, event)
             for offset, value in plan.keyless:
                 dispatcher.dispatch(part, None, value, offset)
 

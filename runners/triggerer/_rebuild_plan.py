@@ -65,8 +65,9 @@ class RebuildPlan:
     from_checkpoint: bool
     keyless: list[tuple[int, bytes]] = field(default_factory=list)
     """``(offset, value)`` of keyless values at or past ``committed``: dead-lettered."""
-    emitted: dict[bytes, int] = field(default_factory=dict)
-    """Keys whose event is already on the resume topic, with that event's offset."""
+    emitted: dict[bytes, tuple[int, bytes | None]] = field(default_factory=dict)
+    """Keys whose event is already on the resume topic: the offset of the last one, and the
+    bytes of the first (any later one is a duplicate the scheduler drops)."""
     defer_read: int = 0
     resume_read: int = 0
 
@@ -134,14 +135,16 @@ class RebuildPlan:
         for record in records:
             key = record.key
             if key is not None and key in table:
-                emitted[key] = record.offset
+                first = emitted.get(key)
+                emitted[key] = (record.offset, record.value if first is None else first[1])
 
     def collected(self) -> None:
         """Every resume record up to ``resume.end`` is read."""
         self.table.observe_resume_end(self.resume.end)
 
-    def already_emitted(self) -> Iterable[tuple[bytes, int]]:
-        """The keys to tombstone only (their event is there), with the event's offset."""
+    def already_emitted(self) -> Iterable[tuple[bytes, tuple[int, bytes | None]]]:
+        """The keys to tombstone only (their event is there), with the event's offset and
+        bytes (copied to tasks.events again before the tombstone)."""
         table = self.table
         return [(key, offset) for key, offset in self.emitted.items() if key in table]
 

@@ -25,6 +25,8 @@ from deferline.schemas import DeferlineError, KwargsCipher
 from deferline.topics import (
     Lifecycle,
     Settings,
+    TopicNames,
+    describe_topics,
     ensure_topics,
     make_producer,
     run_closing,
@@ -163,6 +165,17 @@ def _normalise_queues(queues: Sequence[str | None]) -> tuple[str | None, ...]:
     return tuple(seen)
 
 
+async def _partition_count(settings: Settings, topic: str) -> int:
+    """The partition count of ``topic``; TriggererError when it does not exist."""
+    found = await describe_topics(settings, [topic], configs=False)
+    if not found:
+        raise TriggererError(
+            f"topic {topic} does not exist: every trigger event is also written there, for "
+            "the scheduler owning its task; create it with `deferline topics ensure`"
+        )
+    return found[0].partitions
+
+
 class Triggerer(Lifecycle):
     """A triggerer process: ``async with Triggerer(settings, options): ...`` or :meth:`run`.
 
@@ -244,6 +257,9 @@ class Triggerer(Lifecycle):
         if options.create_topics:
             named = [q for q in self.queues if q is not None]
             await ensure_topics(self.settings, topic_specs(self.settings, queues=named))
+        task_partitions = await _partition_count(
+            self.settings, TopicNames(self.settings.topic_prefix).task_events
+        )
         cipher = KwargsCipher(self.settings.kwargs_keys) if self.settings.kwargs_keys else None
         self._producer = make_producer(
             self.settings, client_id=self.member, linger_ms=1, max_batch_size=256 * 1024
@@ -296,6 +312,7 @@ class Triggerer(Lifecycle):
                 cipher=cipher,
                 cancel=self._stop_trigger,
                 on_fatal=self._on_fatal,
+                task_partitions=task_partitions,
             )
             lane.set_max_pending(options.max_pending or 10 * options.capacity)
             self._lanes.append(lane)

@@ -63,12 +63,12 @@ def the_active(processes: Sequence[SchedulerProcess]) -> SchedulerProcess | None
 
 
 async def all_events_committed(settings: Settings, flow: TaskFlow) -> bool:
-    """Every resume partition's committed offset (group ``<prefix>scheduler``) is its end:
+    """Every tasks.events partition's committed offset (group ``<prefix>scheduler``) is its end:
     everything the events caused is published."""
     consumer = make_consumer(settings, group_id=f"{settings.topic_prefix}scheduler")
     await consumer.start()
     try:
-        tps = [TopicPartition(flow.names.resume(), p) for p in range(settings.partitions)]
+        tps = [TopicPartition(flow.names.task_events, p) for p in range(settings.partitions)]
         ends = await consumer.end_offsets(tps)
         for tp in tps:
             if ((await consumer.committed(tp)) or 0) < ends[tp]:

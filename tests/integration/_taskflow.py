@@ -216,5 +216,8 @@ class TaskFlow:
             queue=queue,
             **fields,
         )
+        # As a triggerer does: on the trigger queue's resume topic (key: trigger id) and on
+        # tasks.events (key: the task's ti_key), which the scheduler reads.
         await self.put(self.names.resume(queue), trigger_id, record)
+        await self.put(self.names.task_events, task.ti_key, record)
         return record

@@ -180,18 +180,39 @@ async def test_fired_but_the_scheduler_has_not_read_it(settings: Settings):
     offsets = await publish(settings, h)
     names = TopicNames(settings.topic_prefix)
     async with group_member(
-        settings, f"{settings.topic_prefix}scheduler", names.resume(), "sched-1"
+        settings, f"{settings.topic_prefix}scheduler", names.task_events, "sched-1"
     ):
         verdict = await why(settings, task.ti_key)
     assert verdict.kind is VerdictKind.FIRED_NOT_APPLIED
     assert verdict.cause == "scheduler_lag"
-    event = evidence(verdict, "trigger_event")
+    event, copy = [e for e in verdict.evidence if e.kind == "trigger_event"]
     part = partition_for(request.trigger_id.encode(), settings.partitions)
     assert event.position is not None
     assert (event.position.topic, event.position.partition) == (names.resume(), part)
     assert event.position.offset == offsets[(names.resume(), part)][0]
+    task_part = partition_for(task.ti_key.encode(), settings.partitions)
+    assert copy.position is not None
+    assert (copy.position.topic, copy.position.partition) == (names.task_events, task_part)
+    assert copy.position.offset == offsets[(names.task_events, task_part)][0]
     assert verdict.facts["member"] == "trig-a"
     assert verdict.since == at(70)
+
+
+async def test_fired_but_never_copied_to_the_tasks_partition(settings: Settings):
+    h = history(settings)
+    task, request = deferred(h)
+    h.emit(request, 70, member="trig-a", copied=False)
+    offsets = await publish(settings, h)
+    verdict = await why(settings, task.ti_key)
+    assert verdict.kind is VerdictKind.EVENT_NOT_COPIED
+    assert verdict.cause == "tombstoned"
+    assert "redrive --force" in verdict.summary
+    event = evidence(verdict, "trigger_event")
+    names = TopicNames(settings.topic_prefix)
+    part = partition_for(request.trigger_id.encode(), settings.partitions)
+    assert event.position is not None
+    assert (event.position.topic, event.position.partition) == (names.resume(), part)
+    assert event.position.offset == offsets[(names.resume(), part)][0]
 
 
 async def test_fired_with_no_scheduler(settings: Settings):

@@ -65,7 +65,7 @@ async def test_defer_fire_resume(settings: Settings) -> None:
             await flow.worker_state(task, "running")
             await flow.defer(task, queue=queue)
         await flow.fire(a, payload={"ok": 1})
-        await flow.fire(b, queue="slow")  # read from resume.slow, found by pattern
+        await flow.fire(b, queue="slow")  # on resume.slow and tasks.events, as a triggerer
         [resume] = await flow.wait_for(lambda: flow.runs_of(a, "resume"))
         assert [t for t, r in flow.runs if r is resume] == [flow.names.resumes()]
         assert resume.next_method == "execute_complete"
@@ -76,6 +76,8 @@ async def test_defer_fire_resume(settings: Settings) -> None:
         assert queued.event == {"ok": 1}
         assert queued.next_method == "execute_complete"
         await flow.wait_for(lambda: flow.runs_of(b, "resume"))
+        # Every partition of tasks.events is read, each folded to its end.
+        await until(lambda: sched.events_lag == dict.fromkeys(range(settings.partitions), 0))
         await flow.worker_state(a, "running", trigger_id=resume.trigger_id, defer_seq=0)
         await flow.worker_state(a, "success")
         await until(lambda: sched.table.get(a.ti_key).state == "success")  # type: ignore[union-attr]
@@ -304,8 +306,8 @@ async def test_event_without_deferral_is_dead_lettered_named_and_committed(
         await wait_until(lambda: dead.values(), 10, message="the orphan is dead-lettered")
         [letter] = dead.values()
         assert isinstance(letter, DeadLetter)
-        assert (letter.topic, letter.offset) == (flow.names.resume(), 0)
-        assert letter.partition == _partition_of(flow, record.trigger_id)
+        assert (letter.topic, letter.offset) == (flow.names.task_events, 0)
+        assert letter.partition == _partition_of(flow, ghost.ti_key)
         assert (letter.error_type, letter.trigger_id, letter.task) == (
             "OrphanEvent",
             record.trigger_id,
@@ -322,7 +324,7 @@ async def test_event_without_deferral_is_dead_lettered_named_and_committed(
         consumer = make_consumer(settings, group_id=sched.group_id)
         await consumer.start()
         try:
-            tp = TopicPartition(flow.names.resume(), _partition_of(flow, record.trigger_id))
+            tp = TopicPartition(flow.names.task_events, _partition_of(flow, ghost.ti_key))
 
             async def committed() -> int:
                 return (await consumer.committed(tp)) or 0
@@ -363,7 +365,7 @@ async def test_unreadable_events_are_dead_lettered_with_the_models_reason(
             encode(CancelRequest(trigger_id=trigger_id, task=task)),
         ]
         for value in bad:  # on the partition of the good event that follows them
-            await flow.put_bytes(flow.names.resume(), trigger_id, value)
+            await flow.put_bytes(flow.names.task_events, task.ti_key, value)
         await flow.fire(task)
         await flow.wait_for(lambda: flow.runs_of(task, "resume"))
         letters = await wait_until(
@@ -377,9 +379,9 @@ async def test_unreadable_events_are_dead_lettered_with_the_models_reason(
                 "SchemaError",
                 f"SchemaError: {model.value}",
             )
-            assert (letter.topic, letter.value) == (flow.names.resume(), value)
+            assert (letter.topic, letter.value) == (flow.names.task_events, value)
         assert sched.bad_records == len(bad)
 
 
-def _partition_of(flow: TaskFlow, trigger_id: str) -> int:
-    return partition_for(trigger_id.encode(), flow.settings.partitions)
+def _partition_of(flow: TaskFlow, key: str) -> int:
+    return partition_for(key.encode(), flow.settings.partitions)

@@ -22,15 +22,20 @@ from .test_scheduler import FAST, barrier, until
 pytestmark = pytest.mark.integration
 
 
-def _saved_positions(path: Path) -> dict[int, int]:
-    store = SchedulerCheckpoint(path)
-    store.open()
-    try:
-        saved = store.load()
-        assert saved is not None, "no checkpoint was written"
-        return saved.positions
-    finally:
-        store.close()
+def _saved_positions(settings: Settings, path: Path) -> dict[int, int]:
+    """The positions of every tasks partition's checkpoint under ``path``."""
+    topic = TopicNames(settings.topic_prefix).tasks
+    positions: dict[int, int] = {}
+    for partition in range(settings.partitions):
+        store = SchedulerCheckpoint(path / topic / str(partition))
+        store.open()
+        try:
+            saved = store.load()
+            assert saved is not None, f"no checkpoint was written for partition {partition}"
+            positions |= saved.positions
+        finally:
+            store.close()
+    return positions
 
 
 async def _records_after(settings: Settings, positions: dict[int, int]) -> int:
@@ -78,7 +83,7 @@ async def test_restart_from_a_checkpoint_reads_only_the_tail(
                 lambda: sum(r.state == "deferred" for r in first.table.snapshot().values()) == 6
             )
         # Stopped cleanly: the last checkpoint holds the fold up to these positions.
-        saved = _saved_positions(state["state_dir"])
+        saved = _saved_positions(settings, state["state_dir"])
         for task in new:  # written while no scheduler runs
             await flow.submit(task)
         for task in old[6:]:
@@ -137,7 +142,7 @@ async def _checkpoint_deferred_tasks(settings: Settings, state: dict[str, Any]) 
         await until(
             lambda: all(getattr(first.table.get(t.ti_key), "state", "") == "deferred" for t in old)
         )
-    return _saved_positions(state["state_dir"])
+    return _saved_positions(settings, state["state_dir"])
 
 
 async def _resume_all_past(
@@ -190,3 +195,31 @@ async def test_a_checkpoint_of_a_recreated_topic_longer_than_it_is_discarded(
     saved = await _checkpoint_deferred_tasks(settings, state)
     await delete_topic(settings, TopicNames(settings.topic_prefix).tasks)
     await _resume_all_past(settings, state, saved, caplog)
+
+
+async def test_two_schedulers_share_one_state_directory(
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two schedulers of one group on one host, one state directory (as the default gives
+    them): the second starts, folding from the topic the partitions whose checkpoint the
+    first holds, and takes over when the first stops."""
+    state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
+    a, b = task_key("a"), task_key("b")
+    async with TaskFlow(settings) as flow, Scheduler(settings, **state, **FAST) as first:
+        await first.wait_active()
+        await flow.submit(a)
+        await flow.wait_for(lambda: flow.runs_of(a, "start"))
+        with caplog.at_level(logging.INFO):
+            second = Scheduler(settings, **state, **FAST)
+            async with second:
+                await second.wait_ready()
+                held = [r for r in caplog.records if "folds from the topic" in r.getMessage()]
+                assert len(held) == settings.partitions, "every partition is the first's"
+                assert second.restored_tasks == 0
+                assert second.table.get(a.ti_key) is not None, "folded from the topic"
+                await first.stop()
+                await second.wait_active()
+                await flow.submit(b)
+                await flow.wait_for(lambda: flow.runs_of(b, "start"))
+                await barrier(flow, second)
+                assert len(flow.runs_of(a, "start")) == 1

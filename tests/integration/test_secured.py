@@ -112,10 +112,12 @@ def test_each_role_can_write_only_its_own_topics(secured_kafka: SecuredKafka, pr
         assert not await _write_refused(secured_kafka, "worker", prefix, names.defer())
         # A worker publishes no trigger events and no RunTasks.
         assert await _write_refused(secured_kafka, "worker", prefix, names.resume())
+        assert await _write_refused(secured_kafka, "worker", prefix, names.task_events)
         assert await _write_refused(secured_kafka, "worker", prefix, names.resumes())
         assert await _write_refused(secured_kafka, "client", prefix, names.resume())
+        assert await _write_refused(secured_kafka, "client", prefix, names.task_events)
         # replay is read-only.
-        for topic in (names.tasks, names.resume(), names.work(), names.dead):
+        for topic in (names.tasks, names.resume(), names.task_events, names.work(), names.dead):
             assert await _write_refused(secured_kafka, "replay", prefix, topic), topic
 
     asyncio.run(scenario())
@@ -201,27 +203,27 @@ def test_a_process_without_acls_stops_at_start_naming_why(
     assert "Traceback" not in result.stderr
 
 
-def test_a_scheduler_that_may_not_read_the_resume_topic_names_it_and_exits(
+def test_a_scheduler_that_may_not_read_the_events_topic_names_it_and_exits(
     secured_kafka: SecuredKafka,
 ) -> None:
     """Kafka hides a topic the principal may not describe: without care the scheduler would
-    take "no resume topic" for "none created yet" and wait forever."""
+    take "no tasks.events topic" for "none created yet" and wait forever."""
     name = f"s{uuid.uuid4().hex[:10]}."
     admin = secured_kafka.settings("admin", prefix=name)
-    resume = TopicNames(name).resume()
+    events = TopicNames(name).task_events
 
-    async def grant_all_but_resume() -> None:
+    async def grant_all_but_events() -> None:
         await ensure_topics(admin, topic_specs(admin))
         bindings = acl_bindings(admin, {"scheduler": "User:noacl"})
-        assert any(b.resource_name == resume for b in bindings)
+        assert any(b.resource_name == events for b in bindings)
         client = make_admin(admin)
         await client.start()
         try:
-            await create_acls(client, [b for b in bindings if b.resource_name != resume])
+            await create_acls(client, [b for b in bindings if b.resource_name != events])
         finally:
             await client.close()
 
-    asyncio.run(grant_all_but_resume())
+    asyncio.run(grant_all_but_events())
     deferline = str(Path(sys.executable).with_name("deferline"))
     result = subprocess.run(
         [deferline, "scheduler", *secured_kafka.flags("noacl", prefix=name)],
@@ -232,6 +234,6 @@ def test_a_scheduler_that_may_not_read_the_resume_topic_names_it_and_exits(
     )
     assert result.returncode != 0, result.stderr
     assert "AuthorizationError" in result.stderr
-    assert resume in result.stderr
+    assert events in result.stderr
     assert "User:noacl" in result.stderr
     assert "Traceback" not in result.stderr

@@ -161,9 +161,11 @@ class History:
         error: str | None = None,
         traceback: str | None = None,
         tombstone: bool = True,
+        copied: bool = True,
         resumed_directly: bool = False,
     ) -> TriggerEventRecord:
-        """The triggerer: the event on the resume topic, then the tombstone."""
+        """The triggerer: the event on the resume topic and its copy on tasks.events (unless
+        not ``copied``), then the tombstone."""
         payload = payload if payload is not None else {"at": at(when).isoformat()}
         partition = partition_for(request.trigger_id.encode(), self.partitions)
         event = TriggerEventRecord(
@@ -182,6 +184,8 @@ class History:
             resumed_directly=resumed_directly,
         )
         self.put(self.names.resume(request.queue), request.trigger_id, event)
+        if copied:
+            self.put(self.names.task_events, request.task.ti_key, event)
         if tombstone:
             self.put(self.names.defer(request.queue), request.trigger_id, None)
         return event

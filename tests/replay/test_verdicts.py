@@ -14,8 +14,10 @@ from deferline.replay import (
     MemberView,
     ReplayContext,
     ReplayIndex,
+    TopicRole,
     Verdict,
     VerdictKind,
+    build_timeline,
     explain,
     parse_subject,
 )
@@ -188,9 +190,9 @@ def test_fired_not_applied_scheduler_lag():
     h = History()
     task, request = deferred_task(h)
     h.emit(request, 70)
-    p = part(request.trigger_id)
+    p = part(task.ti_key)
     scheduler = group(
-        "deferline.scheduler", member("sched-1"), committed={("deferline.resume", p): 0}
+        "deferline.scheduler", member("sched-1"), committed={("deferline.tasks.events", p): 0}
     )
     verdict = why(h, task.ti_key, live(h, scheduler))
     assert verdict.kind is VerdictKind.FIRED_NOT_APPLIED
@@ -201,27 +203,79 @@ def test_fired_not_applied_scheduler_lag():
     event = next(e for e in verdict.evidence if e.kind == "trigger_event")
     assert event.position is not None
     assert event.position.topic == "deferline.resume"
-    assert event.position.partition == p
+    assert event.position.partition == part(request.trigger_id)
+    copy = next(e for e in verdict.evidence if "tasks.events" in e.note)
+    assert copy.position is not None
+    assert (copy.position.topic, copy.position.partition) == ("deferline.tasks.events", p)
 
 
 def test_fired_not_applied_though_the_scheduler_read_past_it():
     h = History()
     task, request = deferred_task(h)
     h.emit(request, 70)
-    p = part(request.trigger_id)
+    p = part(task.ti_key)
     scheduler = group(
-        "deferline.scheduler", member("sched-1"), committed={("deferline.resume", p): 1}
+        "deferline.scheduler", member("sched-1"), committed={("deferline.tasks.events", p): 1}
     )
     verdict = why(h, task.ti_key, live(h, scheduler))
     assert verdict.kind is VerdictKind.FIRED_NOT_APPLIED
     assert verdict.cause == "consumed_not_applied"
 
 
+def test_an_event_not_copied_to_tasks_events_while_its_trigger_is_alive():
+    """The triggerer wrote the event and not (yet) its copy: it retries, and the partition's
+    next owner copies it again before the tombstone."""
+    h = History()
+    task, request = deferred_task(h)
+    h.emit(request, 70, copied=False, tombstone=False)
+    verdict = why(h, task.ti_key)
+    assert verdict.kind is VerdictKind.EVENT_NOT_COPIED
+    assert verdict.cause == "alive"
+    assert "no copy of the event is on tasks.events" in verdict.summary
+    assert "retries the copy" in verdict.summary
+    assert verdict.since == at(70)
+    assert "trigger_event" in evidence_kinds(verdict)
+
+
+def test_an_event_not_copied_of_a_tombstoned_trigger_says_to_re_drive():
+    """An event on the resume topic alone, its trigger tombstoned (written by a triggerer
+    from before tasks.events): no triggerer will copy it; re-driving runs it again."""
+    h = History()
+    _, request = deferred_task(h)
+    h.emit(request, 70, copied=False)
+    verdict = why(h, request.trigger_id)
+    assert verdict.kind is VerdictKind.EVENT_NOT_COPIED
+    assert verdict.cause == "tombstoned"
+    assert "redrive --force" in verdict.summary
+
+
+def test_a_copied_event_is_not_reported_as_not_copied():
+    h = History()
+    task, request = deferred_task(h)
+    h.emit(request, 70, tombstone=False)
+    verdict = why(h, task.ti_key)
+    assert verdict.kind is VerdictKind.FIRED_NOT_APPLIED
+
+
+def test_the_timeline_shows_when_the_event_reached_the_tasks_partition():
+    h = History()
+    task, request = deferred_task(h)
+    h.emit(request, 70)
+    index = fold(h)
+    [copy] = index.triggers[request.trigger_id].copies
+    entries = build_timeline(index, parse_subject(task.ti_key))
+    landed = [e for e in entries if e.role is TopicRole.TASK_EVENTS]
+    assert [e.position for e in landed] == [copy.position]
+    assert landed[0].description.startswith("copy on the task's partition: event fired")
+    assert landed[0].at == at(70)
+    assert len(index.triggers[request.trigger_id].events) == 1, "a copy is not another event"
+
+
 def _orphaned(h: History, request: DeferRequest, when: float) -> None:
     """The scheduler: the event matched no deferral; dead-lettered with the reason."""
     event = h.emit(request, when)
-    topic = h.names.resume(request.queue)
-    p = part(request.trigger_id)
+    topic = h.names.task_events
+    p = part(request.task.ti_key)
     offset = sum(1 for w in h.writes if w.topic == topic and w.partition == p) - 1
     ref = (TopicPartition(topic, p), offset)
     letter = orphan_letter(EventFields.of(event), ref, now="x", member="sched")

@@ -182,6 +182,24 @@ def test_a_partition_handed_over_between_two_looks_paused_at_most_one_interval()
     assert view["left"] == []
 
 
+def test_the_scheduler_group_shows_its_lag_on_tasks_events():
+    events = TopicInfo("d.tasks.events", TopicRole.TASK_EVENTS)
+    member = MemberView("s-id", "sched", "/127.0.0.1", ("d.tasks.events",), ())
+    group = GroupView("d.scheduler", "Stable", (member,), {("d.tasks.events", 0): 3})
+    view = GroupTracker().observe(
+        LiveView(
+            taken_at=T0,
+            groups=(group,),
+            topics=(events,),
+            end_offsets={("d.tasks.events", 0): 5},
+            hints=GroupHints.for_prefix("d."),
+        ),
+        T0.timestamp(),
+    )
+    assert [(v["group"], v["role"]) for v in view] == [("d.scheduler", "scheduler")]
+    assert [(p["topic"], p["lag"]) for p in view[0]["partitions"]] == [("d.tasks.events", 2)]
+
+
 SETTINGS = Settings(bootstrap_servers="broker:9092", topic_prefix="d.")
 
 

@@ -10,9 +10,12 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 from click.testing import CliRunner
 from deferline.engine import Emit, Pools
-from deferline.runners.scheduler import Scheduler, SchedulerError, _tasks_topic, scheduler_command
+from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
 from deferline.runners.scheduler import _cli as _scheduler_cli
+from deferline.runners.scheduler import _fold as fold_module
+from deferline.runners.scheduler import _publishing as publishing_module
 from deferline.runners.scheduler import _scheduler as scheduler_module
+from deferline.runners.scheduler._phase import Phase
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,
@@ -103,8 +106,9 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
         ensured.append([spec.name for spec in specs])
 
     monkeypatch.setattr(scheduler_module, "ensure_topics", fake_ensure)
+    monkeypatch.setattr(publishing_module, "ensure_topics", fake_ensure)
     scheduler = Scheduler(Settings(topic_prefix="p."), pools=Pools(slots={"default_pool": 1}))
-    scheduler._publisher._producer = FakeProducer()
+    scheduler.publisher._producer = FakeProducer()
     scheduler.ensured = ensured  # type: ignore[attr-defined]
     return scheduler
 
@@ -131,10 +135,10 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
     start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
     resume = RunTask(task=TASK, mode="resume", operator="x.Op")
     letter = DeadLetter(topic="p.tasks", partition=0, offset=3, error="bad", error_type="E")
-    await sched._publish(
+    await sched.chain.publish(
         [Emit(state("queued")), Emit(start), Emit(resume), Emit(cancel, queue="slow")], [letter]
     )
-    log = sched._publisher._producer.log  # type: ignore[union-attr]
+    log = sched.publisher._producer.log  # type: ignore[union-attr]
     ti = TASK.ti_key.encode()
     assert log[:2] == [("send", "p.defer.slow", b"tid"), ("ack", "p.defer.slow", b"tid")]
     assert log[2:6] == [
@@ -148,24 +152,24 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
         ("send", "p.queue.resumes", ti),
     ]
     assert sched.published == 5
-    await sched._publish([Emit(start)])
+    await sched.chain.publish([Emit(start)])
     ensured = [name for names in sched.ensured for name in names]  # type: ignore[attr-defined]
     assert ensured.count("p.queue.gpu") == 1, "a new worker queue's topics are created once"
 
 
 async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> None:
-    assert sched._fold_task(TASK.ti_key.encode(), encode(state()), live=True) is None
-    await sched._publish(sched.table.drain())
-    log = sched._publisher._producer.log  # type: ignore[union-attr]
+    assert sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True) is None
+    await sched.chain.publish(sched.table.drain())
+    log = sched.publisher._producer.log  # type: ignore[union-attr]
     sends = [(topic, key) for kind, topic, key in log if kind == "send"]
     assert sends == [("p.tasks", TASK.ti_key.encode()), ("p.queue.gpu", TASK.ti_key.encode())]
 
 
 async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> None:
     producer = FakeProducer(partitions=3, room=2)
-    sched._publisher._producer = producer
+    sched.publisher._producer = producer
     tasks = [TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(7)]
-    await sched._publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
+    await sched.chain.publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
     expected: dict[int, int] = {}
     for task in tasks:
         p = partition_for(task.ti_key.encode(), 3)
@@ -183,10 +187,10 @@ async def test_batches_handed_over_back_to_back_go_out_one_after_another(
     sched: Scheduler,
 ) -> None:
     first, second = (TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(2))
-    sched._start_publish([Emit(TaskStateRecord(task=first, state="queued"))])
-    sched._start_publish([Emit(TaskStateRecord(task=second, state="queued"))])
-    await sched._settle()
-    log = sched._publisher._producer.log  # type: ignore[union-attr]
+    sched.chain.start([Emit(TaskStateRecord(task=first, state="queued"))])
+    sched.chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
+    await sched.chain.settle()
+    log = sched.publisher._producer.log  # type: ignore[union-attr]
     assert log == [
         ("send", "p.tasks", first.ti_key.encode()),
         ("ack", "p.tasks", first.ti_key.encode()),
@@ -205,9 +209,9 @@ async def test_nothing_goes_out_after_a_batch_that_failed(
         calls.append(len(calls))
         raise KafkaConnectionError("broker gone")
 
-    monkeypatch.setattr(sched._publisher, "publish", refused)
-    failed = sched._start_publish([Emit(TaskStateRecord(task=TASK, state="queued"))])
-    after = sched._start_publish([Emit(TaskStateRecord(task=TASK, state="running"))])
+    monkeypatch.setattr(sched.publisher, "publish", refused)
+    failed = sched.chain.start([Emit(TaskStateRecord(task=TASK, state="queued"))])
+    after = sched.chain.start([Emit(TaskStateRecord(task=TASK, state="running"))])
     assert failed is not None
     assert after is not None
     with pytest.raises(SchedulerError, match="broker gone"):
@@ -220,37 +224,37 @@ async def test_nothing_goes_out_after_a_batch_that_failed(
 async def test_own_writes_read_back_are_folded_without_decoding(
     sched: Scheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sched._fold_task(TASK.ti_key.encode(), encode(state()), live=True)
-    await sched._publish(sched.table.drain())
-    [(value, queued)] = sched._written.items()
+    sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
+    await sched.chain.publish(sched.table.drain())
+    [(value, queued)] = sched.fold.written.items()
     assert queued.state == "queued"
 
     def no_decoding(value: bytes, kind: Any) -> Any:
         raise AssertionError("an own write was decoded")
 
-    monkeypatch.setattr(_tasks_topic, "read_as", no_decoding)
-    assert sched._fold_task(TASK.ti_key.encode(), value, live=True) is None
-    assert sched._written == {}
+    monkeypatch.setattr(fold_module, "read_as", no_decoding)
+    assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
+    assert sched.fold.written == {}
     assert sched.table._views[TASK.ti_key].inflight == [], "read back: no longer in flight"
     assert sched.table.get(TASK.ti_key) == queued
 
 
 async def test_writes_not_read_back_are_forgotten_on_stepping_down(sched: Scheduler) -> None:
-    sched._fold_task(TASK.ti_key.encode(), encode(state()), live=True)
-    await sched._publish(sched.table.drain())
-    [value] = sched._written
+    sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
+    await sched.chain.publish(sched.table.drain())
+    [value] = sched.fold.written
     await sched._step_down()
-    assert sched._written == {}
+    assert sched.fold.written == {}
     # Read back after stepping down: decoded like any record, and still an echo.
-    assert sched._fold_task(TASK.ti_key.encode(), value, live=True) is None
+    assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
     assert sched.table._views[TASK.ti_key].inflight == []
 
 
 def test_bad_task_records_are_dead_lettered_only_when_read_live(sched: Scheduler) -> None:
-    assert sched._fold_task(b"k", b"{not json", live=True) is not None
-    assert sched._fold_task(b"k", b"{not json", live=False) is None
+    assert sched.fold.task(b"k", b"{not json", live=True) is not None
+    assert sched.fold.task(b"k", b"{not json", live=False) is None
     wrong_kind = encode(fired())
-    error = sched._fold_task(b"k", wrong_kind, live=True)
+    error = sched.fold.task(b"k", wrong_kind, live=True)
     assert error is not None
     assert "task_state" in error
     assert sched.bad_records == 3
@@ -258,48 +262,51 @@ def test_bad_task_records_are_dead_lettered_only_when_read_live(sched: Scheduler
 
 
 def test_bad_events_are_reported_and_never_folded(sched: Scheduler) -> None:
-    assert sched._fold_event(encode(state()), ref=(TPS, 0)) is not None
-    assert sched._fold_event(b"[]", ref=(TPS, 1)) is not None
-    assert sched._fold_event(None, ref=(TPS, 2)) is None
+    assert sched.fold.event(encode(state()), ref=(TPS, 0)) is not None
+    assert sched.fold.event(b"[]", ref=(TPS, 1)) is not None
+    assert sched.fold.event(None, ref=(TPS, 2)) is None
     assert sched.table.pending_events == 0
 
 
 def test_tombstone_forgets_the_task_and_frees_its_slot(sched: Scheduler) -> None:
-    sched._fold_task(b"k", encode(state()), live=False)
+    sched.fold.task(b"k", encode(state()), live=False)
     sched.table.drain()
     assert sched.table.pool_usage()["default_pool"] == (1, 1)
-    sched._fold_task(TASK.ti_key.encode(), None, live=False)
+    sched.fold.task(TASK.ti_key.encode(), None, live=False)
     assert TASK.ti_key not in sched.table
     assert sched.table.pool_usage()["default_pool"] == (0, 1)
 
 
 def test_commits_stop_at_the_first_pending_event(sched: Scheduler) -> None:
     other = TopicPartition("p.resume", 1)
-    sched._events_done = {TPS: 10, other: 4}
-    sched._fold_event(encode(fired()), ref=(TPS, 6))
+    sched.offsets.done = {TPS: 10, other: 4}
+    sched.fold.event(encode(fired()), ref=(TPS, 6))
     assert sched.table.pending_events == 1
-    assert sched._committable() == {TPS: 6, other: 4}
-    sched._committed.update(sched._committable())
-    assert sched._committable() == {}, "nothing moved since"
+    assert sched.offsets.committable(sched.table.pending_refs()) == {TPS: 6, other: 4}
+    sched.offsets.committed.update(sched.offsets.committable(sched.table.pending_refs()))
+    assert sched.offsets.committable(sched.table.pending_refs()) == {}, "nothing moved since"
     # The deferral arrives: the event applies and the partition can commit past it.
     deferred = state(
         "deferred", trigger_id=make_trigger_id(TASK, 0), next_method="done", source="worker"
     )
-    sched._fold_task(b"k", encode(deferred), live=True)
+    sched.fold.task(b"k", encode(deferred), live=True)
     assert sched.table.pending_events == 0
-    assert sched._committable() == {TPS: 10}
+    assert sched.offsets.committable(sched.table.pending_refs()) == {TPS: 10}
 
 
 def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
-    sched._fold_task(b"k", encode(state()), live=True)
+    sched.fold.task(b"k", encode(state()), live=True)
     sched.table.drain()
     sched.lag["events"] = 7
+    sched.events_lag = {0: 3, 1: 4}
     text = generate_latest(sched.registry).decode()
     assert 'deferline_scheduler_runs_enqueued_total{mode="start"} 1.0' in text
     assert 'deferline_scheduler_pool_slots_used{pool="default_pool"} 1.0' in text
     assert 'deferline_scheduler_pool_slots{pool="default_pool"} 1.0' in text
     assert 'deferline_scheduler_tasks{state="queued"} 1.0' in text
     assert 'deferline_scheduler_lag{input="events"} 7.0' in text
+    assert 'deferline_scheduler_partition_lag{partition="1"} 4.0' in text
+    assert "deferline_scheduler_partitions_owned 2.0" in text
     assert "deferline_scheduler_duplicates_dropped_total 0.0" in text
     assert "deferline_scheduler_active 0.0" in text, "not active until it holds the lease"
     assert "deferline_scheduler_takeovers_total 0.0" in text
@@ -332,26 +339,28 @@ async def test_a_transaction_carries_the_batch_and_the_offsets_it_consumed(
     sched: Scheduler,
 ) -> None:
     producer = FakeTransactionalProducer()
-    sched._publisher._producer = producer
-    sched._publisher.transactional = True
-    sched._events_done = {TPS: 8}
+    sched.publisher._producer = producer
+    sched.publisher.transactional = True
+    sched.offsets.done = {TPS: 8}
     start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
-    await sched._publish([Emit(state("queued")), Emit(start)], offsets=True)
+    await sched.chain.publish([Emit(state("queued")), Emit(start)], offsets=True)
     kinds = [kind for kind, _, _ in producer.log if kind != "ack"]
     assert kinds == ["begin", "send", "send", "commit"]
     assert producer.offsets == [{TPS: 8}]
-    assert sched._committed == {TPS: 8}
-    await sched._publish([], offsets=True)
+    assert sched.offsets.committed == {TPS: 8}
+    await sched.chain.publish([], offsets=True)
     assert producer.offsets == [{TPS: 8}], "nothing new to commit: no empty transaction"
 
 
 async def test_a_fenced_transaction_stops_the_scheduler(sched: Scheduler) -> None:
-    sched._publisher._producer = FakeTransactionalProducer(fenced=True)
-    sched._publisher.transactional = True
-    sched._events_done = {TPS: 3}
+    sched.publisher._producer = FakeTransactionalProducer(fenced=True)
+    sched.publisher.transactional = True
+    sched.offsets.done = {TPS: 3}
     with pytest.raises(scheduler_module.SchedulerFenced, match="fenced"):
-        await sched._publish([Emit(state("queued"))], offsets=True)
-    assert sched._committed == {}, "offsets of a fenced transaction are not taken as committed"
+        await sched.chain.publish([Emit(state("queued"))], offsets=True)
+    assert sched.offsets.committed == {}, (
+        "offsets of a fenced transaction are not taken as committed"
+    )
 
 
 def test_finished_tasks_leave_memory_after_retention(sched: Scheduler) -> None:
@@ -359,12 +368,12 @@ def test_finished_tasks_leave_memory_after_retention(sched: Scheduler) -> None:
 
     t0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
     done = state("success", source="worker", updated_at=t0)
-    sched._fold_task(b"k", encode(done), live=True)
+    sched.fold.task(b"k", encode(done), live=True)
     other = TaskKey(dag_id="d", task_id="other", run_id="r")
     later = TaskStateRecord(
         task=other, state="running", source="worker", updated_at=t0 + dt.timedelta(hours=2)
     )
-    sched._fold_task(b"o", encode(later), live=True)
+    sched.fold.task(b"o", encode(later), live=True)
     assert sched.table.forget_finished(3 * 3600) == 0, "still within retention"
     assert sched.table.forget_finished(3600) == 1
     assert TASK.ti_key not in sched.table
@@ -430,9 +439,10 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
     sched: Scheduler,
 ) -> None:
     producer = GatedProducer()
-    sched._publisher._producer = producer
-    sched._publisher.transactional = True
-    sched._active.set()
+    sched.publisher._producer = producer
+    sched.publisher.transactional = True
+    for phase in (Phase.RECOVERING, Phase.STANDBY, Phase.ACTIVE):
+        sched.phase.move(phase)
     events = FakeEvents(batches=6)
     sched._events = events
     loop = asyncio.create_task(sched._events_loop())
@@ -445,7 +455,7 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
         assert events.fetched == ahead + 1, "one waiting to be sent, ahead more, then it waits"
         producer.gate.set()
         await asyncio.wait_for(events.drained.wait(), 5)
-        await sched._settle()
+        await sched.chain.settle()
     finally:
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):

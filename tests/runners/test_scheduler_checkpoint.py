@@ -1,9 +1,11 @@
-"""The scheduler's checkpoint store and options without a broker: atomic rows and header,
-one process per directory with a clear error, a default directory per scheduler group."""
+"""The scheduler's checkpoints and options without a broker: atomic rows and header, one
+database per tasks partition each held by one process, a default directory per scheduler
+group, a table cut by partition and restored whole."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +14,14 @@ import pytest
 from aiokafka import TopicPartition
 from click.testing import CliRunner
 from deferline.engine import Emit, TaskTable
-from deferline.runners._local_state import CheckpointError
-from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
+from deferline.runners._local_state import CheckpointError, CheckpointInUse
+from deferline.runners.scheduler import Scheduler, scheduler_command
 from deferline.runners.scheduler import _cli as _scheduler_cli
 from deferline.runners.scheduler import _scheduler as scheduler_module
-from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
+from deferline.runners.scheduler._checkpoint import (
+    Checkpoints,
+    SchedulerCheckpoint,
+)
 from deferline.schemas import ResumeTarget, TaskKey, TaskStateRecord
 from deferline.topics import LogIdentity, Settings, TopicIdentity
 
@@ -72,23 +77,27 @@ def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:
         store.close()
 
 
-def test_a_directory_in_use_is_named_in_the_error(tmp_path: Path) -> None:
-    first = SchedulerCheckpoint(tmp_path / "ckpt")
-    first.open()
+def test_a_partition_held_by_another_process_is_left_to_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = Checkpoints(tmp_path, interval=1.0, max_age=3600.0)
+    first.open("p.tasks", [0])
+    second = Checkpoints(tmp_path, interval=1.0, max_age=3600.0)
     try:
-        with pytest.raises(CheckpointError, match="in use by another process"):
-            SchedulerCheckpoint(tmp_path / "ckpt").open()
-
-        async def start() -> None:
-            sched = Scheduler(
-                Settings(bootstrap_servers="127.0.0.1:1"), state_dir=tmp_path / "ckpt"
-            )
-            await sched.start()
-
-        with pytest.raises(SchedulerError, match=r"checkpoint.*in use by another process"):
-            asyncio.run(start())
+        with pytest.raises(CheckpointInUse, match="in use by another process"):
+            SchedulerCheckpoint(first.path("p.tasks", 0)).open()
+        with caplog.at_level(logging.INFO):
+            second.open("p.tasks", [0, 1])
+        assert sorted(second._stores) == [1], "partition 0 is the first one's"
+        assert "tasks partition 0 folds from the topic" in caplog.text
+        first.close()
+        third = Checkpoints(tmp_path, interval=1.0, max_age=3600.0)
+        third.open("p.tasks", [0, 1])
+        assert sorted(third._stores) == [0], "released by the first, partition 1 still held"
+        third.close()
     finally:
         first.close()
+        second.close()
 
 
 def test_command_line_state_dir_per_group(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -131,41 +140,53 @@ class FlakyStore:
         self.written.append((positions, len(rows.rows)))
 
 
-def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore]:
-    sched = Scheduler(Settings(bootstrap_servers="127.0.0.1:1"), state_dir=tmp_path)
+class StillReader:
+    """A tasks reader waiting between two fetches at position 3 of partition 0."""
+
+    tps = [TopicPartition("p.tasks", 0)]
+    idle = True
+
+    def partition_positions(self) -> dict[int, int]:
+        return {0: 3}
+
+
+def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore, Any]:
+    sched = Scheduler(
+        Settings(bootstrap_servers="127.0.0.1:1"), state_dir=tmp_path, checkpoint_interval=0.0
+    )
     store = FlakyStore()
-    sched._checkpoint = store  # type: ignore[assignment]
-    sched._task_tps = [TopicPartition("p.tasks", 0)]
-    sched._tasks_pos = {TopicPartition("p.tasks", 0): 3}
-    sched.checkpoint_interval = 0.0
-    sched.table = _table(2)
-    return sched, store
+    assert sched.checkpoints is not None
+    sched.checkpoints._stores = {0: store}  # type: ignore[dict-item]
+    sched.checkpoints._topic, sched.checkpoints._partitions = "p.tasks", 1
+    sched.fold.table = _table(2)
+    return sched, store, StillReader()
 
 
 def test_a_failed_write_is_retried_with_the_next_checkpoint(tmp_path: Path) -> None:
-    sched, store = _scheduler_between_fetches(tmp_path)
-    asyncio.run(sched._maybe_checkpoint())
+    sched, store, reader = _scheduler_between_fetches(tmp_path)
+    asyncio.run(sched._maybe_checkpoint(reader))
     assert store.written == []
-    assert sched._saved_positions is None
     store.fail = False
-    asyncio.run(sched._maybe_checkpoint())
+    asyncio.run(sched._maybe_checkpoint(reader))
     assert store.written == [({0: 3}, 2)], "the failed write's tasks go with the next one"
-    asyncio.run(sched._maybe_checkpoint())
+    asyncio.run(sched._maybe_checkpoint(reader))
     assert len(store.written) == 1, "nothing changed, nothing written"
 
 
 def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
     tmp_path: Path,
 ) -> None:
-    sched, store = _scheduler_between_fetches(tmp_path)
+    sched, store, reader = _scheduler_between_fetches(tmp_path)
+    checkpoints = sched.checkpoints
+    assert checkpoints is not None
     store.fail = False
     sched.table._outbox.append(Emit(state_record()))
-    assert sched._capture() is None, "decided, not yet published"
+    assert sched._capture(reader) is None, "decided, not yet published"
     sched.table._outbox.clear()
 
     async def while_publishing() -> object:
         async with sched._publish_lock:
-            return sched._capture()
+            return sched._capture(reader)
 
     assert asyncio.run(while_publishing()) is None, "a batch is being published"
 
@@ -175,28 +196,43 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
         async def send() -> None:
             await sent
 
-        sched._in_flight = asyncio.create_task(send())
-        on_its_way = sched._capture()
+        sched.chain.in_flight = in_flight = asyncio.create_task(send())
+        on_its_way = sched._capture(reader)
         if outcome is None:
             sent.set_result(None)
         else:
             sent.set_exception(outcome)
-        await asyncio.wait({sched._in_flight})
-        return on_its_way, sched._capture()
+        await asyncio.wait({in_flight})
+        return on_its_way, sched._capture(reader)
 
     on_its_way, acked = asyncio.run(while_sending(None))
     assert on_its_way is None, "a batch handed to the producer is not acknowledged yet"
     assert acked is not None, "acknowledged: the table is of its positions again"
-    sched._saved_positions = None  # capture again from scratch
+    checkpoints._saved = {}  # capture again from scratch
     on_its_way, failed = asyncio.run(while_sending(OSError("broker gone")))
     assert on_its_way is None
     assert failed is None, "a batch that failed may have left the table ahead of the topic"
-    sched._in_flight = None
-    sched._checkpoints_off = True
-    assert sched._capture() is None
-    sched._checkpoints_off = False
-    assert sched._capture() is not None
+    sched.chain.in_flight = None
+    checkpoints.off = True
+    assert sched._capture(reader) is None
+    checkpoints.off = False
+    assert sched._capture(reader) is not None
 
 
 def state_record() -> TaskStateRecord:
     return TaskStateRecord(task=TaskKey(dag_id="d", task_id="t0", run_id="r"), state="queued")
+
+
+def test_an_attempt_that_finds_no_consistent_point_waits_a_whole_interval(
+    tmp_path: Path,
+) -> None:
+    sched, store, reader = _scheduler_between_fetches(tmp_path)
+    checkpoints = sched.checkpoints
+    assert checkpoints is not None
+    store.fail = False
+    checkpoints.interval = 60.0
+    sched.table._outbox.append(Emit(state_record()))  # decided, not yet published
+    assert checkpoints.due()
+    asyncio.run(sched._maybe_checkpoint(reader))
+    assert store.written == []
+    assert not checkpoints.due(), "not tried again at every fetch until the next interval"

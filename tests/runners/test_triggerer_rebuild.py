@@ -32,7 +32,7 @@ class Starts:
     async def _start_folded(
         self,
         parts: list[OwnedPartition],
-        emitted: dict[int, dict[bytes, int]],
+        emitted: dict[int, dict[bytes, tuple[int, bytes | None]]],
         committed: dict[int, int],
     ) -> int:
         plans = [
@@ -77,7 +77,7 @@ def partition(records: list[tuple[bytes, bytes]]) -> OwnedPartition:
 def test_folded_triggers_start_in_log_order_and_skip_what_already_fired() -> None:
     lane = Starts()
     part = partition([(b"a", b"a0"), (b"b", b"b0"), (b"c", b"c0")])
-    started = asyncio.run(lane._start_folded([part], {0: {b"b": 7}}, {}))
+    started = asyncio.run(lane._start_folded([part], {0: {b"b": (7, b"event")}}, {}))
     assert started == 2
     assert lane._deferrals.value == 2
     assert lane.dispatched == [(b"a", b"a0", 0), (b"c", b"c0", 2)]

@@ -13,7 +13,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from deferline.engine import TriggerOutcome, TriggerSupervisor
 from deferline.runners.triggerer._checkpoint import MemoryCheckpointStore
-from deferline.runners.triggerer._emitter import Emission
+from deferline.runners.triggerer._emitter import Emission, Emitter
 from deferline.runners.triggerer._lane import OwnedPartition, TriggerLane, TriggerRef
 from deferline.runners.triggerer._lane_types import LaneOptions
 from deferline.runners.triggerer._metrics import TriggererMetrics
@@ -52,7 +52,9 @@ def fired(ref: TriggerRef) -> TriggerOutcome:
     return TriggerOutcome(TID, "fired", {"n": 1}, f"e-{TID}", context=ref)
 
 
-def make_lane(emitter: FiringEmitter) -> tuple[TriggerLane, TriggerRef]:
+def make_lane(
+    emitter: FiringEmitter | Emitter, *, task_partitions: int = 1
+) -> tuple[TriggerLane, TriggerRef]:
     """A lane owning partition 0, live, and a trigger of it."""
     lane = TriggerLane(
         Settings(bootstrap_servers="unused:9092"),
@@ -65,6 +67,7 @@ def make_lane(emitter: FiringEmitter) -> tuple[TriggerLane, TriggerRef]:
         cipher=None,
         cancel=lambda trigger_id, *, kill=False: None,
         on_fatal=lambda exc: None,
+        task_partitions=task_partitions,
     )
     part = OwnedPartition(
         number=0,

@@ -47,6 +47,7 @@ def make_lane(journal: list[str]) -> TriggerLane:
         cipher=None,
         cancel=lambda trigger_id, kill=False: None,
         on_fatal=lambda exc: None,
+        task_partitions=1,
     )
     consumer: Any = FakeClient("consumer", journal)
     reader: Any = FakeClient("reader", journal)

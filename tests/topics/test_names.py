@@ -10,6 +10,7 @@ def test_default_names_use_the_prefix():
     assert names.work() == "deferline.queue"
     assert names.resumes() == "deferline.queue.resumes"
     assert names.dead == "deferline.dead"
+    assert names.task_events == "deferline.tasks.events"
 
 
 def test_trigger_queues_get_their_own_pair_and_default_means_none():
@@ -40,13 +41,15 @@ def test_worker_queue_resumes_is_reserved_because_it_would_collide():
     assert validate_queue_name("resumes") == "resumes"  # fine as a trigger queue
 
 
-def test_partner_pairs_defer_with_resume():
+def test_partner_pairs_defer_with_resume_and_tasks_with_its_events():
     names = TopicNames("p.")
     assert names.partner("p.defer") == "p.resume"
     assert names.partner("p.resume") == "p.defer"
     assert names.partner("p.defer.fast") == "p.resume.fast"
     assert names.partner("p.resume.fast") == "p.defer.fast"
-    assert names.partner("p.tasks") is None
+    assert names.partner("p.tasks") == "p.tasks.events"
+    assert names.partner("p.tasks.events") == "p.tasks"
+    assert names.partner("p.tasks.fast") is None
     assert names.partner("p.queue.resumes") is None
     assert names.partner("other.defer") is None
     assert names.partner("p.deferred") is None

@@ -16,6 +16,7 @@ def test_default_layout():
             "d.defer",
             "d.resume",
             "d.tasks",
+            "d.tasks.events",
             "d.queue",
             "d.queue.resumes",
             "d.dead",
@@ -34,7 +35,7 @@ def test_tables_are_compacted_and_streams_are_retained_by_time():
         assert config["cleanup.policy"] == "compact"
         assert int(config["min.compaction.lag.ms"]) > 0
         assert int(config["delete.retention.ms"]) >= 3_600_000  # tombstones outlive a lag
-    for stream in ("d.resume", "d.queue", "d.queue.resumes", "d.dead"):
+    for stream in ("d.resume", "d.tasks.events", "d.queue", "d.queue.resumes", "d.dead"):
         config = specs[stream].config
         assert config["cleanup.policy"] == "delete"
         assert int(config["retention.ms"]) >= 7 * 24 * 3_600_000
@@ -50,7 +51,14 @@ def test_queues_add_co_partitioned_pairs_and_worker_topics():
         assert defer.config["cleanup.policy"] == "compact"
     assert "d.queue.gpu" in specs
     assert "d.queue.gpu.resumes" in specs
-    assert len(topic_specs(settings, queues=["fast", "fast", "default"])) == 9
+    assert len(topic_specs(settings, queues=["fast", "fast", "default"])) == 10
+
+
+def test_task_events_share_the_tasks_partitions_and_the_resume_retention():
+    specs = _by_name(Settings(topic_prefix="d.", partitions=7))
+    events, tasks, resume = specs["d.tasks.events"], specs["d.tasks"], specs["d.resume"]
+    assert events.partitions == tasks.partitions == 7
+    assert events.config == resume.config
 
 
 def test_specs_do_not_share_config_dicts():

@@ -1,0 +1,56 @@
+"""The scheduler's lifecycle: one explicit state machine."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+
+__all__ = ["Phase", "PhaseMachine"]
+
+
+class Phase(enum.Enum):
+    NEW = "new"
+    RECOVERING = "recovering"  # folding the tasks topic to its end
+    STANDBY = "standby"  # folded and in the group; applies no events
+    ACTIVE = "active"  # holds the lease: applies events and publishes decisions
+    FAILED = "failed"  # a loop raised; stop() is what is left
+    STOPPED = "stopped"
+
+
+_MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.NEW: frozenset({Phase.RECOVERING, Phase.STOPPED}),
+    Phase.RECOVERING: frozenset({Phase.STANDBY, Phase.FAILED, Phase.STOPPED}),
+    Phase.STANDBY: frozenset({Phase.ACTIVE, Phase.FAILED, Phase.STOPPED}),
+    Phase.ACTIVE: frozenset({Phase.STANDBY, Phase.FAILED, Phase.STOPPED}),
+    Phase.FAILED: frozenset({Phase.STOPPED}),
+    Phase.STOPPED: frozenset(),
+}
+
+
+class PhaseMachine:
+    """The current phase, its allowed moves, and a way to wait for one."""
+
+    __slots__ = ("_changed", "phase")
+
+    def __init__(self) -> None:
+        self.phase = Phase.NEW
+        self._changed = asyncio.Event()
+
+    def move(self, to: Phase) -> None:
+        """Move to ``to``; ValueError if the lifecycle has no such move (staying put is
+        allowed)."""
+        if to is self.phase:
+            return
+        if to not in _MOVES[self.phase]:
+            raise ValueError(f"scheduler cannot go from {self.phase.value} to {to.value}")
+        self.phase = to
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def is_(self, *phases: Phase) -> bool:
+        return self.phase in phases
+
+    async def reach(self, *phases: Phase) -> None:
+        """Wait until the phase is one of ``phases``."""
+        while self.phase not in phases:
+            await self._changed.wait()

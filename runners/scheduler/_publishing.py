@@ -1,0 +1,139 @@
+"""The scheduler's outgoing side: batches of decisions sent one after another, and the event
+offsets they may commit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable, Iterable, Sequence
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+from deferline.engine import Emit
+from deferline.schemas import DeadLetter, DeferlineError
+from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
+
+from ._fold import TaskFold
+from ._lease import Outgoing, SchedulerPublisher
+from ._records import committable, waves
+
+__all__ = ["DecisionChain", "EventOffsets", "SchedulerError"]
+
+
+class SchedulerError(DeferlineError):
+    """The scheduler could not read or publish (broker unreachable, topic missing...)."""
+
+
+class EventOffsets:
+    """Per tasks.events partition: how far the fold has read (``done``), what the group has
+    committed, and, after a takeover without transactions, where the partition ended then
+    (``reread``: events below were read before, by a predecessor)."""
+
+    __slots__ = ("committed", "done", "reread")
+
+    def __init__(self) -> None:
+        self.done: dict[TopicPartition, int] = {}
+        self.committed: dict[TopicPartition, int] = {}
+        self.reread: dict[TopicPartition, int] = {}
+
+    def clear(self) -> None:
+        self.done.clear()
+        self.committed.clear()
+
+    def committable(self, pending: Iterable[Hashable]) -> dict[TopicPartition, int]:
+        return committable(self.done, pending, self.committed)
+
+
+class DecisionChain:
+    """Hands batches of decisions to the publisher, each after the one before it.
+
+    A batch is encoded (and the task states it writes noted in the fold, to be read back
+    without decoding) when it is handed over; it is sent once the batch before it is
+    acknowledged, and nothing goes out past a batch that failed.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        publisher: SchedulerPublisher,
+        fold: TaskFold,
+        offsets: EventOffsets,
+        *,
+        worker_queues: Iterable[str] = (),
+    ) -> None:
+        self.settings = settings
+        self.names = TopicNames(settings.topic_prefix)
+        self.publisher = publisher
+        self.fold = fold
+        self.offsets = offsets
+        self.published = 0
+        self.in_flight: asyncio.Task[None] | None = None
+        self.ensured_queues: set[str] = set(worker_queues)
+
+    def start(
+        self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
+    ) -> asyncio.Task[None] | None:
+        """Hand ``out`` to the producer, after the batch in flight; returns its task.
+
+        Synchronous up to the task, so a batch is encoded, and its event offsets are taken,
+        at the moment of the drain that made it (an event still pending then is not
+        committed past, even if a later fold resolves it). Records go out in waves:
+        CancelRequests (the "removed" record that follows one is the proof it was sent),
+        task states, then RunTasks (a worker's "running" must land after "queued"). In a
+        transaction the waves and the event offsets commit together; without, each wave is
+        acknowledged before the next. Call with the publish lock."""
+        commit = (
+            self.offsets.committable(self.fold.table.pending_refs())
+            if offsets and self.publisher.transactional
+            else {}
+        )
+        if not out and not dead and not commit:
+            return None
+        queues = {e.worker_queue for e in out if e.worker_queue is not None}
+        batch = waves(self.names, out, dead, written=self.fold.written)
+        task = asyncio.create_task(
+            self._send_after(self.in_flight, queues, batch, commit), name="scheduler-publish"
+        )
+        self.in_flight = task
+        return task
+
+    async def publish(
+        self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
+    ) -> None:
+        """Publish ``out`` after every batch started before it. Call with the publish lock."""
+        sent = self.start(out, dead, offsets=offsets)
+        if sent is not None:
+            await asyncio.shield(sent)  # cancelled or not, the batch goes out
+
+    async def settle(self) -> None:
+        """Wait until every batch handed over is sent (raises a failed one's error)."""
+        if self.in_flight is not None:
+            await asyncio.shield(self.in_flight)
+
+    @property
+    def sent(self) -> bool:
+        """True when no batch is on its way to the broker and the last one did not fail."""
+        batch = self.in_flight
+        return batch is None or (
+            batch.done() and not batch.cancelled() and batch.exception() is None
+        )
+
+    async def _send_after(
+        self,
+        previous: asyncio.Task[None] | None,
+        queues: set[str],
+        batch: tuple[list[Outgoing], list[Outgoing], list[Outgoing]],
+        commit: dict[TopicPartition, int],
+    ) -> None:
+        if previous is not None:
+            await asyncio.shield(previous)  # raises its error: nothing goes out past it
+        for worker_queue in sorted(queues - self.ensured_queues):
+            await ensure_topics(
+                self.settings, topic_specs(self.settings, worker_queues=[worker_queue])
+            )
+            self.ensured_queues.add(worker_queue)
+        try:
+            await self.publisher.publish(batch, commit)
+        except KafkaError as exc:
+            raise SchedulerError(f"cannot publish scheduler decisions: {exc}") from exc
+        self.offsets.committed.update(commit)
+        self.published += sum(len(wave) for wave in batch)

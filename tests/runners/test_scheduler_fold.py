@@ -1,0 +1,209 @@
+"""The scheduler's pure parts, by property: the fold (own writes read back without decoding
+fold as if decoded; unreadable records change nothing), the checkpoint cut by tasks
+partition and restored whole, and the lifecycle's moves."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from typing import Any
+
+import pytest
+from deferline.engine import Pools, TaskTable
+from deferline.runners.scheduler._checkpoint import merge_states, split_delta
+from deferline.runners.scheduler._fold import TaskFold
+from deferline.runners.scheduler._phase import Phase, PhaseMachine
+from deferline.runners.scheduler._records import waves
+from deferline.schemas import (
+    ResumeTarget,
+    TaskKey,
+    TaskStateRecord,
+    TriggerEventRecord,
+    encode,
+    make_event_id,
+    make_trigger_id,
+)
+from deferline.topics import TopicNames, partition_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+NAMES = TopicNames("p.")
+
+
+def _task(i: int) -> TaskKey:
+    return TaskKey(dag_id="d", task_id=f"t{i}", run_id="r")
+
+
+@st.composite
+def records(draw: st.DrawFn) -> tuple[str, int, object]:
+    """One input: a task state, a trigger event, a tombstone or unreadable bytes."""
+    i = draw(st.integers(0, 5))
+    task = _task(i)
+    kind = draw(
+        st.sampled_from(["scheduled", "deferred", "running", "success", "event", "gone", "bad"])
+    )
+    at = T0 + dt.timedelta(seconds=draw(st.integers(0, 100)))
+    pool = draw(st.sampled_from(["a", "b"]))
+    if kind == "scheduled":
+        target = ResumeTarget(operator="x.Op", pool=pool)
+        return (
+            "task",
+            i,
+            TaskStateRecord(
+                task=task, state="scheduled", source="client", resume=target, updated_at=at
+            ),
+        )
+    if kind == "deferred":
+        return (
+            "task",
+            i,
+            TaskStateRecord(
+                task=task,
+                state="deferred",
+                source="worker",
+                trigger_id=make_trigger_id(task, 0),
+                next_method="done",
+                resume=ResumeTarget(operator="x.Op", pool=pool),
+                updated_at=at,
+            ),
+        )
+    if kind in ("running", "success"):
+        return "task", i, TaskStateRecord(task=task, state=kind, source="worker", updated_at=at)
+    if kind == "event":
+        trigger_id = make_trigger_id(task, 0)
+        return (
+            "event",
+            i,
+            TriggerEventRecord(
+                event_id=make_event_id(trigger_id, "fired", None),
+                trigger_id=trigger_id,
+                task=task,
+                status="fired",
+            ),
+        )
+    if kind == "gone":
+        return "task", i, None  # a tombstone
+    return "task", i, draw(st.sampled_from([b"{not json", b"[]"]))
+
+
+def _feed(fold: TaskFold, inputs: list[tuple[str, int, object]], *, echo: bool) -> list[str]:
+    """Fold each input, publish what it decides and read its task states back (without
+    decoding when ``echo``); the decisions, in order."""
+    decided: list[str] = []
+    for kind, i, record in inputs:
+        key = _task(i).ti_key.encode()
+        if kind == "event":
+            assert isinstance(record, TriggerEventRecord)
+            fold.event(encode(record), ref=("resume", len(decided)))
+        elif isinstance(record, TaskStateRecord):
+            fold.task(key, encode(record), live=True)
+        else:
+            assert record is None or isinstance(record, bytes)
+            fold.task(key, record, live=True)
+        out = fold.drain()
+        decided += [encode(emit.record).decode() for emit in out]
+        _, states, _ = waves(NAMES, out, written=fold.written if echo else None)
+        for _, state_key, value in states:
+            fold.task(state_key, value, live=True)
+    return decided
+
+
+class FoldMachine(RuleBasedStateMachine):
+    """Two folds fed the same records: one reads its own writes back from its cache, the
+    other decodes them. They decide the same and hold the same table; and the table cut
+    into per-partition checkpoints restores whole, whatever the partition count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        pools = Pools(slots={"a": 1, "b": 2})
+        self.echoed, self.decoded = TaskFold(pools), TaskFold(pools)
+        self.echoed.table.track_changes()
+        self.checkpoint: dict[int, dict[bytes, bytes]] = {}  # partition: rows
+        self.states: dict[int, dict[str, Any]] = {}
+        self.partitions = 1
+
+    @rule(inputs=st.lists(records(), min_size=1, max_size=5))
+    def fold(self, inputs: list[tuple[str, int, object]]) -> None:
+        assert _feed(self.echoed, inputs, echo=True) == _feed(self.decoded, inputs, echo=False)
+
+    @rule(partitions=st.integers(1, 8))
+    def repartition(self, partitions: int) -> None:
+        """Start the checkpoint over with another partition count (every task changed)."""
+        self.partitions = partitions
+        self.checkpoint, self.states = {}, {}
+        self.echoed.table.track_changes()
+
+    @rule()
+    def write_checkpoint(self) -> None:
+        parts = split_delta(self.echoed.table.export_changes(), self.partitions)
+        for p, part in parts.items():
+            assert {partition_for(key.encode(), self.partitions) for key in part.keys} <= {p}
+            rows = part.encode()
+            stored = self.checkpoint.setdefault(p, {})
+            for key in rows.deletes:
+                stored.pop(key, None)
+            stored.update(rows.rows)
+            self.states[p] = rows.state
+
+    @invariant()
+    def same_table(self) -> None:
+        assert self.echoed.table.snapshot() == self.decoded.table.snapshot()
+        assert self.echoed.table.pool_usage() == self.decoded.table.pool_usage()
+        assert self.echoed.written == {}, "every own write was read back"
+
+    @precondition(lambda self: self.states)
+    @rule()
+    def restore_checkpoint(self) -> None:
+        self.write_checkpoint()
+        restored = TaskTable(pools=self.echoed.table.pools)
+        rows = itertools.chain.from_iterable(part.items() for part in self.checkpoint.values())
+        count = restored.restore_rows(rows, merge_states(self.states.values()))
+        assert count == len(self.echoed.table)
+        assert restored.snapshot() == self.echoed.table.snapshot()
+        assert restored.pool_usage() == self.echoed.table.pool_usage()
+
+
+FoldMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=25, deadline=None)
+test_fold_machine = FoldMachine.TestCase
+
+
+@given(st.lists(records(), max_size=30), st.binary(max_size=20))
+def test_unreadable_records_change_nothing(
+    inputs: list[tuple[str, int, object]], junk: bytes
+) -> None:
+    fold = TaskFold()
+    _feed(fold, inputs, echo=True)
+    before = fold.table.snapshot()
+    bad = fold.bad_records
+    assert fold.task(b"k", b"\xff" + junk, live=True) is not None
+    assert fold.task(b"k", b"\xff" + junk, live=False) is None, "said once, when read live"
+    assert fold.event(b"\xff" + junk, ref=("resume", 0)) is not None
+    assert fold.table.snapshot() == before
+    assert fold.bad_records == bad + 3
+
+
+def test_states_of_different_formats_do_not_merge() -> None:
+    state = {"format": 1, "clock": T0.isoformat(), "repair": [], "cancels": []}
+    later = {**state, "clock": (T0 + dt.timedelta(hours=1)).isoformat(), "repair": ["k"]}
+    assert merge_states([state, later]) == {**later, "repair": ["k"]}
+    with pytest.raises(ValueError, match="different formats"):
+        merge_states([state, {**state, "format": 2}])
+
+
+@given(st.lists(st.sampled_from(list(Phase)), max_size=12))
+def test_the_lifecycle_moves_only_along_its_edges(moves: list[Phase]) -> None:
+    machine = PhaseMachine()
+    for to in moves:
+        before = machine.phase
+        try:
+            machine.move(to)
+        except ValueError:
+            assert machine.phase is before
+            assert before is Phase.STOPPED or to is not Phase.STOPPED, "stopping always works"
+        else:
+            assert machine.phase is to
+    if machine.phase is Phase.STOPPED:
+        with pytest.raises(ValueError, match="from stopped"):
+            machine.move(Phase.ACTIVE)
