@@ -24,7 +24,8 @@ class TaskFold:
     """Task states and trigger events folded into one table.
 
     ``written`` maps the encoded value of each task state this scheduler published, and
-    has not read back yet, to the record itself: read back, it is folded without decoding.
+    has not read back yet, to the state as the table takes it back: read back, it is folded
+    without decoding.
     """
 
     __slots__ = ("bad_records", "table", "written")
