@@ -59,6 +59,7 @@ from ._taskstate_values import (
     Emit,
     TableCounters,
     Verdict,
+    WrittenState,
     progress,
 )
 from ._trigger import (
@@ -125,6 +126,7 @@ __all__ = [
     "TriggerOutcome",
     "TriggerSupervisor",
     "Verdict",
+    "WrittenState",
     "deferral_records",
     "import_operator",
     "is_allowed",

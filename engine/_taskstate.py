@@ -38,6 +38,7 @@ from typing import Any
 
 from deferline.schemas import (
     CancelRequest,
+    EventFields,
     ResumeTarget,
     TaskStateRecord,
     TriggerEventRecord,
@@ -54,6 +55,7 @@ from ._taskstate_values import (
     Verdict,
     _Pending,
     _resume_run,
+    _ResumeRun,
     _Slim,
     _View,
     progress,
@@ -155,12 +157,15 @@ class TaskTable:
 
     def apply(
         self,
-        record: TaskStateRecord | TriggerEventRecord,
+        record: TaskStateRecord | TriggerEventRecord | EventFields | _Slim,
         *,
         ref: Hashable | None = None,
         resend: bool = False,
     ) -> Verdict:
         """Fold one record. ``ref`` is kept with a pending event (see :meth:`pending_refs`).
+
+        An event may come as its model or as :class:`~deferline.schemas.EventFields`; a task
+        state as its model or as :attr:`Emit.written` (a state this table decided, read back).
 
         ``resend``: the event is read again by a scheduler that took over without
         transactions, and its predecessor may have died after writing the task's ``queued``
@@ -168,10 +173,17 @@ class TaskTable:
         the RunTask is published again (the same record); workers ignore a RunTask the task
         has moved past, so a copy that was in fact sent costs one ignored message.
         """
-        if isinstance(record, TriggerEventRecord):
+        if isinstance(record, EventFields):
             self._tick(record.emitted_at)
             return self._apply_event(record, ref, resend=resend)
+        if isinstance(record, TriggerEventRecord):
+            self._tick(record.emitted_at)
+            return self._apply_event(EventFields.of(record), ref, resend=resend)
         self._tick(record.updated_at)
+        if isinstance(record, _Slim):
+            view = self._views.get(record.ti_key)
+            if view is None or not any(own is record for own in view.inflight):
+                record = record.full()  # not a write this table waits for: fold it as any
         return self._apply_state(record)
 
     def forget(self, ti_key: str) -> None:
@@ -218,10 +230,10 @@ class TaskTable:
         self._generation += 1
         return closed
 
-    def expire_pending(self, upto: int) -> list[tuple[TriggerEventRecord, Hashable | None]]:
+    def expire_pending(self, upto: int) -> list[tuple[EventFields, Hashable | None]]:
         """Take pending events of generations ``<= upto`` out as orphans: (event, ref) each,
         for the runner to dead-letter."""
-        orphans: list[tuple[TriggerEventRecord, Hashable | None]] = []
+        orphans: list[tuple[EventFields, Hashable | None]] = []
         for key in list(self._pending):
             keep = [item for item in self._pending[key] if item.generation > upto]
             orphans += [(i.event, i.ref) for i in self._pending[key] if i.generation <= upto]
@@ -336,11 +348,13 @@ class TaskTable:
         if when > self._clock:
             self._clock = when
 
-    def _apply_state(self, record: TaskStateRecord) -> Verdict:
-        key = record.task.ti_key
+    def _apply_state(self, record: TaskStateRecord | _Slim) -> Verdict:
+        """Fold a task state (a :class:`_Slim` only when it is one of ``inflight``)."""
+        key = record.ti_key if isinstance(record, _Slim) else record.task.ti_key
         at = progress(record)
         view = self._views.get(key)
         if view is None:
+            assert isinstance(record, TaskStateRecord)
             target = self._shared(record.resume)
             view = _View(record=_Slim(record, target), at=at, target=target)
             self._views[key] = view
@@ -387,11 +401,14 @@ class TaskTable:
         self.counters.states_applied += 1
         return "applied"
 
-    def _advance(self, key: str, view: _View, record: TaskStateRecord) -> None:
+    def _advance(self, key: str, view: _View, record: TaskStateRecord | _Slim) -> None:
         previous = view.record
-        if record.resume is not None:
-            view.target = self._shared(record.resume)
-        view.record = _Slim(record, view.target if record.resume is not None else None)
+        if isinstance(record, _Slim):  # decided by this table: its target is the view's
+            view.record = record
+        else:
+            if record.resume is not None:
+                view.target = self._shared(record.resume)
+            view.record = _Slim(record, view.target if record.resume is not None else None)
         view.at = progress(record)
         self._entered(key, view, previous)
 
@@ -459,7 +476,7 @@ class TaskTable:
 
     def _apply_event(
         self,
-        event: TriggerEventRecord,
+        event: EventFields,
         ref: Hashable | None,
         *,
         hold: bool = True,
@@ -506,7 +523,7 @@ class TaskTable:
         )
         return "duplicate"
 
-    def _resume(self, key: str, view: _View, event: TriggerEventRecord) -> None:
+    def _resume(self, key: str, view: _View, event: EventFields) -> None:
         self.counters.events_applied += 1
         view.resolve(event.trigger_id)
         if logger.isEnabledFor(logging.DEBUG):  # the extra costs more than the fold itself
@@ -526,10 +543,10 @@ class TaskTable:
         if event.status == "fired" and event.task_outcome is not None:
             self.counters.ended_by_trigger += 1
         elif state.state == "queued" and target is not None and not event.resumed_directly:
-            self._outbox.append(Emit(_resume_run(state, target, event)))
+            self._outbox.append(Emit(_ResumeRun(state, target, event)))
             self.counters.resumes += 1
 
-    def _resend(self, view: _View, event: TriggerEventRecord) -> bool:
+    def _resend(self, view: _View, event: EventFields) -> bool:
         """Publish again the RunTask of a task ``queued`` on exactly ``event`` (see apply)."""
         record, target = view.record, view.target
         if (
@@ -551,7 +568,7 @@ class TaskTable:
         )
         return True
 
-    def _own(self, key: str, view: _View, record: TaskStateRecord) -> None:
+    def _own(self, key: str, view: _View, record: TaskStateRecord | _Slim) -> None:
         """Move to a state the table itself decided, and publish it."""
         self._outbox.append(Emit(record))
         self._advance(key, view, record)

@@ -8,15 +8,21 @@ import datetime as dt
 import sys
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from deferline.schemas import (
+    SCHEMA_VERSION,
     CancelRequest,
+    EventFields,
     ResumeTarget,
     RunTask,
+    SchemaError,
     TaskKey,
     TaskStateRecord,
-    TriggerEventRecord,
+    dumps_record,
+    encode,
+    to_tagged,
+    whole_minute_offset,
 )
 
 FAIL_METHOD: Final = "__fail__"
@@ -49,7 +55,7 @@ on it: its RunTask is published again, nothing else changes.
 """
 
 
-def progress(record: TaskStateRecord) -> Progress:
+def progress(record: TaskStateRecord | _Slim) -> Progress:
     """Where a record sits in its task's life: (try number, deferral, step).
 
     Within a try: ``scheduled`` < ``queued`` < ``running`` < ``deferred`` #0 < ``scheduled`` /
@@ -57,7 +63,7 @@ def progress(record: TaskStateRecord) -> Progress:
     ... < the end of the try. ``removed`` is after every other end: a cleared attempt stays
     cleared.
     """
-    try_number = record.task.try_number
+    try_number = record.try_number if isinstance(record, _Slim) else record.task.try_number
     state = record.state
     if state == "removed":
         return (try_number, _END, 1)
@@ -71,17 +77,90 @@ def progress(record: TaskStateRecord) -> Progress:
     return (try_number, record.defer_seq + 1, step + 1)
 
 
-@dataclass(frozen=True, slots=True)
+Decision = TaskStateRecord | RunTask | CancelRequest
+
+
 class Emit:
     """A record the table decided to publish.
 
     ``queue`` is the trigger queue of a CancelRequest (its topic is ``defer.<queue>``); the
     other records name their destination themselves (``RunTask.worker_queue`` and ``mode``,
     the tasks topic for a TaskStateRecord).
+
+    The state and the RunTask of a resume (one each per event: the hot path) are given as
+    drafts the table built without pydantic; :attr:`record` builds the model on first use,
+    and :meth:`value` encodes the draft from a template, the bytes the model's encoder gives.
     """
 
-    record: TaskStateRecord | RunTask | CancelRequest
-    queue: str | None = None
+    __slots__ = ("_draft", "_record", "queue")
+
+    def __init__(self, record: Decision | _Slim | _ResumeRun, queue: str | None = None) -> None:
+        self.queue = queue
+        self._draft: _Slim | _ResumeRun | None
+        self._record: Decision | None
+        if isinstance(record, _Slim | _ResumeRun):
+            self._draft, self._record = record, None
+        else:
+            self._draft, self._record = None, record
+
+    @property
+    def record(self) -> Decision:
+        """The record, as its model."""
+        if self._record is None:
+            assert self._draft is not None
+            self._record = self._draft.full()
+        return self._record
+
+    @property
+    def kind(self) -> str:
+        """The record's ``kind``: ``task_state``, ``run_task`` or ``cancel_request``."""
+        return (self._draft or self.record).kind
+
+    @property
+    def key(self) -> str:
+        """The record's message key: the task's ``ti_key``; a CancelRequest's trigger id."""
+        if self._draft is not None:
+            return self._draft.ti_key
+        record = self.record
+        return record.trigger_id if isinstance(record, CancelRequest) else record.task.ti_key
+
+    @property
+    def worker_queue(self) -> str | None:
+        """A RunTask's worker queue; None for other records."""
+        if isinstance(self._draft, _ResumeRun):
+            return self._draft.target.worker_queue
+        record = self._record if self._draft is None else None
+        return record.worker_queue if isinstance(record, RunTask) else None
+
+    @property
+    def resumes(self) -> bool:
+        """True for a RunTask that resumes a task (its topic is ``queue[.<wq>].resumes``)."""
+        if self._draft is not None:
+            return isinstance(self._draft, _ResumeRun)
+        return isinstance(self._record, RunTask) and self._record.mode == "resume"
+
+    @property
+    def written(self) -> WrittenState:
+        """A task state as :meth:`TaskTable.apply` takes it back when it is read back."""
+        if isinstance(self._draft, _Slim):
+            return self._draft
+        record = self.record
+        assert isinstance(record, TaskStateRecord), "only task states are read back"
+        return record
+
+    def value(self) -> bytes:
+        """The record's wire JSON."""
+        return self._draft.encode() if self._draft is not None else encode(self.record)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Emit):
+            return NotImplemented
+        return (self.record, self.queue) == (other.record, other.queue)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Emit({self.record!r}, queue={self.queue!r})"
 
 
 @dataclass(slots=True)
@@ -107,7 +186,11 @@ class TableCounters:
 class _Slim:
     """A task's current state record, kept small (about a quarter of the pydantic model's
     memory): fields in slots, the task key as its parts, dag and task ids interned, resume
-    targets shared (see :meth:`TaskTable._shared`). :meth:`full` gives the record back."""
+    targets shared (see :meth:`TaskTable._shared`). :meth:`full` gives the record back,
+    :meth:`encode` its wire JSON. Never changed in place: a view that moves gets a new one.
+    """
+
+    kind: ClassVar = "task_state"
 
     __slots__ = (
         "dag_id",
@@ -154,6 +237,20 @@ class _Slim:
         self.xcoms = record.xcoms
 
     @property
+    def ti_key(self) -> str:
+        return f"{self.dag_id}/{self.task_id}/{self.run_id}/{self.map_index}"
+
+    def task_fields(self) -> dict[str, Any]:
+        """The task key as its wire JSON object."""
+        return {
+            "dag_id": self.dag_id,
+            "task_id": self.task_id,
+            "run_id": self.run_id,
+            "map_index": self.map_index,
+            "try_number": self.try_number,
+        }
+
+    @property
     def task(self) -> TaskKey:
         return TaskKey.model_construct(
             dag_id=self.dag_id,
@@ -183,6 +280,122 @@ class _Slim:
             xcoms=self.xcoms,
         )
 
+    def encode(self) -> bytes:
+        """The wire JSON of :meth:`full`, from a template (the same bytes)."""
+        updated_at, timeout_at = self.updated_at, self.timeout_at
+        if whole_minute_offset(updated_at) and (
+            timeout_at is None or whole_minute_offset(timeout_at)
+        ):
+            try:
+                return dumps_record(
+                    {
+                        "version": SCHEMA_VERSION,
+                        "kind": "task_state",
+                        "task": self.task_fields(),
+                        "state": self.state,
+                        "trigger_id": self.trigger_id,
+                        "defer_seq": self.defer_seq,
+                        "next_method": self.next_method,
+                        "next_kwargs": _tagged(self.next_kwargs),
+                        "event": to_tagged(self.event),
+                        "event_id": self.event_id,
+                        "reason": self.reason,
+                        "updated_at": updated_at,
+                        "source": self.source,
+                        "resume": None if self.resume is None else _target_fields(self.resume),
+                        "timeout_at": timeout_at,
+                        "queue": self.queue,
+                        "xcoms": _tagged(self.xcoms),
+                    }
+                )
+            except (SchemaError, TypeError):  # orjson's errors are TypeErrors
+                pass  # the model's encoder names the field, or writes what orjson will not
+        return encode(self.full())
+
+    def __eq__(self, other: object) -> bool:
+        # A decoded record read back is compared with the drafts a view waits for.
+        if isinstance(other, TaskStateRecord):
+            return self.full() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _tagged(value: Any) -> Any:
+    return None if value is None else to_tagged(value)
+
+
+def _tagged_kwargs(kwargs: dict[str, Any]) -> Any:
+    return to_tagged(kwargs) if kwargs else {}  # most targets have none
+
+
+def _target_fields(target: ResumeTarget) -> dict[str, Any]:
+    return {
+        "operator": target.operator,
+        "op_kwargs": _tagged_kwargs(target.op_kwargs),
+        "worker_queue": target.worker_queue,
+        "pool": target.pool,
+        "pool_slots": target.pool_slots,
+        "priority_weight": target.priority_weight,
+        "retries": target.retries,
+    }
+
+
+class _ResumeRun:
+    """The RunTask of a resume, as its parts: the ``queued`` state, the target and the
+    event (see :class:`Emit`). :meth:`full` gives the model, :meth:`encode` its wire JSON."""
+
+    __slots__ = ("event", "state", "target")
+
+    kind: ClassVar = "run_task"
+
+    def __init__(self, state: _Slim, target: ResumeTarget, event: EventFields) -> None:
+        self.state = state
+        self.target = target
+        self.event = event
+
+    @property
+    def ti_key(self) -> str:
+        return self.state.ti_key
+
+    def full(self) -> RunTask:
+        return _resume_run(self.state, self.target, self.event)
+
+    def encode(self) -> bytes:
+        """The wire JSON of :meth:`full`, from a template (the same bytes)."""
+        state, target, event = self.state, self.target, self.event
+        if whole_minute_offset(event.emitted_at):
+            try:
+                return dumps_record(
+                    {
+                        "version": SCHEMA_VERSION,
+                        "kind": "run_task",
+                        "task": state.task_fields(),
+                        "mode": "resume",
+                        "operator": target.operator,
+                        "op_kwargs": _tagged_kwargs(target.op_kwargs),
+                        "next_method": state.next_method,
+                        "next_kwargs": _tagged(state.next_kwargs),
+                        "event": to_tagged(event.payload),
+                        "event_id": event.event_id,
+                        "trigger_id": event.trigger_id,
+                        "defer_seq": event.defer_seq,
+                        "worker_queue": target.worker_queue,
+                        "pool": target.pool,
+                        "pool_slots": target.pool_slots,
+                        "priority_weight": target.priority_weight,
+                        "retries": target.retries,
+                        "enqueued_at": event.emitted_at,
+                    }
+                )
+            except (SchemaError, TypeError):  # as in _Slim.encode
+                pass
+        return encode(self.full())
+
+
+WrittenState = TaskStateRecord | _Slim
+"""A task state as :meth:`TaskTable.apply` takes it back, read back (see :attr:`Emit.written`)."""
+
 
 @dataclass(slots=True)
 class _View:
@@ -191,7 +404,7 @@ class _View:
     target: ResumeTarget | None
     holds: tuple[str, int] | None = None
     needs_repair: bool = False
-    inflight: list[TaskStateRecord] = field(default_factory=list)  # own writes not read back
+    inflight: list[TaskStateRecord | _Slim] = field(default_factory=list)  # own writes unread
     resolved: tuple[str, ...] = ()  # trigger ids whose event is accounted for (few: a tuple)
 
     def resolve(self, trigger_id: str) -> None:
@@ -201,14 +414,12 @@ class _View:
 
 @dataclass(slots=True)
 class _Pending:
-    event: TriggerEventRecord
+    event: EventFields
     generation: int
     ref: Hashable | None
 
 
-def _resume_run(
-    queued: TaskStateRecord | _Slim, target: ResumeTarget, event: TriggerEventRecord
-) -> RunTask:
+def _resume_run(queued: _Slim, target: ResumeTarget, event: EventFields) -> RunTask:
     """The RunTask that resumes ``queued`` (the state an event moved the task to)."""
     return RunTask(
         task=queued.task,
@@ -230,54 +441,53 @@ def _resume_run(
     )
 
 
-def resumed_state(
-    deferred: _Slim, target: ResumeTarget | None, event: TriggerEventRecord
-) -> TaskStateRecord:
-    """The state a deferred task moves to on an event of its trigger.
+def resumed_state(deferred: _Slim, target: ResumeTarget | None, event: EventFields) -> _Slim:
+    """The state a deferred task moves to on an event of its trigger (built without pydantic:
+    every value comes from records already validated).
 
     ``cancelled`` → ``removed``; an event with ``task_outcome`` ends the task; otherwise the
     task resumes into ``next_method`` (``fired``) or :data:`FAIL_METHOD`: ``queued`` when
     the table knows how to run it, Airflow's ``scheduled`` with ``next_method`` when not.
     """
-    base: dict[str, Any] = {
-        "task": event.task,  # equal to the deferred record's: the event matched its try
-        "trigger_id": event.trigger_id,
-        "defer_seq": event.defer_seq,
-        "event": event.payload,
-        "event_id": event.event_id,
-        "updated_at": event.emitted_at,
-        "source": "scheduler",
-        "resume": target,
-        "queue": deferred.queue,
-        "timeout_at": deferred.timeout_at,
-    }
+    state: _Slim = object.__new__(_Slim)
+    # The task is the deferred record's: the event matched its key and try.
+    state.dag_id = deferred.dag_id
+    state.task_id = deferred.task_id
+    state.run_id = deferred.run_id
+    state.map_index = deferred.map_index
+    state.try_number = deferred.try_number
+    state.trigger_id = event.trigger_id
+    state.defer_seq = event.defer_seq
+    state.event = event.payload
+    state.event_id = event.event_id
+    state.updated_at = event.emitted_at
+    state.source = "scheduler"
+    state.resume = target
+    state.queue = deferred.queue
+    state.timeout_at = deferred.timeout_at
+    state.next_method = state.next_kwargs = state.reason = state.xcoms = None
     if event.status == "cancelled":
-        return TaskStateRecord(state="removed", reason=event.error or "trigger cancelled", **base)
-    if event.status == "fired" and event.task_outcome is not None:
-        return TaskStateRecord(
-            state=event.task_outcome,
-            reason=f"ended by trigger: {event.task_outcome}",
-            xcoms=event.xcoms,
-            **base,
-        )
-    next_method: str
-    next_kwargs: dict[str, Any] | None
-    reason: str | None = None
-    if event.status == "fired":
-        next_method = deferred.next_method or "execute_complete"
-        next_kwargs = deferred.next_kwargs
+        state.state = "removed"
+        state.reason = event.error or "trigger cancelled"
+    elif event.status == "fired" and event.task_outcome is not None:
+        state.state = event.task_outcome
+        state.reason = f"ended by trigger: {event.task_outcome}"
+        state.xcoms = event.xcoms
     else:
-        reason = (
-            "Trigger/execution timeout"
-            if event.status == "timed_out"
-            else (f"Trigger failure: {event.error}" if event.error else "Trigger failure")
-        )
-        next_method = FAIL_METHOD
-        next_kwargs = {"error": reason, "traceback": event.traceback, "status": event.status}
-    return TaskStateRecord(
-        state="queued" if target is not None else "scheduled",
-        next_method=next_method,
-        next_kwargs=next_kwargs,
-        reason=reason,
-        **base,
-    )
+        state.state = "queued" if target is not None else "scheduled"
+        if event.status == "fired":
+            state.next_method = deferred.next_method or "execute_complete"
+            state.next_kwargs = deferred.next_kwargs
+        else:
+            state.reason = (
+                "Trigger/execution timeout"
+                if event.status == "timed_out"
+                else (f"Trigger failure: {event.error}" if event.error else "Trigger failure")
+            )
+            state.next_method = FAIL_METHOD
+            state.next_kwargs = {
+                "error": state.reason,
+                "traceback": event.traceback,
+                "status": event.status,
+            }
+    return state

@@ -1,6 +1,15 @@
 """Wire contract: versioned records, the tagged value codec and kwargs encryption. No I/O."""
 
-from ._codec import canonical_json, dumps_kept, dumps_value, from_tagged, loads_value, to_tagged
+from ._codec import (
+    canonical_json,
+    dumps_kept,
+    dumps_record,
+    dumps_value,
+    from_tagged,
+    loads_value,
+    to_tagged,
+    whole_minute_offset,
+)
 from ._crypto import KwargsCipher, open_kwargs, seal
 from ._deferral import DeferFields, decode_deferral
 from ._errors import (
@@ -10,6 +19,7 @@ from ._errors import (
     SchemaError,
     UnknownSchemaVersion,
 )
+from ._event import EventFields, decode_event
 from ._jsonschema import record_json_schemas, rendered_json_schemas
 from ._models import (
     RECORD_TYPES,
@@ -43,6 +53,7 @@ __all__ = [
     "DeferFields",
     "DeferRequest",
     "DeferlineError",
+    "EventFields",
     "EventStatus",
     "InvalidKwargsKey",
     "KwargsCipher",
@@ -59,7 +70,9 @@ __all__ = [
     "decode",
     "decode_as",
     "decode_deferral",
+    "decode_event",
     "dumps_kept",
+    "dumps_record",
     "dumps_value",
     "encode",
     "from_tagged",
@@ -73,4 +86,5 @@ __all__ = [
     "ti_key_of",
     "to_tagged",
     "utcnow",
+    "whole_minute_offset",
 ]

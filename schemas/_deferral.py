@@ -27,7 +27,7 @@ from ._models import (
     DeferRequest,
     TaskKey,
 )
-from ._wire import decode_raw, load_raw
+from ._wire import decode_fields
 
 __all__ = ["DeferFields", "decode_deferral", "quick_defer_fields"]
 
@@ -159,12 +159,4 @@ def decode_deferral(data: bytes | bytearray | memoryview | str) -> DeferFields |
 
     Raises :class:`SchemaError` as ``decode`` does, with the same message.
     """
-    raw = load_raw(data)
-    if raw.get("kind") == "defer_request":
-        fields = quick_defer_fields(raw)
-        if fields is not None:
-            return fields
-    record = decode_raw(raw)
-    if isinstance(record, DeferRequest):
-        return DeferFields.of(record)
-    return record
+    return decode_fields(data, "defer_request", DeferRequest, quick_defer_fields, DeferFields.of)

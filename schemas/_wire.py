@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -13,8 +14,9 @@ from ._errors import SchemaError, UnknownSchemaVersion
 from ._models import RECORD_TYPES, SCHEMA_VERSION, WIRE_CONTEXT, AnyRecord, _Record
 
 R = TypeVar("R", bound=_Record)
+F = TypeVar("F")
 
-__all__ = ["decode", "decode_as", "decode_raw", "encode", "load_raw"]
+__all__ = ["decode", "decode_as", "decode_fields", "decode_raw", "encode", "load_raw"]
 
 
 def _join(path: str, part: str | int) -> str:
@@ -136,3 +138,23 @@ def decode_as(data: bytes | bytearray | memoryview | str, model: type[R]) -> R:
     if kind != expected:
         raise SchemaError(f"expected kind {expected!r}, got {kind!r}", field="kind")
     return _validate(raw, model)
+
+
+def decode_fields(
+    data: bytes | bytearray | memoryview | str,
+    kind: str,
+    model: type[R],
+    quick: Callable[[dict[str, Any]], F | None],
+    of: Callable[[R], F],
+) -> F | AnyRecord:
+    """:func:`decode`, giving a record of ``kind`` (``model``) as its fields: read by ``quick``
+    when it takes the record's shape, else validated by the model and read by ``of``."""
+    raw = load_raw(data)
+    if raw.get("kind") == kind:
+        fields = quick(raw)
+        if fields is not None:
+            return fields
+    record = decode_raw(raw)
+    if isinstance(record, model):
+        return of(record)
+    return record

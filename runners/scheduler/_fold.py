@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable
 
-from deferline.engine import Emit, Pools, TaskTable
-from deferline.schemas import SchemaError, TaskStateRecord, TriggerEventRecord
+from deferline.engine import Emit, Pools, TaskTable, WrittenState
+from deferline.schemas import SchemaError, TaskStateRecord
 
-from ._records import read_as
+from ._records import read_as, read_event
 
 __all__ = ["TaskFold"]
 
@@ -24,14 +24,15 @@ class TaskFold:
     """Task states and trigger events folded into one table.
 
     ``written`` maps the encoded value of each task state this scheduler published, and
-    has not read back yet, to the record itself: read back, it is folded without decoding.
+    has not read back yet, to the state as the table takes it back: read back, it is folded
+    without decoding.
     """
 
     __slots__ = ("bad_records", "table", "written")
 
     def __init__(self, pools: Pools | None = None) -> None:
         self.table = TaskTable(pools=pools)
-        self.written: dict[bytes, TaskStateRecord] = {}
+        self.written: dict[bytes, WrittenState] = {}
         self.bad_records = 0
 
     def reset(self) -> None:
@@ -62,7 +63,7 @@ class TaskFold:
         if value is None:
             return None
         try:
-            self.table.apply(read_as(value, TriggerEventRecord), ref=ref, resend=resend)
+            self.table.apply(read_event(value), ref=ref, resend=resend)
         except SchemaError as exc:
             return self._bad(exc, live=True)
         return None

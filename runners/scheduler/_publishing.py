@@ -9,7 +9,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from deferline.engine import Emit
-from deferline.schemas import DeadLetter, DeferlineError, RunTask
+from deferline.schemas import DeadLetter, DeferlineError
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
 from ._fold import TaskFold
@@ -88,7 +88,7 @@ class DecisionChain:
         )
         if not out and not dead and not commit:
             return None
-        queues = {e.record.worker_queue for e in out if isinstance(e.record, RunTask)}
+        queues = {e.worker_queue for e in out if e.worker_queue is not None}
         batch = waves(self.names, out, dead, written=self.fold.written)
         task = asyncio.create_task(
             self._send_after(self.in_flight, queues, batch, commit), name="scheduler-publish"

@@ -13,22 +13,30 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import TopicPartition
-from deferline.engine import Emit
+from deferline.engine import Emit, WrittenState
 from deferline.schemas import (
-    CancelRequest,
     DeadLetter,
-    RunTask,
+    EventFields,
     SchemaError,
     TaskStateRecord,
     TriggerEventRecord,
     decode,
+    decode_event,
     encode,
 )
 from deferline.topics import TopicNames
 
 from ._lease import Outgoing
 
-__all__ = ["ORPHAN_EVENT", "committable", "dead_letter", "orphan_letter", "read_as", "waves"]
+__all__ = [
+    "ORPHAN_EVENT",
+    "committable",
+    "dead_letter",
+    "orphan_letter",
+    "read_as",
+    "read_event",
+    "waves",
+]
 
 ORPHAN_EVENT = "OrphanEvent"
 """The ``error_type`` of an event the scheduler could not place (see :func:`orphan_letter`)."""
@@ -40,9 +48,21 @@ def read_as(value: bytes, kind: type[R]) -> R:
     """Decode ``value`` as a ``kind`` record; SchemaError if unreadable or of another kind."""
     record = decode(value)
     if not isinstance(record, kind):
-        wanted = "task_state" if kind is TaskStateRecord else "trigger_event"
-        raise SchemaError(f"expected {wanted}, got {record.kind}", field="kind")
+        raise _other_kind("task_state" if kind is TaskStateRecord else "trigger_event", record.kind)
     return record
+
+
+def read_event(value: bytes) -> EventFields:
+    """:func:`read_as` for a trigger event, read into its fields (without the model when it
+    has the usual shape; the errors are the same)."""
+    event = decode_event(value)
+    if not isinstance(event, EventFields):
+        raise _other_kind("trigger_event", event.kind)
+    return event
+
+
+def _other_kind(wanted: str, got: str) -> SchemaError:
+    return SchemaError(f"expected {wanted}, got {got}", field="kind")
 
 
 def dead_letter(message: Any, error: str, *, member: str) -> DeadLetter:
@@ -59,9 +79,7 @@ def dead_letter(message: Any, error: str, *, member: str) -> DeadLetter:
     )
 
 
-def orphan_letter(
-    event: TriggerEventRecord, ref: Hashable | None, *, now: str, member: str
-) -> DeadLetter:
+def orphan_letter(event: EventFields, ref: Hashable | None, *, now: str, member: str) -> DeadLetter:
     """A DeadLetter of an event no deferral on the tasks topic matches, once the scheduler
     has read that topic to its end past the event; ``now`` says what the task is instead."""
     assert isinstance(ref, tuple), "the scheduler keeps (TopicPartition, offset) with an event"
@@ -71,7 +89,7 @@ def orphan_letter(
         partition=tp.partition,
         offset=offset,
         key=event.trigger_id.encode(),
-        value=encode(event),
+        value=encode(event.full()),
         error=(
             f"no deferral on the tasks topic matches this event (try {event.task.try_number}, "
             f"deferral {event.defer_seq}, trigger {event.trigger_id}) after the scheduler read "
@@ -89,32 +107,37 @@ def waves(
     out: Sequence[Emit],
     dead: Sequence[DeadLetter] = (),
     *,
-    written: dict[bytes, TaskStateRecord] | None = None,
+    written: dict[bytes, WrittenState] | None = None,
 ) -> tuple[list[Outgoing], list[Outgoing], list[Outgoing]]:
     """CancelRequests, task states (and dead letters), RunTasks: in the order they must land.
 
-    ``written`` gets each task state's encoded value mapped to the record itself, so the
-    scheduler can fold its own writes, when it reads them back, without decoding them.
+    ``written`` gets each task state's encoded value mapped to the state as the table takes
+    it back (:attr:`Emit.written`), so the scheduler can fold its own writes, when it reads
+    them back, without decoding them.
     """
     cancels: list[Outgoing] = []
     states: list[Outgoing] = []
     runs: list[Outgoing] = []
+    tasks = names.tasks
+    run_topics: dict[tuple[str | None, bool], str] = {}  # names are formatted once a batch
     for emit in out:
-        record = emit.record
-        if isinstance(record, TaskStateRecord):
-            value = encode(record)
-            states.append((names.tasks, record.task.ti_key.encode(), value))
+        kind = emit.kind
+        if kind == "task_state":
+            value = emit.value()
+            states.append((tasks, emit.key.encode(), value))
             if written is not None:
-                written[value] = record
-        elif isinstance(record, RunTask):
-            topic = (
-                names.resumes(record.worker_queue)
-                if record.mode == "resume"
-                else names.work(record.worker_queue)
-            )
-            runs.append((topic, record.task.ti_key.encode(), encode(record)))
-        elif isinstance(record, CancelRequest):
-            cancels.append((names.defer(emit.queue), record.trigger_id.encode(), encode(record)))
+                written[value] = emit.written
+        elif kind == "run_task":
+            where = (emit.worker_queue, emit.resumes)
+            topic = run_topics.get(where)
+            if topic is None:
+                worker_queue, resumes = where
+                assert worker_queue is not None
+                topic = names.resumes(worker_queue) if resumes else names.work(worker_queue)
+                run_topics[where] = topic
+            runs.append((topic, emit.key.encode(), emit.value()))
+        elif kind == "cancel_request":
+            cancels.append((names.defer(emit.queue), emit.key.encode(), emit.value()))
     for letter in dead:
         states.append((names.dead, None, encode(letter)))
     return cancels, states, runs

@@ -45,7 +45,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from deferline.engine import Pools, TableDelta, TaskTable
-from deferline.schemas import DeadLetter, TriggerEventRecord
+from deferline.schemas import DeadLetter, EventFields
 from deferline.topics import (
     Lifecycle,
     Settings,
@@ -637,7 +637,7 @@ class Scheduler(Lifecycle):
             "events without a deferral on the tasks topic %s", fate, extra={"count": len(orphans)}
         )
 
-    def _task_now(self, event: TriggerEventRecord) -> str:
+    def _task_now(self, event: EventFields) -> str:
         record = self.table.get(event.task.ti_key)
         if record is None:
             return "not on the tasks topic"

@@ -9,12 +9,22 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiokafka import TopicPartition
 from deferline.engine import FAIL_METHOD
 from deferline.replay import ReplaySession, parse_subject
 from deferline.runners.scheduler import Scheduler
-from deferline.schemas import DeadLetter, decode, make_trigger_id
+from deferline.runners.scheduler._records import read_as
+from deferline.schemas import (
+    CancelRequest,
+    DeadLetter,
+    SchemaError,
+    TriggerEventRecord,
+    decode,
+    encode,
+    make_trigger_id,
+)
 from deferline.topics import Settings, make_consumer, partition_for
 
 from ._taskflow import TaskFlow, task_key
@@ -325,6 +335,52 @@ async def test_event_without_deferral_is_dead_lettered_named_and_committed(
                 await asyncio.sleep(0.05)
         finally:
             await consumer.stop()
+
+
+async def test_unreadable_events_are_dead_lettered_with_the_models_reason(
+    settings: Settings,
+) -> None:
+    async with (
+        TaskFlow(settings) as flow,
+        Scheduler(settings, **FAST) as sched,
+        TopicReader(settings, flow.names.dead) as dead,
+    ):
+        await sched.wait_active()
+        task = task_key("bad-events")
+        await flow.submit(task)
+        await flow.wait_state(task, "queued")
+        await flow.worker_state(task, "running")
+        await flow.defer(task)
+        trigger_id = make_trigger_id(task, 0)
+        usual = orjson.loads(
+            encode(
+                TriggerEventRecord(event_id="e", trigger_id=trigger_id, task=task, status="fired")
+            )
+        )
+        bad = [
+            b"\x00 not json at all",
+            orjson.dumps(usual | {"status": "exploded"}),
+            orjson.dumps(usual | {"payload": {"__type": "datetime", "__var": "yesterday"}}),
+            orjson.dumps(usual | {"task": {"dag_id": "d/x", "task_id": "t", "run_id": "r"}}),
+            encode(CancelRequest(trigger_id=trigger_id, task=task)),
+        ]
+        for value in bad:  # on the partition of the good event that follows them
+            await flow.put_bytes(flow.names.task_events, task.ti_key, value)
+        await flow.fire(task)
+        await flow.wait_for(lambda: flow.runs_of(task, "resume"))
+        letters = await wait_until(
+            lambda: len(dead.values()) == len(bad) and dead.values(), 10, message="dead letters"
+        )
+        for letter, value in zip(sorted(letters, key=lambda d: d.offset), bad, strict=True):
+            assert isinstance(letter, DeadLetter)
+            with pytest.raises(SchemaError) as model:
+                read_as(value, TriggerEventRecord)  # the model's own reading
+            assert (letter.error_type, letter.error) == (
+                "SchemaError",
+                f"SchemaError: {model.value}",
+            )
+            assert (letter.topic, letter.value) == (flow.names.task_events, value)
+        assert sched.bad_records == len(bad)
 
 
 def _partition_of(flow: TaskFlow, key: str) -> int:

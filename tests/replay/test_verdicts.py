@@ -22,7 +22,7 @@ from deferline.replay import (
     parse_subject,
 )
 from deferline.runners.scheduler._records import orphan_letter
-from deferline.schemas import DeferRequest, KwargsCipher, seal
+from deferline.schemas import DeferRequest, EventFields, KwargsCipher, seal
 from deferline.topics import partition_for
 
 from ._history import History, at, task_key
@@ -277,7 +277,8 @@ def _orphaned(h: History, request: DeferRequest, when: float) -> None:
     topic = h.names.task_events
     p = part(request.task.ti_key)
     offset = sum(1 for w in h.writes if w.topic == topic and w.partition == p) - 1
-    letter = orphan_letter(event, (TopicPartition(topic, p), offset), now="x", member="sched")
+    ref = (TopicPartition(topic, p), offset)
+    letter = orphan_letter(EventFields.of(event), ref, now="x", member="sched")
     h.put(h.names.dead, request.trigger_id, letter.model_copy(update={"failed_at": at(when + 5)}))
 
 
