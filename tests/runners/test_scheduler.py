@@ -10,7 +10,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 from click.testing import CliRunner
 from deferline.engine import Emit, Pools
-from deferline.runners.scheduler import Scheduler, SchedulerError, _tasks_topic, scheduler_command
+from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
 from deferline.runners.scheduler import _cli as _scheduler_cli
 from deferline.runners.scheduler import _fold as fold_module
 from deferline.runners.scheduler import _publishing as publishing_module
