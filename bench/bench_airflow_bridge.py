@@ -1,13 +1,14 @@
 """N Airflow task instances due at one moment on PostgreSQL: Airflow's triggerer against the bridge.
 
 The peer benchmark of ``deferline airflow bridge``. One PostgreSQL server (Debian's package,
-temporary), one Airflow schema (``airflow db migrate``), N task instances of one mapped
-``DateTimeSensorAsync`` seeded once through Airflow's own code as a deferral leaves them
-(tests/integration/_airflow_seed.py: the DAG serialized, a DAG run, each task instance run and
-deferred through the Execution API's handlers on Airflow 3, ``TaskInstance.defer_task`` on
-2.10). Each contender then gets a copy of that database (``CREATE DATABASE … TEMPLATE``), its
-deferrals re-timed to fall due ``--margin`` seconds later (one UPDATE of the trigger rows'
-kwargs with the value Airflow writes for that moment), and starts:
+temporary, or kept with ``--keep DIR`` so later runs reuse its seeded databases), one Airflow
+schema (``airflow db migrate``), N task instances of one mapped ``DateTimeSensorAsync`` seeded
+once through Airflow's own code as a deferral leaves them (tests/integration/_airflow_seed.py:
+the DAG serialized, a DAG run, each task instance run and deferred through the Execution API's
+handlers on Airflow 3, ``TaskInstance.defer_task`` on 2.10). Each contender then gets a copy of
+that database (``CREATE DATABASE … TEMPLATE``), its deferrals re-timed to fall due
+``--margin`` seconds later (one UPDATE of the trigger rows' kwargs with the value Airflow
+writes for that moment), and starts:
 
 - ``airflow``: Airflow's own ``airflow triggerer``, as configured by default;
 - ``bridge-tansu`` / ``bridge-kafka``: ``deferline airflow bridge`` and one
@@ -20,6 +21,7 @@ triggerer runs a trigger subprocess) per resumed task, and the peak RSS of its m
 (``.venv``: Airflow 3; ``.venv-airflow2``: 2.10).
 
 Run: .venv/bin/python -m bench.bench_airflow_bridge --n 10000 [--contenders airflow bridge-tansu]
+     [--keep /var/tmp/bench-airflow]
 """
 
 from __future__ import annotations
@@ -151,11 +153,11 @@ async def _broker(contender: str) -> AsyncIterator[str]:
 
 
 @contextlib.contextmanager
-def _postgres() -> Iterator[PostgresServer]:
+def _postgres(keep: Path | None) -> Iterator[PostgresServer]:
     bin_dir = postgres_bin()
     if bin_dir is None:
         sys.exit("PostgreSQL's server is not installed (Debian: apt-get install postgresql)")
-    server = PostgresServer(bin_dir)
+    server = PostgresServer(bin_dir, keep)
     try:
         yield server
     finally:
@@ -163,10 +165,16 @@ def _postgres() -> Iterator[PostgresServer]:
 
 
 async def measure(
-    server: PostgresServer, home: Path, contender: str, n: int, margin: float, limit: float
+    server: PostgresServer,
+    home: Path,
+    seeded: str,
+    contender: str,
+    n: int,
+    margin: float,
+    limit: float,
 ) -> dict[str, Any]:
     """One contender on a fresh copy of the seeded database."""
-    url = server.create_database(_database(contender), template="seeded")
+    url = server.create_database(_database(contender), template=seeded)
     env = seeding.airflow_env(home, url)
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{contender}-"))
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
@@ -207,19 +215,23 @@ async def measure(
 async def run(args: argparse.Namespace) -> None:
     version = importlib.metadata.version("apache-airflow")
     print(machine_line(), f"Airflow {version}, PostgreSQL from {postgres_bin()}")
-    home = Path(tempfile.mkdtemp(prefix="bench-airflow-home-"))
-    with _postgres() as server:
-        seeding.migrate(seeding.airflow_env(home, server.create_database("migrated")))
+    keep = args.keep / f"airflow{version}" if args.keep else None
+    home = keep / "home" if keep else Path(tempfile.mkdtemp(prefix="bench-airflow-home-"))
+    with _postgres(keep and keep / "postgres") as server:
+        if not server.has_database("migrated"):
+            seeding.migrate(seeding.airflow_env(home, server.create_database("migrated")))
         for n in args.n:
-            for name in ("seeded", *map(_database, args.contenders)):
-                server.psql(f'DROP DATABASE IF EXISTS "{name}"')
-            env = seeding.airflow_env(home, server.create_database("seeded", template="migrated"))
-            t0 = time.perf_counter()
-            seeding.seed(env, n, dt.datetime.now(dt.UTC) + dt.timedelta(days=1), args.seed_workers)
-            print(f"N={n}: seeded in {time.perf_counter() - t0:.0f} s", flush=True)
-            margin = args.margin if args.margin is not None else 10 + n / 4000
+            seeded = f"seeded_{n}"
+            if not server.has_database(seeded):
+                env = seeding.airflow_env(home, server.create_database(seeded, "migrated"))
+                t0 = time.perf_counter()
+                far = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+                seeding.seed(env, n, far, args.seed_workers)
+                print(f"N={n}: seeded in {time.perf_counter() - t0:.0f} s", flush=True)
+            margin = args.margin if args.margin is not None else 10 + n / 2000
             for contender in args.contenders:
-                figures = await measure(server, home, contender, n, margin, args.timeout)
+                server.psql(f'DROP DATABASE IF EXISTS "{_database(contender)}"')
+                figures = await measure(server, home, seeded, contender, n, margin, args.timeout)
                 print(figures, flush=True)
 
 
@@ -228,10 +240,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[10_000])
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument(
-        "--margin", type=float, help="seconds from start to due (default 10 + N/4,000)"
+        "--margin", type=float, help="seconds from start to due (default 10 + N/2,000)"
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds after due")
     parser.add_argument("--seed-workers", type=int, default=2)
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep PostgreSQL's data here and reuse its seeded databases in later runs",
+    )
     asyncio.run(run(parser.parse_args()))
 
 

@@ -1,7 +1,8 @@
 """A throwaway PostgreSQL server from Debian's package, for Airflow's metadata database.
 
 ``initdb`` into a temporary directory, ``postgres`` on a free TCP port on 127.0.0.1 and a unix
-socket in the same directory, stopped (``pg_ctl stop -m immediate``) and removed at ``close()``.
+socket in the same directory, stopped and removed at ``close()`` (or kept, for a benchmark
+that reuses its seeded databases).
 Databases are made with ``create_database``, optionally as a copy of another (``TEMPLATE``), so
 a migrated Airflow schema is copied in a second rather than migrated again.
 """
@@ -38,17 +39,22 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    """One PostgreSQL cluster in a temporary directory, running until ``close()``."""
+    """One PostgreSQL cluster running until ``close()``: in a temporary directory removed then,
+    or in ``keep``, made there on first use and left there (its databases reused later)."""
 
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, keep: Path | None = None) -> None:
         self._bin = bin_dir
-        self.dir = Path(tempfile.mkdtemp(prefix="deferline-pg-"))
+        self._keep = keep is not None
+        self.dir = keep or Path(tempfile.mkdtemp(prefix="deferline-pg-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.dir, OS_USER)
         self.port = _free_port()
         data = self.dir / "data"
-        self._run("initdb", "-D", str(data), "-U", USER, "--auth=trust", "--no-sync", "-E", "UTF8")
-        # Durability is not under test: no fsync, as Airflow's own CI runs its database.
+        if not data.exists():
+            initdb = ("-D", str(data), "-U", USER, "--auth=trust", "--no-sync", "-E", "UTF8")
+            self._run("initdb", *initdb)
+        # Durability is not under test: no fsync, no waiting for the WAL.
         options = (
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
@@ -85,11 +91,16 @@ class PostgresServer:
             raise RuntimeError(f"{sql}: {done.stderr.strip()}")
         return done.stdout.strip()
 
+    def has_database(self, name: str) -> bool:
+        return self.psql(f"SELECT count(*) FROM pg_database WHERE datname = '{name}'") == "1"
+
     def create_database(self, name: str, template: str | None = None) -> str:
         """Create ``name`` (a copy of ``template`` when given); its URL."""
         self.psql(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
         return self.url(name)
 
     def close(self) -> None:
-        self._run("pg_ctl", "stop", "-w", "-m", "immediate", "-D", str(self._data))
-        shutil.rmtree(self.dir, ignore_errors=True)
+        mode = "fast" if self._keep else "immediate"
+        self._run("pg_ctl", "stop", "-w", "-m", mode, "-D", str(self._data))
+        if not self._keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
