@@ -10,6 +10,7 @@ import click
 # Each sub-command lives in the module that owns it and is imported only when used,
 # so `deferline --help` stays fast and one broken piece cannot break the others.
 _COMMANDS: dict[str, tuple[str, str]] = {
+    "airflow": ("deferline.runners.airflow_bridge", "airflow_command"),
     "broker": ("deferline.runners._broker_cmd", "broker"),
     "topics": ("deferline.runners._topics_cmd", "topics"),
     "triggerer": ("deferline.runners.triggerer", "triggerer_command"),
@@ -24,6 +25,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 _HELP: dict[str, str] = {
+    "airflow": "Airflow: `deferline airflow bridge` stands in for `airflow triggerer`.",
     "broker": "Run the embedded Kafka-compatible broker in the foreground.",
     "topics": "Create or check deferline's topics.",
     "triggerer": "Run a triggerer: a consumer-group member that runs triggers.",

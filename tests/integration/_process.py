@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,30 @@ DEFERLINE = str(Path(sys.executable).with_name("deferline"))
 class DeferlineProcess:
     """``deferline COMMAND`` against ``settings``' broker and prefix, logging JSON to a file."""
 
-    def __init__(self, settings: Settings, command: str, log_path: Path, *args: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        command: str | tuple[str, ...],
+        log_path: Path,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.log_path = log_path
         argv = [
             DEFERLINE,
-            command,
+            *((command,) if isinstance(command, str) else command),
             "--bootstrap-servers",
             settings.bootstrap_servers,
             "--topic-prefix",
             settings.topic_prefix,
             *args,
         ]
-        env = {**os.environ, "DEFERLINE_PARTITIONS": str(settings.partitions)}
+        environ = {
+            **(os.environ if env is None else env),
+            "DEFERLINE_PARTITIONS": str(settings.partitions),
+        }
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=environ)
 
     def lines(self) -> list[dict[str, Any]]:
         out = []

@@ -1,0 +1,317 @@
+"""Airflow's metadata database, through Airflow's own models: the bridge's only door to it.
+
+Synchronous (SQLAlchemy, as Airflow is): the bridge calls it from one worker thread. Every
+write goes through Airflow's own model code (``Job``, ``Trigger.assign_unassigned``,
+``Trigger.ids_for_triggerer``, ``Trigger.submit_event``, ``Trigger.submit_failure``,
+``Trigger.clean_unused``), so the rows it writes are the rows Airflow's triggerer writes;
+the one write Airflow makes elsewhere, a trigger timeout, is the statement of Airflow's
+scheduler (``check_trigger_timeouts``) for the timed-out trigger alone. Many events are
+applied in one session and one commit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import inspect
+import logging
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ._rows import BridgeEvent, ClaimedRow, RowRef
+
+__all__ = ["AirflowDatabase", "AppliedEvents"]
+
+logger = logging.getLogger(__name__)
+
+JOB_TYPE = "TriggererJob"
+_TIMEOUT_REASON_2 = "Trigger/execution timeout"  # Airflow 2.10's scheduler writes this
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedEvents:
+    """What one batch did: events written through Airflow's code, and stale ones skipped."""
+
+    succeeded: int
+    failed: int
+    timed_out: int
+    stale: int
+    rows: frozenset[RowRef]
+
+
+class TriggerFailed(Exception):
+    """A trigger failed where deferline ran it; the message is its traceback there."""
+
+
+class AirflowDatabase:
+    """Airflow's triggerer's share of the metadata database, for one bridge process.
+
+    Airflow is imported (and its configuration read, its ORM set up, as in every Airflow
+    process) when this object is built.
+    """
+
+    def __init__(self, *, queues: Collection[str] | None, team_name: str | None) -> None:
+        self._airflow = importlib.import_module("airflow")
+        self._settings: Any = importlib.import_module("airflow.settings")
+        if getattr(self._settings, "engine", None) is None:
+            self._settings.initialize()
+        self._conf: Any = importlib.import_module("airflow.configuration").conf
+        self._job_cls: Any = importlib.import_module("airflow.jobs.job").Job
+        trigger_module: Any = importlib.import_module("airflow.models.trigger")
+        self._trigger: Any = trigger_module.Trigger
+        self._ti: Any = importlib.import_module("airflow.models.taskinstance").TaskInstance
+        self._state: Any = importlib.import_module("airflow.utils.state").TaskInstanceState
+        self._events: Any = importlib.import_module("airflow.triggers.base")
+        self._sa: Any = importlib.import_module("sqlalchemy")
+        reason = getattr(trigger_module, "TriggerFailureReason", None)
+        self._timeout_reason: Any = reason.TRIGGER_TIMEOUT if reason else _TIMEOUT_REASON_2
+        self._fail_repr: str = getattr(trigger_module, "TRIGGER_FAIL_REPR", "__fail__")
+        self._airflow2 = self.version.startswith("2.")
+        params = inspect.signature(self._trigger.assign_unassigned).parameters
+        # Only what this Airflow knows: queues came in 3.2, teams in 3.3.
+        self._queue_kw: dict[str, Any] = {}
+        if "queues" in params:
+            self._queue_kw["queues"] = set(queues) if queues else None
+        elif queues:
+            raise ValueError(f"Airflow {self.version} has no trigger queues (3.2+): drop --queues")
+        if "team_name" in params:
+            self._queue_kw["team_name"] = team_name
+        elif team_name:
+            raise ValueError(f"Airflow {self.version} has no teams (3.3+): drop --team")
+        self.job_id: int | None = None
+        self.hostname: str = ""
+
+    @property
+    def version(self) -> str:
+        return str(self._airflow.__version__)
+
+    @property
+    def health_check_threshold(self) -> float:
+        """``[triggerer] triggerer_health_check_threshold``: when a silent triggerer is dead."""
+        return float(self._conf.getfloat("triggerer", "triggerer_health_check_threshold"))
+
+    @property
+    def heartrate(self) -> float:
+        """``[triggerer] job_heartbeat_sec``: how often a triggerer heartbeats."""
+        return float(self._conf.getfloat("triggerer", "job_heartbeat_sec"))
+
+    @contextmanager
+    def _session(self) -> Iterator[Any]:
+        session = self._settings.Session()
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def _utcnow(self) -> dt.datetime:
+        return dt.datetime.now(dt.UTC)
+
+    # The TriggererJob row --------------------------------------------------------------
+
+    def start_job(self) -> int:
+        """Insert this bridge's ``TriggererJob`` row (state running), as a triggerer does."""
+        job = self._job_cls(job_type=JOB_TYPE)
+        job.prepare_for_execution()
+        self.job_id = int(job.id)
+        self.hostname = str(job.hostname)
+        return self.job_id
+
+    def heartbeat(self) -> None:
+        """Set the job row's ``latest_heartbeat`` to now."""
+        job = self._job_cls
+        with self._session() as session:
+            session.execute(
+                self._sa.update(job)
+                .where(job.id == self.job_id)
+                .values(latest_heartbeat=self._utcnow())
+            )
+
+    def end_job(self) -> None:
+        """Mark the job row finished (``success``, ``end_date``), as a triggerer's exit does."""
+        if self.job_id is None:
+            return
+        job = self._job_cls
+        with self._session() as session:
+            session.execute(
+                self._sa.update(job)
+                .where(job.id == self.job_id)
+                .values(state="success", end_date=self._utcnow())
+            )
+
+    # Claiming ---------------------------------------------------------------------------
+
+    def claim(self, capacity: int, per_loop: int) -> set[int]:
+        """``Trigger.assign_unassigned`` then ``Trigger.ids_for_triggerer``: the rows now ours.
+
+        ``per_loop`` stands in for ``[triggerer] max_trigger_to_select_per_loop`` (50 in
+        Airflow), the most rows one claim takes per kind of trigger.
+        """
+        trigger = self._trigger
+        trigger.max_trigger_to_select_per_loop = per_loop
+        trigger.assign_unassigned(
+            self.job_id, capacity, self.health_check_threshold, **self._queue_kw
+        )
+        return set(trigger.ids_for_triggerer(self.job_id, **self._queue_kw))
+
+    def read_rows(self, ids: Collection[int]) -> tuple[list[ClaimedRow], list[RowRef]]:
+        """The claimed rows ``ids`` with the task instance waiting on each; and the rows that
+        no task instance waits on (asset watchers, callbacks), which the bridge hands back."""
+        trigger, ti = self._trigger, self._ti
+        rows: list[ClaimedRow] = []
+        others: list[RowRef] = []
+        with self._session() as session:
+            found = session.execute(
+                self._sa.select(trigger, ti)
+                .outerjoin(ti, ti.trigger_id == trigger.id)
+                .where(trigger.id.in_(list(ids)))
+            ).all()
+            for row, task in found:
+                ref = RowRef.of(row.id, row.created_date)
+                if task is None:
+                    others.append(ref)
+                    continue
+                kwargs: dict[str, Any] | None
+                try:
+                    kwargs, error = dict(row.kwargs), None
+                except Exception as exc:  # Airflow's key or serializer refused them
+                    kwargs, error = None, exc
+                rows.append(
+                    ClaimedRow(
+                        ref=ref,
+                        classpath=row.classpath,
+                        kwargs=kwargs,
+                        kwargs_error=error,
+                        queue=row.queue,
+                        dag_id=task.dag_id,
+                        task_id=task.task_id,
+                        run_id=task.run_id,
+                        map_index=task.map_index,
+                        try_number=task.try_number,
+                        trigger_timeout=task.trigger_timeout,
+                        next_method=task.next_method,
+                    )
+                )
+        return rows, others
+
+    def release(self, refs: Sequence[RowRef]) -> None:
+        """Hand rows back (``triggerer_id`` cleared) for another triggerer to claim."""
+        trigger = self._trigger
+        with self._session() as session:
+            session.execute(
+                self._sa.update(trigger)
+                .where(
+                    trigger.id.in_([r.row_id for r in refs]), trigger.triggerer_id == self.job_id
+                )
+                .values(triggerer_id=None)
+            )
+
+    def existing(self, ids: Collection[int]) -> set[int]:
+        """Which of ``ids`` are still rows of the ``trigger`` table."""
+        trigger = self._trigger
+        with self._session() as session:
+            return set(
+                session.scalars(self._sa.select(trigger.id).where(trigger.id.in_(list(ids))))
+            )
+
+    def clean_unused(self) -> None:
+        """``Trigger.clean_unused``: delete the rows no task instance, asset or callback needs."""
+        with self._session() as session:
+            self._trigger.clean_unused(session=session)
+
+    # Writing back -----------------------------------------------------------------------
+
+    def fail_rows(self, failures: Sequence[tuple[RowRef, BaseException]]) -> None:
+        """``Trigger.submit_failure`` for rows whose trigger cannot run, in one transaction."""
+        with self._session() as session:
+            live = self._live(session, [ref for ref, _ in failures])
+            for ref, exc in failures:
+                if ref in live:
+                    self._trigger.submit_failure(ref.row_id, exc=exc, session=session)
+
+    def apply(self, events: Sequence[BridgeEvent]) -> AppliedEvents:
+        """Write ``events`` back with Airflow's own semantics, all in one transaction.
+
+        An event whose row is gone, or was made anew under the same id, is stale and skipped;
+        Airflow's own guard (the task instance still ``deferred`` on that trigger) decides
+        the rest, so an event applied twice changes nothing the second time.
+        """
+        succeeded = failed = timed_out = stale = 0
+        applied: set[RowRef] = set()
+        on_their_own: list[BridgeEvent] = []
+        with self._session() as session:
+            live = self._live(session, [e.ref for e in events])
+            for event in events:
+                if event.ref not in live:
+                    stale += 1
+                    continue
+                applied.add(event.ref)
+                if event.kind == "fired" and event.task_outcome is not None and self._airflow2:
+                    on_their_own.append(event)
+                elif event.kind == "fired":
+                    self._trigger.submit_event(
+                        event.ref.row_id, self._airflow_event(event), session=session
+                    )
+                elif event.kind == "failed":
+                    self._trigger.submit_failure(
+                        event.ref.row_id, exc=self._failure(event), session=session
+                    )
+                else:
+                    self._time_out(session, event.ref.row_id)
+                succeeded += event.kind == "fired"
+                failed += event.kind == "failed"
+                timed_out += event.kind == "timed_out"
+        # Airflow 2.10 ends a task from its trigger in sessions of its own (set_state, the
+        # callback, the XComs): one event at a time, exactly as its own triggerer calls it.
+        for event in on_their_own:
+            self._trigger.submit_event(event.ref.row_id, self._airflow_event(event))
+        return AppliedEvents(succeeded, failed, timed_out, stale, frozenset(applied))
+
+    def _live(self, session: Any, refs: Sequence[RowRef]) -> set[RowRef]:
+        trigger = self._trigger
+        found = session.execute(
+            self._sa.select(trigger.id, trigger.created_date).where(
+                trigger.id.in_({r.row_id for r in refs})
+            )
+        ).all()
+        return {RowRef.of(row_id, created) for row_id, created in found}
+
+    def _airflow_event(self, event: BridgeEvent) -> Any:
+        events = self._events
+        if event.task_outcome is None:
+            return events.TriggerEvent(event.payload)
+        end = {
+            "success": events.TaskSuccessEvent,
+            "failed": events.TaskFailedEvent,
+            "skipped": events.TaskSkippedEvent,
+        }[event.task_outcome]
+        return end(xcoms=event.xcoms)
+
+    def _failure(self, event: BridgeEvent) -> Any:
+        """What Airflow's triggerer hands ``submit_failure``: the runner's traceback lines on
+        3.x, an exception on 2.10 (which formats it)."""
+        lines = event.traceback or []
+        if self._airflow2:
+            return TriggerFailed("".join(lines).rstrip("\n"))
+        return lines
+
+    def _time_out(self, session: Any, row_id: int) -> None:
+        """Airflow's scheduler's ``check_trigger_timeouts``, for this trigger's task only."""
+        ti, state = self._ti, self._state
+        session.execute(
+            self._sa.update(ti)
+            .where(ti.trigger_id == row_id, ti.state == state.DEFERRED)
+            .values(
+                state=state.SCHEDULED,
+                next_method=self._fail_repr,
+                next_kwargs={"error": self._timeout_reason},
+                trigger_id=None,
+                **({} if self._airflow2 else {"scheduled_dttm": self._utcnow()}),
+            )
+            .execution_options(synchronize_session=False)
+        )

@@ -1,0 +1,77 @@
+"""Which claimed rows the bridge has handed to deferline, and what became of them. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from deferline.schemas import CancelRequest, DeferRequest
+
+from ._rows import RowRef
+
+__all__ = ["HandedRow", "RowBook"]
+
+
+@dataclass(slots=True)
+class HandedRow:
+    """A claimed row: published as ``request``, or failed in Airflow (``request`` None)."""
+
+    ref: RowRef
+    request: DeferRequest | None
+    applied: bool = False
+    """An event of it was written back by this bridge."""
+
+
+class RowBook:
+    """The rows this bridge holds, by row id.
+
+    A row leaves the book when it is no longer this bridge's: deleted by Airflow, or claimed
+    by another triggerer (this one was taken for dead). Only a deleted row whose trigger
+    still runs for all this bridge knows gets a cancel: the task was cleared, marked or its
+    run deleted. A row another triggerer claimed is left alone: the other publishes the same
+    trigger id, and a cancel could land after its request.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[int, HandedRow] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def unseen(self, owned: Iterable[int]) -> set[int]:
+        """Rows Airflow says are ours that the bridge has not handled yet."""
+        return {row_id for row_id in owned if row_id not in self._rows}
+
+    def vanished(self, owned: Collection[int]) -> set[int]:
+        """Rows in the book that Airflow no longer says are ours."""
+        return {row_id for row_id in self._rows if row_id not in owned}
+
+    def handed(self, ref: RowRef, request: DeferRequest | None) -> None:
+        self._rows[ref.row_id] = HandedRow(ref, request)
+
+    def applied(self, refs: Iterable[RowRef]) -> None:
+        """Events of these rows were written back (rows of other bridges are ignored)."""
+        for ref in refs:
+            row = self._rows.get(ref.row_id)
+            if row is not None and row.ref == ref:
+                row.applied = True
+
+    def settle(
+        self, vanished: Collection[int], deleted: Collection[int]
+    ) -> list[tuple[CancelRequest, str | None]]:
+        """Drop ``vanished`` rows; the cancels owed for those Airflow ``deleted``, each with
+        the trigger queue its request went to."""
+        cancels: list[tuple[CancelRequest, str | None]] = []
+        for row_id in vanished:
+            row = self._rows.pop(row_id, None)
+            if row is None or row_id not in deleted or row.applied or row.request is None:
+                continue
+            request = row.request
+            cancel = CancelRequest(
+                trigger_id=request.trigger_id,
+                task=request.task,
+                defer_seq=request.defer_seq,
+                reason="the task instance no longer waits on this trigger in Airflow",
+            )
+            cancels.append((cancel, request.queue))
+        return cancels

@@ -1,0 +1,355 @@
+"""``AirflowBridge``: Airflow's triggerer as Airflow sees it, deferline's triggerers doing the work.
+
+Two loops share one worker thread for the database (Airflow's models are synchronous):
+
+* the **claim loop**, once per ``poll_interval`` as Airflow's triggerer loops: heartbeat the
+  ``TriggererJob`` row, claim rows (``Trigger.assign_unassigned``), publish a DeferRequest
+  for each new row on the bridge prefix's defer topic (or fail its task instance when the
+  row cannot run), cancel in deferline the rows Airflow deleted, run ``clean_unused``;
+* the **event loop**: the consumer group ``<prefix>bridge`` on the resume topics, each batch
+  of events written back into Airflow in one transaction, offsets committed after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import CommitFailedError, IllegalStateError
+from deferline.engine._watchdog import BlockedLoop, LoopWatchdog
+from deferline.schemas import (
+    DeadLetter,
+    KwargsCipher,
+    SchemaError,
+    TriggerEventRecord,
+    decode_as,
+    encode,
+)
+from deferline.topics import (
+    Lifecycle,
+    Settings,
+    TopicNames,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+    stop_client,
+    topic_specs,
+)
+
+from .._aiokafka import leave_from_generation_zero
+from .._metrics import MetricsServer
+from ._airflow_db import AirflowDatabase
+from ._book import RowBook
+from ._metrics import BridgeMetrics
+from ._rows import BridgeEvent, RejectedRow, bridge_event, to_defer_request
+from ._state import BridgeLifecycle, BridgeState
+
+__all__ = ["AirflowBridge", "BridgeOptions"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BridgeOptions:
+    """How one bridge behaves.
+
+    Args:
+        capacity: rows this bridge claims at most (Airflow's ``--capacity``). The triggers
+            run in deferline's triggerers, not here, so the default is far above Airflow's
+            1,000.
+        claim_per_loop: rows one claim takes at most per kind (Airflow's
+            ``max_trigger_to_select_per_loop``, 50 there).
+        queues: Airflow trigger queues to serve (3.2+); empty serves rows without a queue.
+        team_name: the Airflow team to serve (3.3+ with ``[core] multi_team``).
+        poll_interval: seconds between claim loops (Airflow's triggerer: about 1).
+        max_events: events written back per database transaction at most.
+        metrics_port: serve Prometheus metrics on this port; None: no endpoint.
+    """
+
+    capacity: int = 100_000
+    claim_per_loop: int = 5_000
+    queues: tuple[str, ...] = ()
+    team_name: str | None = None
+    poll_interval: float = 1.0
+    max_events: int = 5_000
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    stop_timeout: float = 10.0
+
+
+class AirflowBridge(Lifecycle):
+    """One bridge process: ``async with AirflowBridge(settings, options): ...``.
+
+    ``settings.topic_prefix`` is the bridge's own prefix (``deferline.airflow.`` by default
+    from the CLI), which deferline's own scheduler never reads.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        options: BridgeOptions | None = None,
+        *,
+        database: AirflowDatabase | None = None,
+    ) -> None:
+        self.settings = settings
+        self.options = options = options or BridgeOptions()
+        if options.capacity < 1 or options.claim_per_loop < 1 or options.max_events < 1:
+            raise ValueError("capacity, claim_per_loop and max_events must be at least 1")
+        self.names = TopicNames(settings.topic_prefix)
+        self.group_id = f"{settings.topic_prefix}bridge"
+        self.lifecycle = BridgeLifecycle()
+        self.book = RowBook()
+        self.db = database
+        self._cipher = KwargsCipher(settings.kwargs_keys) if settings.kwargs_keys else None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="airflow-db")
+        self.metrics: BridgeMetrics | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._server: MetricsServer | None = None
+        self._watchdog: LoopWatchdog | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._last_heartbeat = 0.0
+
+    @property
+    def state(self) -> BridgeState:
+        return self.lifecycle.state
+
+    async def _db(self, call: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call, *args)
+
+    # Lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.state is not BridgeState.NEW:
+            return
+        self.lifecycle.move(BridgeState.STARTING)
+        options = self.options
+        if self.db is None:
+            self.db = await self._db(
+                lambda: AirflowDatabase(queues=options.queues, team_name=options.team_name)
+            )
+        db = self.db
+        job_id = await self._db(db.start_job)
+        self._last_heartbeat = time.monotonic()
+        self.metrics = metrics = BridgeMetrics(hostname=db.hostname, capacity=options.capacity)
+        queues: Sequence[str | None] = options.queues or (None,)
+        wanted = {self.names.defer(q) for q in queues} | {self.names.resume(q) for q in queues}
+        specs = topic_specs(self.settings, queues=[q for q in queues if q])
+        await ensure_topics(
+            self.settings, [s for s in specs if s.name in wanted or s.name == self.names.dead]
+        )
+        self._producer = make_producer(self.settings)
+        await self._producer.start()
+        self._consumer = make_consumer(
+            self.settings, *sorted(self.names.resume(q) for q in queues), group_id=self.group_id
+        )
+        await self._consumer.start()
+        leave_from_generation_zero(self._consumer)
+        if options.metrics_port is not None:
+            self._server = MetricsServer(
+                metrics.registry, host=options.metrics_host, port=options.metrics_port
+            )
+            await self._server.start()
+        self._watchdog = LoopWatchdog(
+            threshold=0.2, describe=_describe_task, on_blocked=self._blocked
+        )
+        self._watchdog.start()
+        self._loops = [
+            asyncio.create_task(self._claim_loop(), name="airflow-bridge-claim"),
+            asyncio.create_task(self._event_loop(), name="airflow-bridge-events"),
+        ]
+        self.lifecycle.move(BridgeState.RUNNING)
+        logger.info(
+            "Airflow bridge running",
+            extra={
+                "metrics_port": self._server.port if self._server is not None else None,
+                "airflow": db.version,
+                "job_id": job_id,
+                "prefix": self.settings.topic_prefix,
+                "queues": list(options.queues),
+                "capacity": options.capacity,
+            },
+        )
+
+    async def wait(self) -> None:
+        """Wait until a loop stops by itself, and raise what stopped it."""
+        done, _ = await asyncio.wait(self._loops, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                if self.lifecycle.can_move(BridgeState.FAILED):
+                    self.lifecycle.move(BridgeState.FAILED)
+                raise task.exception()  # type: ignore[misc]
+
+    async def stop(self) -> None:
+        if self.state in (BridgeState.STOPPING, BridgeState.STOPPED):
+            return
+        if self.state is BridgeState.NEW:
+            self.lifecycle.move(BridgeState.STOPPED)
+            return
+        self.lifecycle.move(BridgeState.STOPPING)
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        grace = self.options.stop_timeout
+        if self._consumer is not None:
+            await stop_client(self._consumer, grace=grace, name="consumer")
+        if self._producer is not None:
+            await stop_client(self._producer, grace=grace, name="producer")
+        if self._server is not None:
+            await self._server.stop()
+        if self._watchdog is not None:
+            await self._watchdog.stop()
+        if self.db is not None:
+            try:
+                await self._db(self.db.end_job)
+            except Exception:
+                logger.exception("could not mark the TriggererJob row finished")
+        self._thread.shutdown(wait=False)
+        self.lifecycle.move(BridgeState.STOPPED)
+        logger.info("Airflow bridge stopped")
+
+    def _blocked(self, episode: BlockedLoop) -> None:
+        if not episode.ended and self.metrics is not None:
+            self.metrics.blocked_main_thread.inc()
+
+    # Claim loop -------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        while True:
+            await self.claim_once()
+            await asyncio.sleep(self.options.poll_interval)
+
+    async def claim_once(self) -> None:
+        """One pass of the claim loop (public for tests)."""
+        db, metrics = self._require()
+        now = time.monotonic()
+        if now - self._last_heartbeat >= db.heartrate:
+            await self._db(db.heartbeat)
+            self._last_heartbeat = now
+        options = self.options
+        owned = await self._db(db.claim, options.capacity, options.claim_per_loop)
+        unseen = self.book.unseen(owned)
+        if unseen:
+            await self._hand_over(db, unseen)
+        vanished = self.book.vanished(owned)
+        if vanished:
+            deleted = vanished - await self._db(db.existing, vanished)
+            cancels = self.book.settle(vanished, deleted)
+            await self._send_all(
+                (self.names.defer(queue), c.trigger_id, encode(c)) for c, queue in cancels
+            )
+            for cancel, _ in cancels:
+                logger.info(
+                    "trigger cancelled: Airflow removed its row",
+                    extra={"trigger_id": cancel.trigger_id, "task": str(cancel.task)},
+                )
+        await self._db(db.clean_unused)
+        metrics.set_running(len(self.book))
+
+    async def _hand_over(self, db: AirflowDatabase, ids: set[int]) -> None:
+        rows, others = await self._db(db.read_rows, ids)
+        if others:
+            # Asset watchers and callbacks: not run through deferline yet (docs/airflow.md).
+            await self._db(db.release, others)
+            logger.warning(
+                "trigger rows without a task instance handed back (asset watchers, callbacks)",
+                extra={"rows": [r.row_id for r in others]},
+            )
+        outcomes = [
+            to_defer_request(
+                row, allowed_prefixes=self.settings.allowed_trigger_prefixes, cipher=self._cipher
+            )
+            for row in rows
+        ]
+        rejected = [o for o in outcomes if isinstance(o, RejectedRow)]
+        requests = [o for o in outcomes if not isinstance(o, RejectedRow)]
+        await self._send_all((self.names.defer(r.queue), r.trigger_id, encode(r)) for r in requests)
+        for row, outcome in zip(rows, outcomes, strict=True):
+            self.book.handed(row.ref, None if isinstance(outcome, RejectedRow) else outcome)
+        if rejected:
+            await self._db(db.fail_rows, [(r.ref, r.reason) for r in rejected])
+            self._require()[1].failed.inc(len(rejected))
+            for r in rejected:
+                logger.warning("trigger row failed: %s", r.reason, extra={"row_id": r.ref.row_id})
+
+    async def _send_all(self, records: Any) -> None:
+        """Send ``(topic, key, value)`` records and wait until the broker has them all."""
+        producer = self._producer
+        assert producer is not None
+        pending = [
+            await producer.send(topic, value, key=key.encode()) for topic, key, value in records
+        ]
+        if pending:
+            await asyncio.gather(*pending)
+
+    # Event loop -------------------------------------------------------------------------
+
+    async def _event_loop(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=self.options.max_events)
+            records = [m for messages in batches.values() for m in messages]
+            if not records:
+                continue
+            events: list[BridgeEvent] = []
+            for message in records:
+                event = await self._read_event(message)
+                if event is not None:
+                    events.append(event)
+            if events:
+                await self.apply(events)
+            try:
+                await consumer.commit()
+            except (CommitFailedError, IllegalStateError) as exc:
+                # A rebalance took the partitions: the new owner applies the batch again,
+                # and Airflow's guard keeps the second application from changing anything.
+                logger.warning("offsets not committed: %r", exc)
+
+    async def apply(self, events: Sequence[BridgeEvent]) -> None:
+        """Write events back into Airflow in one transaction, and count them."""
+        db, metrics = self._require()
+        result = await self._db(db.apply, events)
+        self.book.applied(result.rows)
+        metrics.succeeded.inc(result.succeeded)
+        metrics.failed.inc(result.failed)
+        if result.stale:
+            logger.info("%d event(s) of rows Airflow no longer has: skipped", result.stale)
+
+    async def _read_event(self, message: Any) -> BridgeEvent | None:
+        try:
+            record = decode_as(message.value, TriggerEventRecord)
+        except SchemaError as exc:
+            letter = DeadLetter(
+                topic=message.topic,
+                partition=message.partition,
+                offset=message.offset,
+                key=message.key,
+                value=message.value,
+                error=str(exc),
+                error_type=type(exc).__name__,
+            )
+            await self._send_all([(self.names.dead, message.topic, encode(letter))])
+            logger.warning("not a trigger event on %s: dead-lettered (%s)", message.topic, exc)
+            return None
+        return bridge_event(record)
+
+    def _require(self) -> tuple[AirflowDatabase, BridgeMetrics]:
+        if self.db is None or self.metrics is None:
+            raise RuntimeError("the bridge is not started")
+        return self.db, self.metrics
+
+
+def _describe_task(task: asyncio.Task[object] | None) -> tuple[str | None, str]:
+    return None, task.get_name() if task is not None else "the bridge's event loop"

@@ -1,0 +1,116 @@
+"""``deferline airflow bridge``: the command that stands in for ``airflow triggerer``."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+from deferline.topics import Settings, run_closing
+from pydantic import ValidationError
+
+from .._options import connection_options, layout_options, logging_options, metrics_options
+from .._signals import run_until_signal
+from ._airflow_db import AirflowDatabase
+from ._bridge import AirflowBridge, BridgeOptions
+
+__all__ = ["airflow_command"]
+
+
+@click.group("airflow")
+def airflow_command() -> None:
+    """Serve an Airflow deployment's deferred tasks from deferline."""
+
+
+@airflow_command.command("bridge")
+@connection_options
+@layout_options
+@click.option(
+    "--bridge-prefix",
+    envvar="DEFERLINE_AIRFLOW_PREFIX",
+    default=None,
+    help="Topic prefix of the bridge and of the triggerers serving it "
+    "[<topic prefix>airflow., i.e. deferline.airflow.] [env: DEFERLINE_AIRFLOW_PREFIX]",
+)
+@click.option(
+    "--queues",
+    default=None,
+    help="Comma-separated Airflow trigger queues to serve (Airflow 3.2+), as "
+    "`airflow triggerer --queues`; none: rows without a queue.",
+)
+@click.option("--team", "team_name", default=None, help="Airflow team to serve (3.3+).")
+@click.option(
+    "--capacity",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    help="Trigger rows claimed at most (they run in deferline's triggerers).",
+)
+@click.option(
+    "--claim-per-loop",
+    type=click.IntRange(min=1),
+    default=5_000,
+    show_default=True,
+    help="Rows claimed per loop at most (Airflow's max_trigger_to_select_per_loop).",
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds between claim loops.",
+)
+@click.option(
+    "--max-events",
+    type=click.IntRange(min=1),
+    default=5_000,
+    show_default=True,
+    help="Events written back per database transaction at most.",
+)
+@metrics_options
+@logging_options
+def bridge_command(
+    settings: Settings,
+    bridge_prefix: str | None,
+    queues: str | None,
+    team_name: str | None,
+    capacity: int,
+    claim_per_loop: int,
+    poll_interval: float,
+    max_events: int,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Run a bridge: Airflow's triggerer to Airflow, deferline's triggerers doing the work.
+
+    Reads Airflow's configuration as every Airflow process does (AIRFLOW_HOME, airflow.cfg,
+    AIRFLOW__DATABASE__SQL_ALCHEMY_CONN, AIRFLOW__CORE__FERNET_KEY) and deferline's
+    (DEFERLINE_*). Start deferline triggerers with `--topic-prefix` set to the bridge prefix.
+    """
+    prefix = bridge_prefix or f"{settings.topic_prefix}airflow."
+    try:
+        bridge_settings = Settings(**{**settings.model_dump(), "topic_prefix": prefix})
+    except ValidationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--bridge-prefix") from exc
+    options = BridgeOptions(
+        capacity=capacity,
+        claim_per_loop=claim_per_loop,
+        queues=tuple(q.strip() for q in (queues or "").split(",") if q.strip()),
+        team_name=team_name,
+        poll_interval=poll_interval,
+        max_events=max_events,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+    )
+    # Airflow is loaded whole here, with its database: this process is one of Airflow's. Its
+    # logging set-up comes with it; deferline's, made before, is put back afterwards.
+    os.environ.pop("_AIRFLOW__AS_LIBRARY", None)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        database = AirflowDatabase(queues=options.queues, team_name=team_name)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    run_closing(run_until_signal(AirflowBridge(bridge_settings, options, database=database)))

@@ -1,0 +1,215 @@
+"""Airflow's trigger rows as deferline's records, and back: pure, no database, no broker.
+
+A claimed row becomes a :class:`~deferline.schemas.DeferRequest` whose trigger id names the
+row (its id and its ``created_date``), so every bridge that ever claims the row publishes the
+same key, and an event coming back names the row it belongs to. The ``created_date`` guards
+against a row id the database hands out again after the row was deleted (SQLite does).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from deferline.schemas import (
+    DeferlineError,
+    DeferRequest,
+    KwargsCipher,
+    SchemaError,
+    TaskKey,
+    TriggerEventRecord,
+    dumps_value,
+    seal,
+)
+from deferline.topics import InvalidQueueName, validate_queue_name
+from pydantic import ValidationError
+
+__all__ = [
+    "BridgeEvent",
+    "ClaimedRow",
+    "RejectedRow",
+    "RowRef",
+    "bridge_event",
+    "bridge_trigger_id",
+    "parse_trigger_id",
+    "to_defer_request",
+]
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_TRIGGER_ID = re.compile(r"^airflow-(\d+)-(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class RowRef:
+    """One row of Airflow's ``trigger`` table: its id and when it was created."""
+
+    row_id: int
+    created_micros: int
+    """``created_date`` in microseconds since the epoch (UTC)."""
+
+    @classmethod
+    def of(cls, row_id: int, created: dt.datetime) -> RowRef:
+        if created.tzinfo is None:  # Airflow stores UTC; some dialects hand it back naive
+            created = created.replace(tzinfo=dt.UTC)
+        return cls(row_id, (created - _EPOCH) // dt.timedelta(microseconds=1))
+
+
+def bridge_trigger_id(row: RowRef) -> str:
+    """``airflow-<row id>-<created_date in µs since the epoch>``: the row's deferline key."""
+    return f"airflow-{row.row_id}-{row.created_micros}"
+
+
+def parse_trigger_id(trigger_id: str) -> RowRef | None:
+    """The row a bridge trigger id names; None for an id no bridge made."""
+    match = _TRIGGER_ID.fullmatch(trigger_id)
+    if match is None:
+        return None
+    return RowRef(int(match[1]), int(match[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """What the bridge read of a claimed trigger row and of the task instance waiting on it.
+
+    ``kwargs`` is None when Airflow's own code could not decrypt or read them; ``kwargs_error``
+    then says why.
+    """
+
+    ref: RowRef
+    classpath: str
+    kwargs: Mapping[str, Any] | None
+    kwargs_error: BaseException | None
+    queue: str | None
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int
+    try_number: int
+    trigger_timeout: dt.datetime | None
+    next_method: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeEvent:
+    """One trigger event to write back into Airflow (made by :func:`bridge_event`)."""
+
+    ref: RowRef
+    kind: Literal["fired", "failed", "timed_out"]
+    payload: Any = None
+    task_outcome: Literal["success", "failed", "skipped"] | None = None
+    xcoms: dict[str, Any] | None = None
+    traceback: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedRow:
+    """A row whose trigger cannot run: the task instance fails with ``reason``."""
+
+    ref: RowRef
+    reason: BadTriggerRow
+
+
+class BadTriggerRow(DeferlineError):
+    """An Airflow trigger row the bridge cannot hand to deferline (the reason says why)."""
+
+
+def _allowed(classpath: str, prefixes: Sequence[str]) -> bool:
+    for prefix in prefixes:
+        prefix = prefix.strip().rstrip(".")
+        if prefix and (classpath == prefix or classpath.startswith(prefix + ".")):
+            return True
+    return False
+
+
+def to_defer_request(
+    row: ClaimedRow,
+    *,
+    allowed_prefixes: Sequence[str],
+    cipher: KwargsCipher | None,
+) -> DeferRequest | RejectedRow:
+    """The DeferRequest of a claimed row, or why its task instance must fail instead."""
+    try:
+        return _request(row, allowed_prefixes, cipher)
+    except BadTriggerRow as exc:
+        return RejectedRow(row.ref, exc)
+
+
+def _request(
+    row: ClaimedRow, allowed_prefixes: Sequence[str], cipher: KwargsCipher | None
+) -> DeferRequest:
+    if not _allowed(row.classpath, allowed_prefixes):
+        raise BadTriggerRow(
+            f"trigger class {row.classpath!r} is not under an allowed prefix "
+            f"({', '.join(allowed_prefixes) or 'none'}); set DEFERLINE_ALLOWED_TRIGGER_PREFIXES"
+        )
+    if row.kwargs is None:
+        raise BadTriggerRow(
+            f"the trigger's kwargs cannot be read with Airflow's key: {row.kwargs_error!r}"
+        ) from row.kwargs_error
+    kwargs = dict(row.kwargs)
+    try:
+        dumps_value(kwargs)  # every value must travel as tagged JSON
+    except SchemaError as exc:
+        raise BadTriggerRow(f"the trigger's kwargs cannot travel to deferline: {exc}") from exc
+    queue = row.queue
+    if queue is not None:
+        try:
+            validate_queue_name(queue)
+        except InvalidQueueName as exc:
+            raise BadTriggerRow(str(exc)) from exc
+    try:
+        task = TaskKey(
+            dag_id=row.dag_id,
+            task_id=row.task_id,
+            run_id=row.run_id,
+            map_index=row.map_index,
+            try_number=row.try_number,
+        )
+        request = DeferRequest(
+            trigger_id=bridge_trigger_id(row.ref),
+            task=task,
+            classpath=row.classpath,
+            kwargs=kwargs,
+            next_method=row.next_method or "execute_complete",
+            timeout_at=_aware(row.trigger_timeout),
+            queue=queue,
+            # The row's own moment: a re-claim publishes the same bytes again.
+            requested_at=_EPOCH + dt.timedelta(microseconds=row.ref.created_micros),
+        )
+    except ValidationError as exc:
+        raise BadTriggerRow(f"the task instance cannot be named in deferline: {exc}") from exc
+    return seal(request, cipher)
+
+
+def _aware(moment: dt.datetime | None) -> dt.datetime | None:
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=dt.UTC)
+
+
+def bridge_event(record: TriggerEventRecord) -> BridgeEvent | None:
+    """What to write back into Airflow for one event; None when there is nothing to write.
+
+    A cancelled trigger writes nothing (its cancel came from Airflow itself), nor does an
+    event of a trigger no bridge published (another producer's key on the bridge's topics).
+    """
+    ref = parse_trigger_id(record.trigger_id)
+    if ref is None or record.status == "cancelled":
+        return None
+    if record.status == "failed":
+        lines = record.traceback.splitlines(keepends=True) if record.traceback else []
+        if record.error and not any(record.error in line for line in lines):
+            lines.append(record.error + "\n")
+        return BridgeEvent(ref, "failed", traceback=lines)
+    if record.status == "timed_out":
+        return BridgeEvent(ref, "timed_out")
+    return BridgeEvent(
+        ref,
+        "fired",
+        payload=record.payload,
+        task_outcome=record.task_outcome,
+        xcoms=dict(record.xcoms) if record.xcoms is not None else None,
+    )

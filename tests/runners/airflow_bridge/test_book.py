@@ -1,0 +1,50 @@
+"""The bridge's book of handed rows: which vanished rows owe deferline a cancel."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from deferline.runners.airflow_bridge._book import RowBook
+from deferline.runners.airflow_bridge._rows import RowRef, bridge_trigger_id
+from deferline.schemas import DeferRequest, TaskKey
+
+T0 = dt.datetime(2026, 11, 25, tzinfo=dt.UTC)
+
+
+def handed(book: RowBook, row_id: int, queue: str | None = None) -> RowRef:
+    ref = RowRef.of(row_id, T0)
+    request = DeferRequest(
+        trigger_id=bridge_trigger_id(ref),
+        task=TaskKey(dag_id="d", task_id=f"t{row_id}", run_id="r"),
+        classpath="x.Trigger",
+        queue=queue,
+    )
+    book.handed(ref, request)
+    return ref
+
+
+def test_only_rows_airflow_deleted_unapplied_are_cancelled() -> None:
+    book = RowBook()
+    handed(book, 1)
+    applied = handed(book, 2)
+    handed(book, 3, queue="fast")
+    handed(book, 4)
+    book.handed(RowRef.of(5, T0), None)  # failed in Airflow: nothing runs in deferline
+    book.applied([applied, RowRef.of(99, T0)])
+    assert book.unseen({1, 2, 6}) == {6}
+    vanished = book.vanished({4})
+    assert vanished == {1, 2, 3, 5}
+    # Row 1 was claimed by another triggerer (still exists): left alone.
+    cancels = book.settle(vanished, deleted={2, 3, 5})
+    assert [(c.trigger_id, queue) for c, queue in cancels] == [
+        (bridge_trigger_id(RowRef.of(3, T0)), "fast")
+    ]
+    assert len(book) == 1
+
+
+def test_an_event_of_an_older_row_under_the_same_id_does_not_count() -> None:
+    book = RowBook()
+    handed(book, 1)
+    book.applied([RowRef.of(1, T0 - dt.timedelta(seconds=1))])
+    cancels = book.settle({1}, deleted={1})
+    assert len(cancels) == 1

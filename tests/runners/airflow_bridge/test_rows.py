@@ -1,0 +1,146 @@
+"""Airflow's trigger rows as deferline records, and events back: pure, without Airflow."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from deferline.runners.airflow_bridge._rows import (
+    BridgeEvent,
+    ClaimedRow,
+    RejectedRow,
+    RowRef,
+    bridge_event,
+    bridge_trigger_id,
+    parse_trigger_id,
+    to_defer_request,
+)
+from deferline.schemas import (
+    DeferRequest,
+    KwargsCipher,
+    TaskKey,
+    TriggerEventRecord,
+    encode,
+    make_event_id,
+    open_kwargs,
+)
+
+CREATED = dt.datetime(2026, 11, 25, 12, 0, 0, 123456, tzinfo=dt.UTC)
+DATETIME = "airflow.providers.standard.triggers.temporal.DateTimeTrigger"
+ALLOWED = ["airflow.providers.standard.triggers"]
+
+
+def row(**overrides: Any) -> ClaimedRow:
+    values: dict[str, Any] = {
+        "ref": RowRef.of(7, CREATED),
+        "classpath": DATETIME,
+        "kwargs": {"moment": CREATED + dt.timedelta(hours=1), "end_from_trigger": False},
+        "kwargs_error": None,
+        "queue": None,
+        "dag_id": "dag",
+        "task_id": "wait",
+        "run_id": "manual__2026-11-25T12:00:00+00:00",
+        "map_index": -1,
+        "try_number": 1,
+        "trigger_timeout": None,
+        "next_method": "execute_complete",
+    }
+    return ClaimedRow(**(values | overrides))
+
+
+def test_the_trigger_id_names_the_row_and_its_creation() -> None:
+    ref = RowRef.of(7, CREATED)
+    assert bridge_trigger_id(ref) == f"airflow-7-{ref.created_micros}"
+    assert parse_trigger_id(bridge_trigger_id(ref)) == ref
+    # A naive created_date (some dialects) is UTC, the same row.
+    assert RowRef.of(7, CREATED.replace(tzinfo=None)) == ref
+    assert parse_trigger_id("6f1c2d0e-9a43-4f57-8f3e-1f0a4d2b7c55") is None
+
+
+def test_a_row_made_anew_under_the_same_id_is_another_trigger() -> None:
+    later = RowRef.of(7, CREATED + dt.timedelta(microseconds=1))
+    assert bridge_trigger_id(later) != bridge_trigger_id(RowRef.of(7, CREATED))
+
+
+def test_a_row_becomes_the_same_request_bytes_on_every_claim() -> None:
+    timeout = CREATED + dt.timedelta(minutes=5)
+    first = to_defer_request(row(trigger_timeout=timeout), allowed_prefixes=ALLOWED, cipher=None)
+    again = to_defer_request(row(trigger_timeout=timeout), allowed_prefixes=ALLOWED, cipher=None)
+    assert isinstance(first, DeferRequest)
+    assert isinstance(again, DeferRequest)
+    assert encode(first) == encode(again)
+    assert first.trigger_id == bridge_trigger_id(RowRef.of(7, CREATED))
+    assert first.task == TaskKey(
+        dag_id="dag", task_id="wait", run_id="manual__2026-11-25T12:00:00+00:00", try_number=1
+    )
+    assert first.timeout_at == timeout
+    assert first.kwargs["moment"] == CREATED + dt.timedelta(hours=1)
+
+
+def test_kwargs_are_sealed_with_deferlines_keys_when_set() -> None:
+    cipher = KwargsCipher([KwargsCipher.generate_key()])
+    request = to_defer_request(row(), allowed_prefixes=ALLOWED, cipher=cipher)
+    assert isinstance(request, DeferRequest)
+    assert request.kwargs == {}
+    assert request.kwargs_token is not None
+    assert open_kwargs(request, cipher) == dict(row().kwargs or {})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"classpath": "evil.Trigger"}, "is not under an allowed prefix"),
+        (
+            {"kwargs": None, "kwargs_error": ValueError("InvalidToken")},
+            "cannot be read with Airflow's key",
+        ),
+        ({"kwargs": {"thing": object()}}, "cannot travel to deferline"),
+        ({"queue": "no spaces allowed"}, "queue name"),
+        ({"dag_id": "bad dag id"}, "cannot be named in deferline"),
+    ],
+)
+def test_a_row_that_cannot_run_is_rejected_with_its_reason(
+    overrides: dict[str, Any], reason: str
+) -> None:
+    outcome = to_defer_request(row(**overrides), allowed_prefixes=ALLOWED, cipher=None)
+    assert isinstance(outcome, RejectedRow)
+    assert reason in str(outcome.reason)
+
+
+def test_a_prefix_allows_its_modules_not_its_lookalikes() -> None:
+    lookalike = "airflow.providers.standard.triggersX.Trigger"
+    outcome = to_defer_request(row(classpath=lookalike), allowed_prefixes=ALLOWED, cipher=None)
+    assert isinstance(outcome, RejectedRow)
+
+
+def event(status: str, **fields: Any) -> TriggerEventRecord:
+    trigger_id = bridge_trigger_id(RowRef.of(7, CREATED))
+    payload = fields.pop("payload", None)
+    return TriggerEventRecord(
+        event_id=make_event_id(trigger_id, status, payload),
+        trigger_id=trigger_id,
+        task=TaskKey(dag_id="dag", task_id="wait", run_id="r"),
+        status=status,
+        payload=payload,
+        **fields,
+    )
+
+
+def test_events_map_onto_what_airflow_writes() -> None:
+    ref = RowRef.of(7, CREATED)
+    assert bridge_event(event("fired", payload={"status": "ok"})) == BridgeEvent(
+        ref, "fired", payload={"status": "ok"}
+    )
+    ended = bridge_event(event("fired", task_outcome="success", xcoms={"k": 1}))
+    assert ended == BridgeEvent(ref, "fired", task_outcome="success", xcoms={"k": 1})
+    failed = bridge_event(
+        event("failed", error="RuntimeError: boom", traceback="Traceback:\n  x\nRuntimeError: boom")
+    )
+    assert failed == BridgeEvent(
+        ref, "failed", traceback=["Traceback:\n", "  x\n", "RuntimeError: boom"]
+    )
+    bad = bridge_event(event("failed", error="TriggerImportError: no such class"))
+    assert bad == BridgeEvent(ref, "failed", traceback=["TriggerImportError: no such class\n"])
+    assert bridge_event(event("timed_out")) == BridgeEvent(ref, "timed_out")
+    assert bridge_event(event("cancelled", payload={"reason": "cleared"})) is None
