@@ -15,9 +15,10 @@ writes for that moment), and starts:
   ``deferline triggerer`` on a Tansu or Apache Kafka broker.
 
 Clock: from the due moment until no task instance is ``deferred`` (polled every 20 ms).
-Reported per contender: that time, the CPU seconds of its processes (all of them: Airflow's
-triggerer runs a trigger subprocess) per resumed task, and the peak RSS of its main process
-(the bridge's, for the bridge). Runs on the Airflow line installed in the interpreter
+Reported per contender: that time, the CPU per resumed task of its main process (with its
+children: Airflow's triggerer runs its triggers in a subprocess; the bridge's) and of all its
+processes (the bridge's with the deferline triggerer's), from start to the end, and the peak RSS
+of its main process. Runs on the Airflow line installed in the interpreter
 (``.venv``: Airflow 3; ``.venv-airflow2``: 2.10).
 
 Run: .venv/bin/python -m bench.bench_airflow_bridge --n 10000 [--contenders airflow bridge-tansu]
@@ -31,6 +32,8 @@ import asyncio
 import contextlib
 import datetime as dt
 import importlib.metadata
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +45,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from bench._harness import cpu_seconds, local_broker, machine_line, peak_rss_mb
+from tests.airflow_line import STANDARD_TRIGGERS
 from tests.integration import _airflow_seed as seeding
 from tests.integration._postgres import PostgresServer, postgres_bin
 
@@ -69,7 +73,7 @@ class Processes:
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
-        self._cpu: dict[int, float] = {}
+        self._cpu: dict[tuple[int, int], float] = {}
 
     def start(self, command: list[str], env: dict[str, str], log: Path) -> None:
         self.procs.append(
@@ -84,13 +88,14 @@ class Processes:
 
     def sample(self) -> None:
         """Remember each live process's CPU so far (a child may end before the end)."""
-        for proc in self.procs:
+        for index, proc in enumerate(self.procs):
             for pid in _descendants(proc.pid):
                 with contextlib.suppress(OSError):
-                    self._cpu[pid] = cpu_seconds(pid)
+                    self._cpu[index, pid] = cpu_seconds(pid)
 
-    def cpu_seconds(self) -> float:
-        return sum(self._cpu.values())
+    def cpu_seconds(self, index: int | None = None) -> float:
+        """CPU of all the processes, or of the ``index``-th started and its children."""
+        return sum(cpu for (i, _), cpu in self._cpu.items() if index in (None, i))
 
     def peak_rss_mb(self) -> float:
         return peak_rss_mb(self.procs[0].pid)
@@ -112,24 +117,16 @@ def _start_airflow(
 
 
 def _start_bridge(processes: Processes, env: dict[str, str], workdir: Path, bootstrap: str) -> None:
-    deferline = {**env, "DEFERLINE_BOOTSTRAP_SERVERS": bootstrap}
-    processes.start(
-        [str(BIN / "deferline"), "airflow", "bridge"], deferline, workdir / "bridge.log"
-    )
-    processes.start(
-        [
-            str(BIN / "deferline"),
-            "triggerer",
-            "--topic-prefix",
-            "airflow.",
-            "--state-dir",
-            str(workdir / "triggerer-state"),
-            "--log-level",
-            "WARNING",
-        ],
-        deferline,
-        workdir / "triggerer.log",
-    )
+    """The bridge first (its main process is the one whose RSS is reported), then one
+    triggerer on the bridge's topic prefix; Airflow's DateTimeTrigger allowed in both."""
+    deferline = {**env, "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": STANDARD_TRIGGERS}
+    connection = ["--bootstrap-servers", bootstrap, "--topic-prefix", f"bench{os.getpid()}."]
+    quiet = ["--log-level", "WARNING"]
+    bridge = [str(BIN / "deferline"), "airflow", "bridge", *connection, *quiet]
+    processes.start([*bridge, "--bridge-prefix", connection[-1]], deferline, workdir / "bridge.log")
+    state = ["--state-dir", str(workdir / "triggerer-state")]
+    triggerer = [str(BIN / "deferline"), "triggerer", *connection, *state, *quiet]
+    processes.start(triggerer, deferline, workdir / "triggerer.log")
 
 
 STARTERS: dict[str, Callable[[Processes, dict[str, str], Path, str], None]] = {
@@ -176,7 +173,9 @@ async def measure(
     """One contender on a fresh copy of the seeded database."""
     url = server.create_database(_database(contender), template=seeded)
     env = seeding.airflow_env(home, url)
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{contender}-"))
+    workdir = home / f"run-{contender}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir()
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     query = text("SELECT count(*) FROM task_instance WHERE state = 'deferred'")
     processes = Processes()
@@ -198,12 +197,14 @@ async def measure(
                         await asyncio.sleep(POLL_S)
                 elapsed = time.time() - moment.timestamp()
             processes.sample()
+            resumed = max(1, n - left)
             figures = {
                 "contender": contender,
                 "n": n,
                 "due_to_none_deferred_s": round(elapsed, 2),
                 "left_deferred": left,
-                "cpu_ms_per_task": round(1000 * processes.cpu_seconds() / max(1, n - left), 3),
+                "main_cpu_ms_per_task": round(1000 * processes.cpu_seconds(0) / resumed, 3),
+                "all_cpu_ms_per_task": round(1000 * processes.cpu_seconds() / resumed, 3),
                 "peak_rss_mb": round(processes.peak_rss_mb(), 1),
             }
         finally:
@@ -216,8 +217,10 @@ async def run(args: argparse.Namespace) -> None:
     version = importlib.metadata.version("apache-airflow")
     print(machine_line(), f"Airflow {version}, PostgreSQL from {postgres_bin()}")
     keep = args.keep / f"airflow{version}" if args.keep else None
-    home = keep / "home" if keep else Path(tempfile.mkdtemp(prefix="bench-airflow-home-"))
-    with _postgres(keep and keep / "postgres") as server:
+    with contextlib.ExitStack() as stack:
+        temporary = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-airflow-")))
+        home = keep / "home" if keep else temporary
+        server = stack.enter_context(_postgres(keep and keep / "postgres"))
         if not server.has_database("migrated"):
             seeding.migrate(seeding.airflow_env(home, server.create_database("migrated")))
         for n in args.n:
@@ -238,7 +241,13 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, nargs="+", default=[10_000])
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument(
+        "--contenders",
+        nargs="*",
+        choices=CONTENDERS,
+        default=list(CONTENDERS),
+        help="none: seed only",
+    )
     parser.add_argument(
         "--margin", type=float, help="seconds from start to due (default 10 + N/2,000)"
     )
