@@ -1,12 +1,12 @@
 """Airflow's metadata database, through Airflow's own models: the bridge's only door to it.
 
-Synchronous (SQLAlchemy, as Airflow is): the bridge calls it from one worker thread. Every
-write goes through Airflow's own model code (``Job``, ``Trigger.assign_unassigned``,
-``Trigger.ids_for_triggerer``, ``Trigger.submit_event``, ``Trigger.submit_failure``,
-``Trigger.clean_unused``), so the rows it writes are the rows Airflow's triggerer writes;
-the one write Airflow makes elsewhere, a trigger timeout, is the statement of Airflow's
-scheduler (``check_trigger_timeouts``) for the timed-out trigger alone. Many events are
-applied in one session and one commit.
+Synchronous (SQLAlchemy, as Airflow is): the bridge calls it from one worker thread. Claims,
+the job row, failures and clean-up go through Airflow's own model code (``Job``,
+``Trigger.assign_unassigned``, ``Trigger.ids_for_triggerer``, ``Trigger.submit_failure``,
+``Trigger.clean_unused``). Fired events go through Airflow's own per-task-instance function,
+the task instances selected once per batch instead of once per event (:meth:`apply`). The one
+write Airflow makes elsewhere, a trigger timeout, is the statement of Airflow's scheduler
+(``check_trigger_timeouts``) for the timed-out triggers alone. A batch is one commit.
 """
 
 from __future__ import annotations
@@ -65,10 +65,13 @@ class AirflowDatabase:
         self._state: Any = importlib.import_module("airflow.utils.state").TaskInstanceState
         self._events: Any = importlib.import_module("airflow.triggers.base")
         self._sa: Any = importlib.import_module("sqlalchemy")
+        self.transient: type[Exception] = importlib.import_module("sqlalchemy.exc").OperationalError
+        """The database failed for a moment (connection lost, locked): nothing was written."""
         reason = getattr(trigger_module, "TriggerFailureReason", None)
         self._timeout_reason: Any = reason.TRIGGER_TIMEOUT if reason else _TIMEOUT_REASON_2
         self._fail_repr: str = getattr(trigger_module, "TRIGGER_FAIL_REPR", "__fail__")
         self._airflow2 = self.version.startswith("2.")
+        self._handle_event_submit: Any = getattr(trigger_module, "handle_event_submit", None)
         params = inspect.signature(self._trigger.assign_unassigned).parameters
         # Only what this Airflow knows: queues came in 3.2, teams in 3.3.
         self._queue_kw: dict[str, Any] = {}
@@ -187,7 +190,7 @@ class AirflowDatabase:
                         classpath=row.classpath,
                         kwargs=kwargs,
                         kwargs_error=error,
-                        queue=row.queue,
+                        queue=getattr(row, "queue", None),  # 3.2+
                         dag_id=task.dag_id,
                         task_id=task.task_id,
                         run_id=task.run_id,
@@ -237,40 +240,96 @@ class AirflowDatabase:
     def apply(self, events: Sequence[BridgeEvent]) -> AppliedEvents:
         """Write ``events`` back with Airflow's own semantics, all in one transaction.
 
-        An event whose row is gone, or was made anew under the same id, is stale and skipped;
-        Airflow's own guard (the task instance still ``deferred`` on that trigger) decides
-        the rest, so an event applied twice changes nothing the second time.
+        An event whose row is gone, or was made anew under the same id, is stale and skipped.
+        Airflow's guard (the task instance still ``deferred`` on that trigger) decides the
+        rest: whatever the first event of a row does moves every task instance waiting on it
+        out of ``deferred``, so a later event of the same row in the batch is skipped as the
+        no-op it would be, and an event applied again in a later batch changes nothing.
+
+        Where Airflow's ``Trigger.submit_event`` selects the waiting task instances once per
+        event, this selects them once per batch, with the same condition, and hands each to
+        Airflow's own per-task-instance function (``handle_event_submit``; 2.10:
+        ``TriggerEvent.handle_submit``). A row with assets or a callback, and an event that
+        ends the task from the trigger, take ``Trigger.submit_event`` whole. The integration
+        test applies the same events both ways on two copies of one database and compares
+        the rows.
         """
-        succeeded = failed = timed_out = stale = 0
-        applied: set[RowRef] = set()
+        first: dict[RowRef, BridgeEvent] = {}
+        for event in events:
+            first.setdefault(event.ref, event)
         on_their_own: list[BridgeEvent] = []
+        timeouts: list[int] = []
         with self._session() as session:
-            live = self._live(session, [e.ref for e in events])
-            for event in events:
-                if event.ref not in live:
-                    stale += 1
-                    continue
-                applied.add(event.ref)
-                if event.kind == "fired" and event.task_outcome is not None and self._airflow2:
+            live = self._live(session, list(first))
+            todo = [event for ref, event in first.items() if ref in live]
+            fired = [e.ref.row_id for e in todo if e.kind == "fired" and e.task_outcome is None]
+            waiting = self._waiting(session, fired)
+            whole = self._with_assets_or_callbacks(session, fired)
+            for event in todo:
+                row_id = event.ref.row_id
+                if event.kind == "failed":
+                    self._trigger.submit_failure(row_id, exc=self._failure(event), session=session)
+                elif event.kind == "timed_out":
+                    timeouts.append(row_id)
+                elif event.task_outcome is not None:
                     on_their_own.append(event)
-                elif event.kind == "fired":
-                    self._trigger.submit_event(
-                        event.ref.row_id, self._airflow_event(event), session=session
-                    )
-                elif event.kind == "failed":
-                    self._trigger.submit_failure(
-                        event.ref.row_id, exc=self._failure(event), session=session
-                    )
+                elif row_id in whole:
+                    self._trigger.submit_event(row_id, self._airflow_event(event), session=session)
                 else:
-                    self._time_out(session, event.ref.row_id)
-                succeeded += event.kind == "fired"
-                failed += event.kind == "failed"
-                timed_out += event.kind == "timed_out"
-        # Airflow 2.10 ends a task from its trigger in sessions of its own (set_state, the
-        # callback, the XComs): one event at a time, exactly as its own triggerer calls it.
+                    airflow_event = self._airflow_event(event)
+                    for task_instance in waiting.get(row_id, ()):
+                        self._handle_submit(airflow_event, task_instance, session)
+            if timeouts:
+                self._time_out(session, timeouts)
+        # Airflow ends a task from its trigger partly in sessions of its own (the XComs; on
+        # 2.10 set_state and the callback too), which commit and close the thread's session:
+        # after the batch, one event at a time, exactly as its own triggerer calls it.
         for event in on_their_own:
             self._trigger.submit_event(event.ref.row_id, self._airflow_event(event))
-        return AppliedEvents(succeeded, failed, timed_out, stale, frozenset(applied))
+        kinds = [e.kind for e in todo]
+        return AppliedEvents(
+            succeeded=kinds.count("fired"),
+            failed=kinds.count("failed"),
+            timed_out=kinds.count("timed_out"),
+            stale=len(events) - len(todo),
+            rows=frozenset(e.ref for e in todo),
+        )
+
+    def _waiting(self, session: Any, row_ids: Sequence[int]) -> dict[int, list[Any]]:
+        """The task instances deferred on each of ``row_ids`` (``submit_event``'s selection)."""
+        ti = self._ti
+        waiting: dict[int, list[Any]] = {}
+        if row_ids:
+            found = session.scalars(
+                self._sa.select(ti).where(
+                    ti.trigger_id.in_(row_ids), ti.state == self._state.DEFERRED
+                )
+            )
+            for task_instance in found:
+                waiting.setdefault(task_instance.trigger_id, []).append(task_instance)
+        return waiting
+
+    def _with_assets_or_callbacks(self, session: Any, row_ids: Sequence[int]) -> set[int]:
+        trigger = self._trigger
+        if not row_ids or not hasattr(trigger, "asset_watchers"):  # 2.10: neither exists
+            return set()
+        return set(
+            session.scalars(
+                self._sa.select(trigger.id).where(
+                    trigger.id.in_(row_ids),
+                    self._sa.or_(trigger.assets.any(), trigger.callback.has()),
+                )
+            )
+        )
+
+    def _handle_submit(self, event: Any, task_instance: Any, session: Any) -> None:
+        """Airflow's own handling of one event for one waiting task instance."""
+        if self._handle_event_submit is None:  # Airflow 2.10
+            # In this session: 2.10's own call opens one of its own, which is this same
+            # thread-local session, and closes it, detaching the batch's other rows.
+            event.handle_submit(task_instance=task_instance, session=session)
+        else:
+            self._handle_event_submit(event, task_instance=task_instance, session=session)
 
     def _live(self, session: Any, refs: Sequence[RowRef]) -> set[RowRef]:
         trigger = self._trigger
@@ -300,12 +359,12 @@ class AirflowDatabase:
             return TriggerFailed("".join(lines).rstrip("\n"))
         return lines
 
-    def _time_out(self, session: Any, row_id: int) -> None:
-        """Airflow's scheduler's ``check_trigger_timeouts``, for this trigger's task only."""
+    def _time_out(self, session: Any, row_ids: Sequence[int]) -> None:
+        """Airflow's scheduler's ``check_trigger_timeouts``, for these triggers' tasks only."""
         ti, state = self._ti, self._state
         session.execute(
             self._sa.update(ti)
-            .where(ti.trigger_id == row_id, ti.state == state.DEFERRED)
+            .where(ti.trigger_id.in_(row_ids), ti.state == state.DEFERRED)
             .values(
                 state=state.SCHEDULED,
                 next_method=self._fail_repr,

@@ -1,11 +1,12 @@
 """``AirflowBridge``: Airflow's triggerer as Airflow sees it, deferline's triggerers doing the work.
 
-Two loops share one worker thread for the database (Airflow's models are synchronous):
+Three loops share one worker thread for the database (Airflow's models are synchronous):
 
-* the **claim loop**, once per ``poll_interval`` as Airflow's triggerer loops: heartbeat the
-  ``TriggererJob`` row, claim rows (``Trigger.assign_unassigned``), publish a DeferRequest
-  for each new row on the bridge prefix's defer topic (or fail its task instance when the
-  row cannot run), cancel in deferline the rows Airflow deleted, run ``clean_unused``;
+* the **heartbeat** of the ``TriggererJob`` row, every ``[triggerer] job_heartbeat_sec``;
+* the **claim loop**, once per ``poll_interval`` as Airflow's triggerer loops: claim rows
+  (``Trigger.assign_unassigned``), publish a DeferRequest for each new row on the bridge
+  prefix's defer topic (or fail its task instance when the row cannot run), cancel in
+  deferline the rows Airflow deleted, run ``clean_unused``;
 * the **event loop**: the consumer group ``<prefix>bridge`` on the resume topics, each batch
   of events written back into Airflow in one transaction, offsets committed after it.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,7 +48,7 @@ from .._metrics import MetricsServer
 from ._airflow_db import AirflowDatabase
 from ._book import RowBook
 from ._metrics import BridgeMetrics
-from ._rows import BridgeEvent, RejectedRow, bridge_event, to_defer_request
+from ._rows import BridgeEvent, RejectedRow, RowRef, bridge_event, to_defer_request
 from ._state import BridgeLifecycle, BridgeState
 
 __all__ = ["AirflowBridge", "BridgeOptions"]
@@ -117,7 +117,7 @@ class AirflowBridge(Lifecycle):
         self._server: MetricsServer | None = None
         self._watchdog: LoopWatchdog | None = None
         self._loops: list[asyncio.Task[None]] = []
-        self._last_heartbeat = 0.0
+        self._handed_back: set[RowRef] = set()  # logged once each
 
     @property
     def state(self) -> BridgeState:
@@ -139,7 +139,6 @@ class AirflowBridge(Lifecycle):
             )
         db = self.db
         job_id = await self._db(db.start_job)
-        self._last_heartbeat = time.monotonic()
         self.metrics = metrics = BridgeMetrics(hostname=db.hostname, capacity=options.capacity)
         queues: Sequence[str | None] = options.queues or (None,)
         wanted = {self.names.defer(q) for q in queues} | {self.names.resume(q) for q in queues}
@@ -164,6 +163,7 @@ class AirflowBridge(Lifecycle):
         )
         self._watchdog.start()
         self._loops = [
+            asyncio.create_task(self._heartbeat_loop(), name="airflow-bridge-heartbeat"),
             asyncio.create_task(self._claim_loop(), name="airflow-bridge-claim"),
             asyncio.create_task(self._event_loop(), name="airflow-bridge-events"),
         ]
@@ -225,18 +225,26 @@ class AirflowBridge(Lifecycle):
 
     # Claim loop -------------------------------------------------------------------------
 
-    async def _claim_loop(self) -> None:
+    async def _heartbeat_loop(self) -> None:
+        """The job row's heartbeat, on its own clock: a long claim or batch does not delay it
+        past ``job_heartbeat_sec`` more than the one database call in flight."""
+        db, _ = self._require()
         while True:
-            await self.claim_once()
+            await asyncio.sleep(db.heartrate)
+            await self._db(db.heartbeat)
+
+    async def _claim_loop(self) -> None:
+        db, _ = self._require()
+        while True:
+            try:
+                await self.claim_once()
+            except db.transient as exc:  # the database away for a moment: try again
+                logger.warning("claim loop: Airflow's database failed: %s", exc)
             await asyncio.sleep(self.options.poll_interval)
 
     async def claim_once(self) -> None:
         """One pass of the claim loop (public for tests)."""
         db, metrics = self._require()
-        now = time.monotonic()
-        if now - self._last_heartbeat >= db.heartrate:
-            await self._db(db.heartbeat)
-            self._last_heartbeat = now
         options = self.options
         owned = await self._db(db.claim, options.capacity, options.claim_per_loop)
         unseen = self.book.unseen(owned)
@@ -262,10 +270,14 @@ class AirflowBridge(Lifecycle):
         if others:
             # Asset watchers and callbacks: not run through deferline yet (docs/airflow.md).
             await self._db(db.release, others)
-            logger.warning(
-                "trigger rows without a task instance handed back (asset watchers, callbacks)",
-                extra={"rows": [r.row_id for r in others]},
-            )
+            new = [r.row_id for r in others if r not in self._handed_back]
+            self._handed_back.update(others)
+            if new:
+                logger.warning(
+                    "trigger rows without a task instance handed back (asset watchers, "
+                    "callbacks): keep an `airflow triggerer` running for them",
+                    extra={"rows": new},
+                )
         outcomes = [
             to_defer_request(
                 row, allowed_prefixes=self.settings.allowed_trigger_prefixes, cipher=self._cipher
@@ -308,8 +320,13 @@ class AirflowBridge(Lifecycle):
                 event = await self._read_event(message)
                 if event is not None:
                     events.append(event)
-            if events:
-                await self.apply(events)
+            while events:
+                try:
+                    await self.apply(events)
+                    break
+                except self._require()[0].transient as exc:  # nothing committed: again
+                    logger.warning("write-back failed, retrying: %s", exc)
+                    await asyncio.sleep(self.options.poll_interval)
             try:
                 await consumer.commit()
             except (CommitFailedError, IllegalStateError) as exc:

@@ -109,6 +109,13 @@ def bridge_command(
     handlers, level = root.handlers[:], root.level
     try:
         database = AirflowDatabase(queues=options.queues, team_name=team_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "airflow":
+            raise
+        raise click.UsageError(
+            "Airflow is not installed here: run the bridge where your Airflow processes run "
+            "(pip install 'deferline[airflow]', or 'deferline[airflow2]' for 2.10)"
+        ) from exc
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     root.handlers[:] = handlers

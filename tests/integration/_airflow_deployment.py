@@ -61,6 +61,8 @@ class AirflowDeployment:
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(dags), os.environ.get("PYTHONPATH", "")) if p
             ),
+            # Airflow's executors start `airflow tasks run` from the PATH.
+            "PATH": os.pathsep.join((str(Path(AIRFLOW).parent), os.environ.get("PATH", ""))),
         }
         if self.line >= 3:
             port = _free_port()
@@ -146,6 +148,14 @@ class AirflowDeployment:
             rows = list(db.execute(sql, params).fetchall())
             db.commit()
             return rows
+
+    def snapshot(self, to: Path) -> None:
+        """A consistent copy of Airflow's database as it is now (SQLite's backup)."""
+        with (
+            contextlib.closing(sqlite3.connect(self.db_path, timeout=30)) as source,
+            contextlib.closing(sqlite3.connect(to)) as copy,
+        ):
+            source.backup(copy)
 
     def wait_for(self, sql: str, *params: object, timeout: float = 120) -> list[tuple[object, ...]]:
         """Poll ``sql`` until it returns a row (raise after ``timeout`` seconds)."""

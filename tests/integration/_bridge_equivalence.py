@@ -1,0 +1,90 @@
+"""Apply one set of events to an Airflow database, Airflow's way or the bridge's; print the rows.
+
+``python -m tests.integration._bridge_equivalence airflow|bridge`` in the environment of an
+Airflow deployment (``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` names the copy to write). Run once
+each way on two copies of one database, the printed rows must be equal: the bridge's batched
+write-back (:meth:`AirflowDatabase.apply`) writes what Airflow's own ``Trigger.submit_event`` /
+``submit_failure``, called once per event, write.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from typing import Any
+
+from deferline.runners.airflow_bridge._airflow_db import AirflowDatabase
+from deferline.runners.airflow_bridge._rows import BridgeEvent, RowRef
+
+DAG = "bridge_bad_input"
+# Columns whose values are the clock at the write (they differ between two runs).
+CLOCK = {"scheduled_dttm", "updated_at", "end_date", "duration", "start_date", "timestamp"}
+TRACEBACK = ["Traceback (most recent call last):\n", "RuntimeError: it broke there\n"]
+
+
+def events(db: AirflowDatabase) -> list[BridgeEvent]:
+    """Each kind of event, a duplicate and a stale one, for the bad-input DAG's tasks."""
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.models.trigger import Trigger
+    from sqlalchemy import select
+
+    refs: dict[str, RowRef] = {}
+    with db._session() as session:
+        for task_id, row_id, created in session.execute(
+            select(TI.task_id, Trigger.id, Trigger.created_date)
+            .join(Trigger, Trigger.id == TI.trigger_id)
+            .where(TI.dag_id == DAG)
+        ):
+            refs[task_id] = RowRef.of(row_id, created)
+    moment = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
+    return [
+        BridgeEvent(refs["class_not_allowed"], "fired", payload={"n": 1, "at": moment}),
+        BridgeEvent(refs["kwargs_undecryptable"], "failed", traceback=TRACEBACK),
+        BridgeEvent(
+            refs["class_missing"], "fired", task_outcome="success", xcoms={"k": "v", "n": 2}
+        ),
+        BridgeEvent(refs["good_neighbour"], "fired", payload="first"),
+        BridgeEvent(refs["good_neighbour"], "fired", payload="second"),  # a no-op
+        BridgeEvent(RowRef(10_000, 0), "fired", payload="of a row long gone"),
+    ]
+
+
+def airflow_way(db: AirflowDatabase, batch: list[BridgeEvent]) -> None:
+    """Airflow's triggerer's way: ``submit_event`` / ``submit_failure`` once per event."""
+    from airflow.models.trigger import Trigger
+
+    for event in batch:
+        if event.kind == "failed":
+            Trigger.submit_failure(event.ref.row_id, exc=db._failure(event))
+        else:
+            Trigger.submit_event(event.ref.row_id, db._airflow_event(event))
+
+
+def rows(db: AirflowDatabase) -> dict[str, Any]:
+    from sqlalchemy import text
+
+    out: dict[str, Any] = {}
+    with db._session() as session:
+        for table, key in (("task_instance", "task_id"), ("xcom", "key")):
+            query = text(f"SELECT * FROM {table} WHERE dag_id = :d")
+            found = session.execute(query, {"d": DAG}).mappings()
+            out[table] = sorted(
+                ({c: str(v) for c, v in row.items() if c not in CLOCK} for row in found),
+                key=lambda row: row[key],
+            )
+    return out
+
+
+def main(way: str) -> None:
+    db = AirflowDatabase(queues=None, team_name=None)
+    batch = events(db)
+    if way == "airflow":
+        airflow_way(db, batch)
+    else:
+        db.apply(batch)
+    print(json.dumps(rows(db)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
