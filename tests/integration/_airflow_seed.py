@@ -8,9 +8,10 @@ Everything goes through Airflow's own code, on the line installed in the interpr
   ``SerializedDagModel.write_dag``);
 - one DAG run made by ``create_dagrun``, whose ``verify_integrity`` bulk-inserts the N mapped
   task instances (``bulk_insert_mappings``);
-- the N queued at once with the scheduler's single ``UPDATE`` (state ``queued``,
-  ``queued_dttm``), the one step not done by an Airflow function (the scheduler's own query
-  also checks pools and concurrency, which would queue 16 at a time);
+- the N scheduled by the scheduler's ``DagRun.schedule_tis`` (bulk UPDATEs: ``scheduled``,
+  ``try_number`` 1), then queued at once with the scheduler's single ``UPDATE`` (state
+  ``queued``, ``queued_dttm``), the one step not done by an Airflow function (the scheduler's
+  own query also checks pools and concurrency, which would queue 16 at a time);
 - Airflow 3: each task instance started and deferred through the Execution API's handlers
   (``ti_run``, then ``ti_update_state`` with the ``TIDeferredStatePayload`` the Task SDK's
   ``_defer_task`` sends for ``DateTimeSensorAsync.execute``), called in process with a
@@ -128,17 +129,26 @@ def _write_dag(n: int, moment: dt.datetime) -> Path:
     return path
 
 
-def _queue_all() -> None:
-    """Queue every task instance of the run, with the scheduler's UPDATE."""
+def _schedule_and_queue(task: Any) -> None:
+    """Schedule the run's task instances as the scheduler does (``DagRun.schedule_tis``:
+    state ``scheduled``, ``try_number`` + 1, in bulk), then queue them all with the scheduler's
+    UPDATE."""
+    from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance as TI
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
-    from sqlalchemy import update
+    from sqlalchemy import select, update
 
+    ours = (TI.dag_id == DAG_ID) & (TI.run_id == RUN_ID)
     with create_session() as session:
+        run = session.scalars(select(DagRun).where(DagRun.run_id == RUN_ID)).one()
+        tis = session.scalars(select(TI).where(ours)).all()
+        for ti in tis:
+            ti.task = task
+        run.schedule_tis(tis, session=session, max_tis_per_query=BATCH)
         session.execute(
             update(TI)
-            .where(TI.dag_id == DAG_ID, TI.run_id == RUN_ID)
+            .where(ours)
             .values(state=TaskInstanceState.QUEUED, queued_dttm=dt.datetime.now(dt.UTC))
             .execution_options(synchronize_session=False)
         )
@@ -172,7 +182,7 @@ def _prepare_3(n: int, moment: dt.datetime) -> None:
             state=DagRunState.RUNNING,
             session=session,
         )
-    _queue_all()
+    _schedule_and_queue(dag.get_task(TASK_ID))
 
 
 class _Token:
@@ -272,7 +282,7 @@ def _prepare_2(n: int, moment: dt.datetime) -> None:
         run_type=DagRunType.MANUAL,
         state=DagRunState.RUNNING,
     )
-    _queue_all()
+    _schedule_and_queue(dag.get_task(TASK_ID))
 
 
 def _defer_2(moment: dt.datetime, part: int, parts: int) -> None:
