@@ -117,6 +117,7 @@ HEALTH_THRESHOLD_S = 10
 HEARTBEAT_S = 1
 POLL_S = 0.5
 SETUP_S = 90
+RECLAIM_LOOP_S = 5
 
 
 @pytest.fixture(scope="module")
@@ -220,14 +221,21 @@ async def test_two_bridges_one_killed_while_due_resume_each_task_once(
         await _until("the first task instance resumed", lambda: count(deferred) < HA_N, 60)
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
+        last_heartbeat = float(
+            postgres.psql(
+                f"SELECT extract(epoch FROM latest_heartbeat) FROM job WHERE id = {first_job}",
+                database,
+            )
+        )
         still_waiting = count(waiting_on.format(first_job))
         assert still_waiting > 0, "the first bridge's tasks all resumed before the kill"
         try:
-            reclaimed_s = await _until(
+            await _until(
                 "the killed bridge's waiting rows reclaimed",
                 lambda: count(waiting_on.format(first_job)) == 0,
                 HEALTH_THRESHOLD_S + 60,
             )
+            reclaimed_s = time.time() - last_heartbeat
         except AssertionError as exc:
             holders = "SELECT triggerer_id, count(*) FROM trigger GROUP BY 1 ORDER BY 1"
             jobs_now = "SELECT id, now() - latest_heartbeat, end_date FROM job ORDER BY 1"
@@ -240,9 +248,12 @@ async def test_two_bridges_one_killed_while_due_resume_each_task_once(
     finally:
         for process in processes:
             process.close()
-    # Reclaimed once the killed bridge's heartbeat was older than the threshold: within the
-    # threshold plus one claim loop (and a second of slack for a loaded machine).
-    assert reclaimed_s <= HEALTH_THRESHOLD_S + POLL_S + 1, (still_waiting, reclaimed_s)
+    # Reclaimed once the killed bridge's last heartbeat was older than the threshold, by the
+    # next claim loop of the other (which shares its database thread with writing events back).
+    assert HEALTH_THRESHOLD_S <= reclaimed_s <= HEALTH_THRESHOLD_S + RECLAIM_LOOP_S, (
+        still_waiting,
+        reclaimed_s,
+    )
     # Airflow's rows: each task instance resumed once, with its event, on its first try.
     resumed = rows(
         postgres,
