@@ -341,6 +341,8 @@ class AirflowBridge(Lifecycle):
         self.book.applied(result.rows)
         metrics.succeeded.inc(result.succeeded)
         metrics.failed.inc(result.failed)
+        if result.timed_out:
+            logger.info("%d trigger timeout(s) written back", result.timed_out)
         if result.stale:
             logger.info("%d event(s) of rows Airflow no longer has: skipped", result.stale)
 

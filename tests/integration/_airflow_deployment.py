@@ -74,6 +74,9 @@ class AirflowDeployment:
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
                 "AIRFLOW__API_AUTH__JWT_SECRET": Fernet.generate_key().decode(),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                # A worker's calls to the API server, on a machine shared and loaded (5 s):
+                # a timeout fails the task before it runs.
+                "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
             }
         else:
             env |= {"AIRFLOW__CORE__EXECUTOR": "SequentialExecutor"}
