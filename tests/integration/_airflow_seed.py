@@ -4,7 +4,7 @@ Everything goes through Airflow's own code, on the line installed in the interpr
 
 - a DAG file in the DAGs folder with one mapped ``DateTimeSensorAsync`` (``expand`` over N
   literal target times), parsed by ``DagBag`` and serialized to the database as the DAG
-  processor does (Airflow 3: ``sync_bag_to_db``; 2.10: ``DAG.sync_to_db`` and
+  processor does (Airflow 3: ``sync_bag_to_db``; 2.10: ``DAG.bulk_write_to_db`` and
   ``SerializedDagModel.write_dag``);
 - one DAG run made by ``create_dagrun``, whose ``verify_integrity`` bulk-inserts the N mapped
   task instances (``bulk_insert_mappings``);
@@ -15,9 +15,12 @@ Everything goes through Airflow's own code, on the line installed in the interpr
 - Airflow 3: each task instance started and deferred through the Execution API's handlers
   (``ti_run``, then ``ti_update_state`` with the ``TIDeferredStatePayload`` the Task SDK's
   ``_defer_task`` sends for ``DateTimeSensorAsync.execute``), called in process with a
-  database session, without HTTP. Airflow 2.10: ``TaskInstance.defer_task`` with the
-  ``TaskDeferred`` that ``DateTimeSensorAsync.execute`` raises, on running task instances,
-  committed every ``BATCH``.
+  database session, without HTTP (and without the API's JWT check). Airflow 2.10:
+  ``TaskInstance.defer_task`` with the ``TaskDeferred`` that ``DateTimeSensorAsync.execute``
+  raises, on task instances set ``running`` on the ORM object (the worker's own start,
+  ``check_and_change_state_before_execution``, is not run), committed every ``BATCH``.
+
+The per-task-instance steps run in ``workers`` processes, each a share of the map indexes.
 
 Run in a process whose environment points Airflow at the database (``airflow_env``):
 ``python -m tests.integration._airflow_seed --n 10000 --moment 2026-11-25T16:00:00+00:00``.
