@@ -1,0 +1,265 @@
+"""N Airflow task instances due at one moment on PostgreSQL: Airflow's triggerer against the bridge.
+
+The peer benchmark of ``deferline airflow bridge``. One PostgreSQL server (Debian's package,
+temporary, or kept with ``--keep DIR`` so later runs reuse its seeded databases), one Airflow
+schema (``airflow db migrate``), N task instances of one mapped ``DateTimeSensorAsync`` seeded
+once through Airflow's own code as a deferral leaves them (tests/integration/_airflow_seed.py:
+the DAG serialized, a DAG run, each task instance run and deferred through the Execution API's
+handlers on Airflow 3, ``TaskInstance.defer_task`` on 2.10). Each contender then gets a copy of
+that database (``CREATE DATABASE … TEMPLATE``), its deferrals re-timed to fall due
+``--margin`` seconds later (one UPDATE of the trigger rows' kwargs with the value Airflow
+writes for that moment), and starts:
+
+- ``airflow``: Airflow's own ``airflow triggerer``, as configured by default;
+- ``bridge-tansu`` / ``bridge-kafka``: ``deferline airflow bridge`` and one
+  ``deferline triggerer`` on a Tansu or Apache Kafka broker.
+
+Clock: from the due moment until no task instance is ``deferred`` (polled every 20 ms).
+Reported per contender: that time, the CPU per resumed task of its main process (with its
+children: Airflow's triggerer runs its triggers in a subprocess; the bridge's) and of all its
+processes (the bridge's with the deferline triggerer's), from start to the end, and the peak RSS
+of its main process. Runs on the Airflow line installed in the interpreter
+(``.venv``: Airflow 3; ``.venv-airflow2``: 2.10).
+
+Run: .venv/bin/python -m bench.bench_airflow_bridge --n 10000 [--contenders airflow bridge-tansu]
+     [--keep /var/tmp/bench-airflow]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+from bench._harness import cpu_seconds, local_broker, machine_line, peak_rss_mb
+from tests.airflow_line import STANDARD_TRIGGERS
+from tests.integration import _airflow_seed as seeding
+from tests.integration._postgres import PostgresServer, postgres_bin
+
+CONTENDERS = ("airflow", "bridge-tansu", "bridge-kafka")
+BIN = Path(sys.executable).parent
+POLL_S = 0.02
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+class Processes:
+    """The processes of one contender: CPU of their trees, peak RSS of the first."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._cpu: dict[tuple[int, int], float] = {}
+
+    def start(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.procs.append(
+            subprocess.Popen(
+                command,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log.open("wb"),
+                start_new_session=True,
+            )
+        )
+
+    def sample(self) -> None:
+        """Remember each live process's CPU so far (a child may end before the end)."""
+        for index, proc in enumerate(self.procs):
+            for pid in _descendants(proc.pid):
+                with contextlib.suppress(OSError):
+                    self._cpu[index, pid] = cpu_seconds(pid)
+
+    def cpu_seconds(self, index: int | None = None) -> float:
+        """CPU of all the processes, or of the ``index``-th started and its children."""
+        return sum(cpu for (i, _), cpu in self._cpu.items() if index in (None, i))
+
+    def peak_rss_mb(self) -> float:
+        return peak_rss_mb(self.procs[0].pid)
+
+    def check(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            seeding.stop_group(proc)
+
+
+def _start_airflow(
+    processes: Processes, env: dict[str, str], workdir: Path, bootstrap: str
+) -> None:
+    processes.start([str(BIN / "airflow"), "triggerer"], env, workdir / "airflow-triggerer.log")
+
+
+def _start_bridge(processes: Processes, env: dict[str, str], workdir: Path, bootstrap: str) -> None:
+    """The bridge first (its main process is the one whose RSS is reported), then one
+    triggerer on the bridge's topic prefix; Airflow's DateTimeTrigger allowed in both."""
+    deferline = {**env, "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": STANDARD_TRIGGERS}
+    connection = ["--bootstrap-servers", bootstrap, "--topic-prefix", f"bench{os.getpid()}."]
+    quiet = ["--log-level", "WARNING"]
+    bridge = [str(BIN / "deferline"), "airflow", "bridge", *connection, *quiet]
+    processes.start([*bridge, "--bridge-prefix", connection[-1]], deferline, workdir / "bridge.log")
+    state = ["--state-dir", str(workdir / "triggerer-state")]
+    triggerer = [str(BIN / "deferline"), "triggerer", *connection, *state, *quiet]
+    processes.start(triggerer, deferline, workdir / "triggerer.log")
+
+
+STARTERS: dict[str, Callable[[Processes, dict[str, str], Path, str], None]] = {
+    "airflow": _start_airflow,
+    "bridge-tansu": _start_bridge,
+    "bridge-kafka": _start_bridge,
+}
+
+
+def _database(contender: str) -> str:
+    return "run_" + contender.replace("-", "_")
+
+
+@contextlib.asynccontextmanager
+async def _broker(contender: str) -> AsyncIterator[str]:
+    if contender == "airflow":
+        yield ""
+        return
+    async with local_broker(contender.removeprefix("bridge-")) as bootstrap:
+        yield bootstrap
+
+
+@contextlib.contextmanager
+def _postgres(keep: Path | None) -> Iterator[PostgresServer]:
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        sys.exit("PostgreSQL's server is not installed (Debian: apt-get install postgresql)")
+    server = PostgresServer(bin_dir, keep)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def measure(
+    server: PostgresServer,
+    home: Path,
+    seeded: str,
+    contender: str,
+    n: int,
+    margin: float,
+    limit: float,
+) -> dict[str, Any]:
+    """One contender on a fresh copy of the seeded database."""
+    url = server.create_database(_database(contender), template=seeded)
+    env = seeding.airflow_env(home, url)
+    workdir = home / f"run-{contender}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir()
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    query = text("SELECT count(*) FROM task_instance WHERE state = 'deferred'")
+    processes = Processes()
+    async with _broker(contender) as bootstrap:
+        moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=margin)
+        seeding.retime(env, moment)
+        STARTERS[contender](processes, env, workdir, bootstrap)
+        try:
+            with engine.connect() as db:
+                while time.time() < moment.timestamp():
+                    processes.check()
+                    processes.sample()
+                    await asyncio.sleep(min(0.5, max(0.0, moment.timestamp() - time.time())))
+                left = n
+                while left and time.time() - moment.timestamp() < limit:
+                    left = int(db.execute(query).scalar_one())
+                    if left:
+                        processes.sample()
+                        await asyncio.sleep(POLL_S)
+                elapsed = time.time() - moment.timestamp()
+            processes.sample()
+            resumed = max(1, n - left)
+            figures = {
+                "contender": contender,
+                "n": n,
+                "due_to_none_deferred_s": round(elapsed, 2),
+                "left_deferred": left,
+                "main_cpu_ms_per_task": round(1000 * processes.cpu_seconds(0) / resumed, 3),
+                "all_cpu_ms_per_task": round(1000 * processes.cpu_seconds() / resumed, 3),
+                "peak_rss_mb": round(processes.peak_rss_mb(), 1),
+            }
+        finally:
+            processes.stop()
+            engine.dispose()
+    return figures
+
+
+async def run(args: argparse.Namespace) -> None:
+    version = importlib.metadata.version("apache-airflow")
+    print(machine_line(), f"Airflow {version}, PostgreSQL from {postgres_bin()}")
+    keep = args.keep / f"airflow{version}" if args.keep else None
+    with contextlib.ExitStack() as stack:
+        temporary = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-airflow-")))
+        home = keep / "home" if keep else temporary
+        server = stack.enter_context(_postgres(keep and keep / "postgres"))
+        if not server.has_database("migrated"):
+            seeding.migrate(seeding.airflow_env(home, server.create_database("migrated")))
+        for n in args.n:
+            seeded = f"seeded_{n}"
+            if not server.has_database(seeded):
+                env = seeding.airflow_env(home, server.create_database(seeded, "migrated"))
+                t0 = time.perf_counter()
+                far = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+                seeding.seed(env, n, far, args.seed_workers)
+                print(f"N={n}: seeded in {time.perf_counter() - t0:.0f} s", flush=True)
+            margin = args.margin if args.margin is not None else 10 + n / 2000
+            for contender in args.contenders:
+                server.psql(f'DROP DATABASE IF EXISTS "{_database(contender)}"')
+                figures = await measure(server, home, seeded, contender, n, margin, args.timeout)
+                print(figures, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--n", type=int, nargs="+", default=[10_000])
+    parser.add_argument(
+        "--contenders",
+        nargs="*",
+        choices=CONTENDERS,
+        default=list(CONTENDERS),
+        help="none: seed only",
+    )
+    parser.add_argument(
+        "--margin", type=float, help="seconds from start to due (default 10 + N/2,000)"
+    )
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds after due")
+    parser.add_argument("--seed-workers", type=int, default=2)
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep PostgreSQL's data here and reuse its seeded databases in later runs",
+    )
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Airflow on PostgreSQL (Debian's package, started here), so row locks are real.
+
+The PostgreSQL server runs for the module in a temporary directory (``_postgres``); each test
+gets its own database, a copy of one migrated Airflow schema. The deferrals are seeded as a
+deferral leaves them (``_airflow_seed``); Airflow's own ``airflow triggerer`` resumes them
+(the check that the seeded rows are the real thing), and two ``deferline airflow bridge``
+processes do, one SIGKILLed while they fall due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+from deferline.schemas import TriggerEventRecord, decode_as
+from deferline.topics import Settings, TopicNames
+
+from tests.airflow_line import STANDARD_TRIGGERS
+from tests.conftest import in_ci
+from tests.integration import _airflow_seed as seeding
+from tests.integration._postgres import PostgresServer, postgres_bin
+from tests.integration._process import DeferlineProcess
+from tests.integration._util import KafkaClients
+
+pytestmark = pytest.mark.airflow
+
+AIRFLOW = Path(sys.executable).with_name("airflow")
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        reason = "PostgreSQL's server is not installed (apt-get install postgresql)"
+        if in_ci():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    server = PostgresServer(bin_dir)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def airflow_home(postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An Airflow home whose ``migrated`` database holds Airflow's schema."""
+    home = tmp_path_factory.mktemp("airflow-home")
+    seeding.migrate(seeding.airflow_env(home, postgres.create_database("migrated")))
+    return home
+
+
+def rows(postgres: PostgresServer, database: str, sql: str) -> list[list[str]]:
+    out = postgres.psql(sql, database)
+    return [line.split("|") for line in out.splitlines()] if out else []
+
+
+def wait_none_deferred(
+    postgres: PostgresServer, database: str, procs: list[subprocess.Popen[bytes]], limit: float
+) -> None:
+    deadline = time.monotonic() + limit
+    query = "SELECT count(*) FROM task_instance WHERE state = 'deferred'"
+    while (left := int(postgres.psql(query, database))) and time.monotonic() < deadline:
+        assert all(proc.poll() is None for proc in procs), "a triggerer exited"
+        time.sleep(0.2)
+    assert left == 0, f"{left} task instances still deferred after {limit} s"
+
+
+def test_airflow_triggerer_resumes_the_seeded_deferrals(
+    postgres: PostgresServer, airflow_home: Path, tmp_path: Path
+) -> None:
+    n = 40
+    env = seeding.airflow_env(airflow_home, postgres.create_database("peer", "migrated"))
+    seeding.seed(env, n, dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
+    waiting = rows(
+        postgres,
+        "peer",
+        "SELECT ti.state, ti.next_method, t.classpath FROM task_instance ti "
+        "JOIN trigger t ON t.id = ti.trigger_id",
+    )
+    assert len(waiting) == n
+    assert {tuple(row) for row in waiting} == {
+        ("deferred", "execute_complete", f"{STANDARD_TRIGGERS}.temporal.DateTimeTrigger")
+    }
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5)
+    seeding.retime(env, moment)
+    with (tmp_path / "triggerer.log").open("wb") as log:
+        triggerer = subprocess.Popen(
+            [str(AIRFLOW), "triggerer"], env=env, stdout=log, stderr=log, start_new_session=True
+        )
+        try:
+            wait_none_deferred(postgres, "peer", [triggerer], limit=120)
+        finally:
+            seeding.stop_group(triggerer)
+    resumed = rows(
+        postgres,
+        "peer",
+        "SELECT state, trigger_id IS NULL, next_kwargs::text LIKE '%event%', try_number "
+        "FROM task_instance",
+    )
+    assert sorted(map(tuple, resumed)) == [("scheduled", "t", "t", "1")] * n
+
+
+HA_N = 5000
+HA_FIRST_CAPACITY = 3000
+# Airflow's health threshold (a triggerer whose heartbeat is older is dead and its rows go to
+# another) and heartbeat, shortened from 30 s and 5 s so the test waits less.
+HEALTH_THRESHOLD_S = 10
+HEARTBEAT_S = 1
+POLL_S = 0.5
+SETUP_S = 90
+RECLAIM_LOOP_S = 5
+
+
+@pytest.fixture(scope="module")
+def seeded_ha(postgres: PostgresServer, airflow_home: Path) -> str:
+    """A database of HA_N deferrals due in a day (re-timed by each test's copy)."""
+    env = seeding.airflow_env(airflow_home, postgres.create_database("seeded_ha", "migrated"))
+    seeding.seed(env, HA_N, dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
+    return "seeded_ha"
+
+
+def _count(postgres: PostgresServer, database: str, sql: str) -> int:
+    return int(postgres.psql(sql, database))
+
+
+async def _until(what: str, check: Callable[[], bool], limit: float) -> float:
+    """Poll ``check`` every 0.1 s until true; the seconds it took (fails after ``limit``)."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < limit, f"not within {limit} s: {what}"
+        await asyncio.sleep(0.1)
+    return time.monotonic() - start
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+async def test_two_bridges_one_killed_while_due_resume_each_task_once(
+    postgres: PostgresServer,
+    airflow_home: Path,
+    seeded_ha: str,
+    settings: Settings,
+    kafka_clients: KafkaClients,
+    tmp_path: Path,
+) -> None:
+    database = f"ha_{settings.topic_prefix.strip('.')}"
+    env = {
+        **seeding.airflow_env(airflow_home, postgres.create_database(database, seeded_ha)),
+        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(HEALTH_THRESHOLD_S),
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": str(HEARTBEAT_S),
+        "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": STANDARD_TRIGGERS,
+    }
+    count = partial(_count, postgres, database)
+    jobs = "SELECT count(*) FROM job WHERE job_type = 'TriggererJob'"
+    held = "SELECT count(*) FROM trigger WHERE triggerer_id = {}"
+    waiting_on = (
+        "SELECT count(*) FROM task_instance ti JOIN trigger t ON t.id = ti.trigger_id "
+        "WHERE ti.state = 'deferred' AND t.triggerer_id = {}"
+    )
+    deferred = "SELECT count(*) FROM task_instance WHERE state = 'deferred'"
+
+    def bridge(name: str, *flags: str) -> DeferlineProcess:
+        return DeferlineProcess(
+            settings,
+            ("airflow", "bridge"),
+            tmp_path / f"{name}.log",
+            "--bridge-prefix",
+            settings.topic_prefix,
+            "--poll-interval",
+            str(POLL_S),
+            "--claim-per-loop",
+            "1000",
+            "--log-format",
+            "json",
+            *flags,
+            env=env,
+        )
+
+    # Due after the bridges have started and claimed every row (what they publish is read
+    # from the rows when claimed, so the moment is set before).
+    due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=SETUP_S)
+    seeding.retime(env, due)
+    triggerer = DeferlineProcess(
+        settings,
+        "triggerer",
+        tmp_path / "triggerer.log",
+        "--state-dir",
+        str(tmp_path / "triggerer-state"),
+        "--log-format",
+        "json",
+        env=env,
+    )
+    first = bridge("first", "--capacity", str(HA_FIRST_CAPACITY))
+    processes = [triggerer, first]
+    try:
+        # The first bridge claims up to its capacity, the second the rest: both hold rows.
+        await _until("the first bridge's job row", lambda: count(jobs) == 1, 120)
+        first_job = int(postgres.psql("SELECT max(id) FROM job", database))
+        await _until(
+            "the first bridge holds its capacity",
+            lambda: count(held.format(first_job)) == HA_FIRST_CAPACITY,
+            120,
+        )
+        second = bridge("second")
+        processes.append(second)
+        await _until(
+            "the second bridge holds the rest",
+            lambda: count("SELECT count(*) FROM trigger WHERE triggerer_id IS NULL") == 0,
+            120,
+        )
+        assert time.time() < due.timestamp() - 5, f"claiming took over {SETUP_S - 5} s"
+        await asyncio.sleep(due.timestamp() - time.time())
+        await _until("the first task instance resumed", lambda: count(deferred) < HA_N, 60)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+        last_heartbeat = float(
+            postgres.psql(
+                f"SELECT extract(epoch FROM latest_heartbeat) FROM job WHERE id = {first_job}",
+                database,
+            )
+        )
+        still_waiting = count(waiting_on.format(first_job))
+        assert still_waiting > 0, "the first bridge's tasks all resumed before the kill"
+        try:
+            await _until(
+                "the killed bridge's waiting rows reclaimed",
+                lambda: count(waiting_on.format(first_job)) == 0,
+                HEALTH_THRESHOLD_S + 60,
+            )
+            reclaimed_s = time.time() - last_heartbeat
+        except AssertionError as exc:
+            holders = "SELECT triggerer_id, count(*) FROM trigger GROUP BY 1 ORDER BY 1"
+            jobs_now = "SELECT id, now() - latest_heartbeat, end_date FROM job ORDER BY 1"
+            detail = f"rows by holder {rows(postgres, database, holders)}, jobs (id, since "
+            detail += f"heartbeat, end) {rows(postgres, database, jobs_now)}"
+            raise AssertionError(f"{exc}: {detail}") from None
+        await _until("no task instance deferred", lambda: count(deferred) == 0, 180)
+        assert second.alive
+        assert triggerer.alive
+    finally:
+        for process in processes:
+            process.close()
+    # Reclaimed once the killed bridge's last heartbeat was older than the threshold, by the
+    # next claim loop of the other (which shares its database thread with writing events back).
+    assert HEALTH_THRESHOLD_S <= reclaimed_s <= HEALTH_THRESHOLD_S + RECLAIM_LOOP_S, (
+        still_waiting,
+        reclaimed_s,
+    )
+    # Airflow's rows: each task instance resumed once, with its event, on its first try.
+    resumed = rows(
+        postgres,
+        database,
+        "SELECT state, trigger_id IS NULL, next_kwargs::text LIKE '%event%', try_number "
+        "FROM task_instance",
+    )
+    assert sorted(map(tuple, resumed)) == [("scheduled", "t", "t", "1")] * HA_N
+    # The events: every trigger fired, each event id once on the resume topic.
+    consumer = await kafka_clients.consumer(
+        TopicNames(settings.topic_prefix).resume(), auto_offset_reset="earliest"
+    )
+    events: list[TriggerEventRecord] = []
+    while batch := await consumer.getmany(timeout_ms=2000):
+        events += [
+            decode_as(record.value, TriggerEventRecord)
+            for records in batch.values()
+            for record in records
+        ]
+    assert {event.status for event in events} == {"fired"}
+    assert len({event.trigger_id for event in events}) == HA_N
+    assert len({event.event_id for event in events}) == HA_N
