@@ -9,12 +9,15 @@ one fired event per task instance is written to each copy, in a fresh process ea
   as Airflow's triggerer writes them (``handle_events``);
 * ``bridge``: the bridge's ``AirflowDatabase.apply`` in batches of ``--batch`` events.
 
+``--before DIR`` also writes a third copy with the bridge's code of the deferline checkout DIR
+(``before``), for a before/after of the same run.
+
 Reported per way: wall-clock seconds, the process's CPU seconds, events per second, and the
 task instances left ``deferred`` (0 both ways). SQLite only; the peer benchmark on PostgreSQL
 (Airflow's triggerer against the bridge and a deferline triggerer, due → none deferred) is
 another script.
 
-Run: .venv/bin/python -m bench.bench_airflow_writeback [--n 300] [--batch 5000]
+Run: .venv/bin/python -m bench.bench_airflow_writeback [--n 300] [--batch 5000] [--before DIR]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.bench_airflow_triggers import _packages_of
 from tests.integration._airflow_deployment import AirflowDeployment
 
 DAG_ID = "bench_writeback"
@@ -110,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument("--before", type=Path, help="a deferline checkout to compare with")
     parser.add_argument("--apply", choices=["airflow", "bridge"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.apply:
@@ -126,18 +131,24 @@ def main() -> None:
         finally:
             af.close()
         print(f"{args.n} task instances deferred in {time.perf_counter() - started:.0f} s")
-        for way in ("airflow", "bridge"):
+        ways = ["airflow", "bridge"]
+        if args.before is not None:
+            ways.insert(1, "before")
+            before = _packages_of(args.before, Path(tempfile.mkdtemp(dir=tmp)))
+        for way in ways:
             copy = Path(tmp) / f"{way}.db"
             shutil.copy(snapshot, copy)
             env = {**af.env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{copy}"}
             env["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
+            if way == "before":
+                env["PYTHONPATH"] = str(before)
             done = subprocess.run(
                 [
                     sys.executable,
                     "-m",
                     "bench.bench_airflow_writeback",
                     "--apply",
-                    way,
+                    "airflow" if way == "airflow" else "bridge",
                     "--batch",
                     str(args.batch),
                 ],

@@ -1,12 +1,12 @@
 """Airflow's metadata database, through Airflow's own models: the bridge's only door to it.
 
 Synchronous (SQLAlchemy, as Airflow is): the bridge calls it from one worker thread. Claims,
-the job row, failures and clean-up go through Airflow's own model code (``Job``,
+the job row, rows refused at claim and clean-up go through Airflow's own model code (``Job``,
 ``Trigger.assign_unassigned``, ``Trigger.ids_for_triggerer``, ``Trigger.submit_failure``,
-``Trigger.clean_unused``). Fired events go through Airflow's own per-task-instance function,
-the task instances selected once per batch instead of once per event (:meth:`apply`). The one
-write Airflow makes elsewhere, a trigger timeout, is the statement of Airflow's scheduler
-(``check_trigger_timeouts``) for the timed-out triggers alone. A batch is one commit.
+``Trigger.clean_unused``). A batch of events is one commit (:meth:`apply`): the common events
+(a task instance resumed, failed by its trigger, or timed out as Airflow's scheduler's
+``check_trigger_timeouts`` does) are one bulk ``UPDATE`` per kind, setting the columns
+Airflow's own functions set; the rare ones go through those functions.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import datetime as dt
 import importlib
 import inspect
 import logging
+import traceback
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,6 +73,12 @@ class AirflowDatabase:
         self._fail_repr: str = getattr(trigger_module, "TRIGGER_FAIL_REPR", "__fail__")
         self._airflow2 = self.version.startswith("2.")
         self._handle_event_submit: Any = getattr(trigger_module, "handle_event_submit", None)
+        self._failure_reason: Any = reason.TRIGGER_FAILURE if reason else "Trigger failure"
+        # How Airflow 3 reads a task instance's stored next_kwargs and writes them back.
+        self._decode_kwargs: Any = getattr(trigger_module, "_decode_next_kwargs", None)
+        self._serialize: Any = (
+            None if self._airflow2 else importlib.import_module("airflow.sdk.serde").serialize
+        )
         params = inspect.signature(self._trigger.assign_unassigned).parameters
         # Only what this Airflow knows: queues came in 3.2, teams in 3.3.
         self._queue_kw: dict[str, Any] = {}
@@ -246,19 +253,23 @@ class AirflowDatabase:
         out of ``deferred``, so a later event of the same row in the batch is skipped as the
         no-op it would be, and an event applied again in a later batch changes nothing.
 
-        Where Airflow's ``Trigger.submit_event`` selects the waiting task instances once per
-        event, this selects them once per batch, with the same condition, and hands each to
-        Airflow's own per-task-instance function (``handle_event_submit``; 2.10:
-        ``TriggerEvent.handle_submit``). A row with assets or a callback, and an event that
-        ends the task from the trigger, take ``Trigger.submit_event`` whole. The integration
-        test applies the same events both ways on two copies of one database and compares
-        the rows.
+        The common events are one bulk ``UPDATE`` each per batch (an ``executemany``, the
+        guard in its ``WHERE``), setting the columns Airflow's own functions set:
+        a plain event resuming a task instance (``handle_event_submit``; 2.10:
+        ``TriggerEvent.handle_submit``), with its ``next_kwargs`` made as that function makes
+        them; a failed trigger (``Trigger.submit_failure``); a timed-out one (the scheduler's
+        ``check_trigger_timeouts``). A row with assets or a callback takes
+        ``Trigger.submit_event`` whole, a task instance whose ``next_kwargs`` cannot be made
+        Airflow's per-task-instance function, and an event that ends the task from the
+        trigger ``Trigger.submit_event`` after the batch. The integration test applies the
+        same events both ways on two copies of one database and compares the rows.
         """
         first: dict[RowRef, BridgeEvent] = {}
         for event in events:
             first.setdefault(event.ref, event)
         on_their_own: list[BridgeEvent] = []
-        timeouts: list[int] = []
+        fails: list[tuple[int, dict[str, Any]]] = []
+        resumed: list[tuple[int, Any, Any]] = []
         with self._session() as session:
             live = self._live(session, list(first))
             todo = [event for ref, event in first.items() if ref in live]
@@ -268,19 +279,17 @@ class AirflowDatabase:
             for event in todo:
                 row_id = event.ref.row_id
                 if event.kind == "failed":
-                    self._trigger.submit_failure(row_id, exc=self._failure(event), session=session)
+                    fails.append((row_id, self._failed_kwargs(event)))
                 elif event.kind == "timed_out":
-                    timeouts.append(row_id)
+                    fails.append((row_id, {"error": self._timeout_reason}))
                 elif event.task_outcome is not None:
                     on_their_own.append(event)
                 elif row_id in whole:
                     self._trigger.submit_event(row_id, self._airflow_event(event), session=session)
                 else:
-                    airflow_event = self._airflow_event(event)
-                    for task_instance in waiting.get(row_id, ()):
-                        self._handle_submit(airflow_event, task_instance, session)
-            if timeouts:
-                self._time_out(session, timeouts)
+                    resumed += [(row_id, key, event.payload) for key in waiting.get(row_id, ())]
+            self._resume(session, resumed)
+            self._fail_waiting(session, fails)
         # Airflow ends a task from its trigger partly in sessions of its own (the XComs; on
         # 2.10 set_state and the callback too), which commit and close the thread's session:
         # after the batch, one event at a time, exactly as its own triggerer calls it.
@@ -296,18 +305,83 @@ class AirflowDatabase:
         )
 
     def _waiting(self, session: Any, row_ids: Sequence[int]) -> dict[int, list[Any]]:
-        """The task instances deferred on each of ``row_ids`` (``submit_event``'s selection)."""
-        ti = self._ti
+        """The task instances deferred on each of ``row_ids`` (``submit_event``'s selection),
+        as their primary key and stored ``next_kwargs``."""
+        table = self._ti.__table__
+        keys = list(table.primary_key.columns)
         waiting: dict[int, list[Any]] = {}
         if row_ids:
-            found = session.scalars(
-                self._sa.select(ti).where(
-                    ti.trigger_id.in_(row_ids), ti.state == self._state.DEFERRED
+            found = session.execute(
+                self._sa.select(table.c.trigger_id, table.c.next_kwargs, *keys).where(
+                    table.c.trigger_id.in_(row_ids), table.c.state == self._state.DEFERRED
                 )
             )
-            for task_instance in found:
-                waiting.setdefault(task_instance.trigger_id, []).append(task_instance)
+            for trigger_id, stored, *key in found:
+                waiting.setdefault(trigger_id, []).append((tuple(key), stored))
         return waiting
+
+    def _resume(self, session: Any, resumed: Sequence[tuple[int, Any, Any]]) -> None:
+        """Airflow's handling of a plain event for each waiting task instance, in one
+        ``UPDATE``; a task instance whose ``next_kwargs`` cannot be made takes Airflow's own
+        function (which fails it, saying why)."""
+        table = self._ti.__table__
+        keys = [*table.primary_key.columns, table.c.trigger_id]
+        params: list[dict[str, Any]] = []
+        for row_id, (key, stored), payload in resumed:
+            try:
+                next_kwargs = self._next_kwargs(stored, payload)
+            except Exception:
+                task_instance = session.get(self._ti, key)
+                event = self._events.TriggerEvent(payload)
+                self._handle_submit(event, task_instance, session)
+                continue
+            bound = zip([c.name for c in keys], [*key, row_id], strict=True)
+            params.append({**{f"b_{name}": v for name, v in bound}, "b_kwargs": next_kwargs})
+        self._update_waiting(session, keys, {}, params)
+
+    def _next_kwargs(self, stored: Any, payload: Any) -> Any:
+        """A task instance's ``next_kwargs`` with the event in, as Airflow's function makes
+        them (3.x: decoded, the event added, serialized with serde; 2.10: as stored, plus
+        the event)."""
+        if self._serialize is None:  # Airflow 2.10
+            return {**(stored or {}), "event": payload}
+        next_kwargs = self._decode_kwargs(stored or {})
+        next_kwargs["event"] = payload
+        return self._serialize(next_kwargs)
+
+    def _fail_waiting(self, session: Any, fails: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        """The task instances deferred on each row rescheduled to fail with its
+        ``next_kwargs`` (``Trigger.submit_failure``, the scheduler's trigger timeout)."""
+        params = [{"b_trigger_id": row_id, "b_kwargs": kwargs} for row_id, kwargs in fails]
+        keys = [self._ti.__table__.c.trigger_id]
+        self._update_waiting(session, keys, {"next_method": self._fail_repr}, params)
+
+    def _update_waiting(
+        self, session: Any, keys: Sequence[Any], values: dict[str, Any], params: list[Any]
+    ) -> None:
+        """One ``executemany`` ``UPDATE`` of task instances still ``deferred`` (Airflow's
+        guard), each matched on ``keys`` (bound as ``b_<column>``), given its ``b_kwargs`` as
+        ``next_kwargs``, moved off its trigger to ``scheduled`` (on 3.x, ``scheduled_dttm``
+        now) with ``values``."""
+        if not params:
+            return
+        sa, table = self._sa, self._ti.__table__
+        if not self._airflow2:
+            values = {**values, "scheduled_dttm": self._utcnow()}
+        statement = (
+            sa.update(table)
+            .where(
+                *(c == sa.bindparam(f"b_{c.name}") for c in keys),
+                table.c.state == self._state.DEFERRED,
+            )
+            .values(
+                next_kwargs=sa.bindparam("b_kwargs", type_=table.c.next_kwargs.type),
+                state=self._state.SCHEDULED,
+                trigger_id=None,
+                **values,
+            )
+        )
+        session.execute(statement, params)
 
     def _with_assets_or_callbacks(self, session: Any, row_ids: Sequence[int]) -> set[int]:
         trigger = self._trigger
@@ -351,6 +425,13 @@ class AirflowDatabase:
         }[event.task_outcome]
         return end(xcoms=event.xcoms)
 
+    def _failed_kwargs(self, event: BridgeEvent) -> dict[str, Any]:
+        """The ``next_kwargs`` ``Trigger.submit_failure`` writes for a failed event."""
+        exc = self._failure(event)
+        if isinstance(exc, BaseException):
+            exc = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        return {"error": self._failure_reason, "traceback": exc}
+
     def _failure(self, event: BridgeEvent) -> Any:
         """What Airflow's triggerer hands ``submit_failure``: the runner's traceback lines on
         3.x, an exception on 2.10 (which formats it)."""
@@ -358,19 +439,3 @@ class AirflowDatabase:
         if self._airflow2:
             return TriggerFailed("".join(lines).rstrip("\n"))
         return lines
-
-    def _time_out(self, session: Any, row_ids: Sequence[int]) -> None:
-        """Airflow's scheduler's ``check_trigger_timeouts``, for these triggers' tasks only."""
-        ti, state = self._ti, self._state
-        session.execute(
-            self._sa.update(ti)
-            .where(ti.trigger_id.in_(row_ids), ti.state == state.DEFERRED)
-            .values(
-                state=state.SCHEDULED,
-                next_method=self._fail_repr,
-                next_kwargs={"error": self._timeout_reason},
-                trigger_id=None,
-                **({} if self._airflow2 else {"scheduled_dttm": self._utcnow()}),
-            )
-            .execution_options(synchronize_session=False)
-        )

@@ -18,7 +18,8 @@ from deferline.runners.airflow_bridge._airflow_db import AirflowDatabase
 from deferline.runners.airflow_bridge._rows import BridgeEvent, RowRef
 
 DAG = "bridge_bad_input"
-# Columns whose values are the clock at the write (they differ between two runs).
+# Columns whose values are the clock at the write (differing between two runs: only whether
+# each is set is compared).
 CLOCK = {"scheduled_dttm", "updated_at", "end_date", "duration", "start_date", "timestamp"}
 TRACEBACK = ["Traceback (most recent call last):\n", "RuntimeError: it broke there\n"]
 
@@ -70,10 +71,17 @@ def rows(db: AirflowDatabase) -> dict[str, Any]:
             query = text(f"SELECT * FROM {table} WHERE dag_id = :d")
             found = session.execute(query, {"d": DAG}).mappings()
             out[table] = sorted(
-                ({c: str(v) for c, v in row.items() if c not in CLOCK} for row in found),
+                ({c: _value(c, v) for c, v in row.items()} for row in found),
                 key=lambda row: row[key],
             )
     return out
+
+
+def _value(column: str, value: Any) -> str:
+    """A column's value; for a column of the clock, whether it is set."""
+    if column in CLOCK:
+        return "unset" if value is None else "set"
+    return str(value)
 
 
 def main(way: str) -> None:
