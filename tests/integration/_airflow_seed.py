@@ -64,9 +64,11 @@ with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1), ca
 
 
 def airflow_env(home: Path, url: str) -> dict[str, str]:
-    """The environment of every Airflow process of one deployment: its home and database."""
+    """The environment of every Airflow process of one deployment: its home and database
+    (not this process's ``_AIRFLOW__AS_LIBRARY``, set when a test loads Airflow's classes)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "_AIRFLOW__AS_LIBRARY"}
     return {
-        **os.environ,
+        **inherited,
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
         "AIRFLOW__CORE__FERNET_KEY": FERNET_KEY,

@@ -30,7 +30,7 @@ from tests.integration._postgres import PostgresServer, postgres_bin
 from tests.integration._process import DeferlineProcess
 from tests.integration._util import KafkaClients
 
-pytestmark = pytest.mark.airflow
+pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 
@@ -141,7 +141,6 @@ async def _until(what: str, check: Callable[[], bool], limit: float) -> float:
     return time.monotonic() - start
 
 
-@pytest.mark.integration
 @pytest.mark.timeout(900)
 async def test_two_bridges_one_killed_while_due_resume_each_task_once(
     postgres: PostgresServer,
