@@ -1,9 +1,10 @@
 """Traces across processes: W3C trace context in Kafka record headers (``deferline[otel]``).
 
-One trace per deferral, six spans over four process roles: the worker's ``defer`` (it sends
-the DeferRequest), the triggerer's ``run`` (it receives it) and ``emit`` (it sends the
-event), the scheduler's ``apply`` (it receives the event) and ``resume`` (it sends the
-RunTask), the worker's ``resume`` (it receives the RunTask). A receipt continues the context
+One trace per deferral, seven spans over four process roles: the worker's ``defer`` (it sends
+the DeferRequest), the triggerer's ``run`` (it receives it) and two ``emit`` (it sends the
+event to the resume topic, then its copy to tasks.events), the scheduler's ``apply`` (it
+receives the copy) and ``resume`` (it sends the RunTask), the worker's ``resume`` (it
+receives the RunTask). A receipt continues the context
 of the record's ``traceparent`` header; a send continues the context this process last
 received for the same trigger id, and writes its own into the record's headers. Spans follow
 OpenTelemetry's messaging conventions (``send <topic>`` / ``process <topic>``, kind PRODUCER /

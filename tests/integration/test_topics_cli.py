@@ -46,7 +46,7 @@ def test_topics_ensure_then_list(settings):
         f"{prefix}{name}"
         for name in (
             "defer", "resume", "defer.fast", "resume.fast", "tasks", "queue", "queue.resumes",
-            "queue.gpu", "queue.gpu.resumes", "dead", "scheduler.lease",
+            "queue.gpu", "queue.gpu.resumes", "dead", "scheduler.lease", "tasks.events",
         )
     }  # fmt: skip
     # The scheduler's lease topic has one partition: its holder is the active scheduler.

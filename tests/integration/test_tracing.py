@@ -60,12 +60,20 @@ async def test_one_deferral_is_one_connected_trace(
     assert [(s.attributes or {}).get("deferline.stage") for s in spans] == [
         "defer",  # worker: send the DeferRequest
         "run",  # triggerer: receive it
-        "emit",  # triggerer: send the event
-        "apply",  # scheduler: receive it
+        "emit",  # triggerer: send the event (resume topic)
+        "emit",  # triggerer: send its copy (tasks.events)
+        "apply",  # scheduler: receive the copy
         "resume",  # scheduler: send the RunTask
         "resume",  # worker: receive it
     ]
-    assert [s.name.split()[0] for s in spans] == ["send", "process"] * 3
+    assert [s.name.split()[0] for s in spans] == [
+        "send", "process", "send", "send", "process", "send", "process"
+    ]  # fmt: skip
+    assert [(s.attributes or {}).get("messaging.destination.name") for s in spans[2:5]] == [
+        f"{settings.topic_prefix}resume",
+        f"{settings.topic_prefix}tasks.events",
+        f"{settings.topic_prefix}tasks.events",
+    ]
     assert len({s.context.trace_id for s in spans if s.context}) == 1
     assert spans[0].parent is None
     for parent, child in itertools.pairwise(spans):
