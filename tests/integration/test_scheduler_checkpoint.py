@@ -82,6 +82,9 @@ async def test_restart_from_a_checkpoint_reads_only_the_tail(
             await until(
                 lambda: sum(r.state == "deferred" for r in first.table.snapshot().values()) == 6
             )
+            # A checkpoint is written only at a consistent point (nothing folded and unsent):
+            # wait for one holding every task, since a busy stop keeps the last periodic one.
+            await until(lambda: _checkpointed_at_reader(first), within=30)
         # Stopped cleanly: the last checkpoint holds the fold up to these positions.
         saved = _saved_positions(settings, state["state_dir"])
         for task in new:  # written while no scheduler runs
@@ -223,3 +226,13 @@ async def test_two_schedulers_share_one_state_directory(
                 await flow.wait_for(lambda: flow.runs_of(b, "start"))
                 await barrier(flow, second)
                 assert len(flow.runs_of(a, "start")) == 1
+
+
+def _checkpointed_at_reader(scheduler: Scheduler) -> bool:
+    """Has a checkpoint been written at the tasks reader's current positions?"""
+    reader, checkpoints = scheduler._reader, scheduler.checkpoints
+    return (
+        reader is not None
+        and checkpoints is not None
+        and checkpoints._saved == reader.partition_positions()
+    )
