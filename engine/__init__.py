@@ -48,6 +48,7 @@ from ._operator_run import (
     start_deferral,
 )
 from ._outcome import OutcomeStatus, TriggerOutcome
+from ._pool_ledger import PoolEntry, PoolLedger, grant_matches
 from ._supervisor import TriggerSupervisor
 from ._task_pools import Pools
 from ._taskstate import TaskTable
@@ -96,6 +97,8 @@ __all__ = [
     "OperatorNotAllowed",
     "OperatorResult",
     "OutcomeStatus",
+    "PoolEntry",
+    "PoolLedger",
     "Pools",
     "SensorTimeout",
     "SerializableTrigger",
@@ -128,6 +131,7 @@ __all__ = [
     "Verdict",
     "WrittenState",
     "deferral_records",
+    "grant_matches",
     "import_operator",
     "is_allowed",
     "load_operator",
