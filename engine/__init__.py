@@ -48,6 +48,7 @@ from ._operator_run import (
     start_deferral,
 )
 from ._outcome import OutcomeStatus, TriggerOutcome
+from ._pool_claims import LedgerAdmission, PoolClaims
 from ._pool_ledger import PoolEntry, PoolLedger, grant_matches
 from ._supervisor import TriggerSupervisor
 from ._task_pools import Pools
@@ -90,6 +91,7 @@ __all__ = [
     "Emit",
     "Failed",
     "LagHistogram",
+    "LedgerAdmission",
     "OperatorError",
     "OperatorImportError",
     "OperatorKwargsError",
@@ -97,6 +99,7 @@ __all__ = [
     "OperatorNotAllowed",
     "OperatorResult",
     "OutcomeStatus",
+    "PoolClaims",
     "PoolEntry",
     "PoolLedger",
     "Pools",
