@@ -130,6 +130,7 @@ class PoolClaims:
                 scheduled_at=record.updated_at,
                 try_number=record.try_number,
                 partition=self.admission.partition_of(key),
+                held=not wanting,
             )
             self._write(key, current)
         return wanting and grant_matches(self._grants.get(key), current)

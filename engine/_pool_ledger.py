@@ -72,6 +72,12 @@ def grant_matches(grant: PoolGrant | None, want: PoolWant | None) -> bool:
     )
 
 
+def _grant_of(want: PoolWant) -> PoolGrant:
+    return PoolGrant(
+        pool=want.pool, slots=want.slots, try_number=want.try_number, partition=want.partition
+    )
+
+
 _Queued = tuple[int, str, str, int]
 """A want waiting for slots: (-priority weight, scheduled at (ISO), ti_key, try number)."""
 
@@ -88,7 +94,8 @@ class PoolLedger:
     below one already folded is skipped.
 
     Exactness: a grant is written only while the pool's live grants plus its slots are
-    within the pool's size; a grant is tombstoned only when its want is tombstoned or
+    within the pool's size (the one exception: a want marked ``held``, whose attempt already
+    holds its slots, is counted at once); a grant is tombstoned only when its want is tombstoned or
     replaced by one it does not match, which its owner writes only when the attempt holds no
     slot any more. A lowered size takes nothing from holders: it only stops new grants until
     enough are freed.
@@ -101,6 +108,7 @@ class PoolLedger:
         self._used: dict[str, int] = {}
         self._queues: dict[str, list[_Queued]] = {}
         self._release: set[str] = set()
+        self._held: set[str] = set()  # wants of attempts that already hold their slots
         self._deciding = False
         self._next_offset = 0
         self.skipped = 0
@@ -152,6 +160,8 @@ class PoolLedger:
             self._release.update(self._grants)
             for key, want in self._wants.items():
                 self._queue(key, want)
+                if want.held:
+                    self._held.add(key)
         out: dict[str, PoolEntry] = {}
         for key in sorted(self._release):
             grant = self._grants.get(key)
@@ -159,6 +169,13 @@ class PoolLedger:
                 self._set_grant(key, None)
                 out[key] = PoolEntry("grant", key)
         self._release.clear()
+        for key in sorted(self._held):
+            held = self._wants.get(key)
+            if held is not None and held.held and not grant_matches(self._grants.get(key), held):
+                grant = _grant_of(held)
+                self._set_grant(key, grant)
+                out[key] = PoolEntry("grant", key, grant)
+        self._held.clear()
         for pool in sorted(self._queues):
             for key, grant in self._admit(pool):
                 self._set_grant(key, grant)
@@ -201,6 +218,8 @@ class PoolLedger:
             self._wants[key] = want
             if self._deciding:
                 self._queue(key, want)
+                if want.held:
+                    self._held.add(key)
         if key in self._grants and not grant_matches(self._grants[key], want):
             self._release.add(key)
 
@@ -249,13 +268,7 @@ class PoolLedger:
             if free is not None and want.slots > free:
                 held.append(entry)
                 continue
-            grant = PoolGrant(
-                pool=pool,
-                slots=want.slots,
-                try_number=want.try_number,
-                partition=want.partition,
-            )
-            admitted.append((key, grant))
+            admitted.append((key, _grant_of(want)))
             used += want.slots
         for entry in held:
             heapq.heappush(heap, entry)

@@ -382,6 +382,14 @@ class PoolWant(_Record):
     scheduled_at: AwareDatetime = Field(description="updated_at of the task's scheduled state.")
     try_number: int = Field(ge=0, description="The attempt that wants the slots.")
     partition: int = Field(ge=0, description="The task's partition of tasks and tasks.events.")
+    held: bool = Field(
+        default=False,
+        description=(
+            "The attempt already holds the slots (found queued, running or deferred without a"
+            " want, e.g. admitted before the ledger): the ledger counts it at once, even over"
+            " the pool's size, and admits nothing new until the pool is below its size."
+        ),
+    )
 
 
 class PoolGrant(_Record):

@@ -129,6 +129,21 @@ def test_a_lowered_size_takes_nothing_from_holders() -> None:
     assert granted(ledger.decide()) == ["k3"]
 
 
+def test_a_want_of_a_task_already_holding_is_counted_at_once_even_over_the_size() -> None:
+    """Tasks admitted before the ledger (one scheduler admitting locally) are adopted: they
+    are counted at once, and nothing new is admitted while the pool is over its size."""
+    ledger = PoolLedger(Pools(slots={"a": 1}))
+    ledger.apply(PoolEntry("want", "new", want(priority=9)))
+    ledger.apply(PoolEntry("want", "ran1", want(at=1).model_copy(update={"held": True})))
+    ledger.apply(PoolEntry("want", "ran2", want(at=2).model_copy(update={"held": True})))
+    assert granted(ledger.decide()) == ["ran1", "ran2"]
+    assert ledger.usage()["a"] == (2, 1)
+    ledger.apply(PoolEntry("want", "ran1"))
+    assert granted(ledger.decide()) == []
+    ledger.apply(PoolEntry("want", "ran2"))
+    assert granted(ledger.decide()) == ["new"]
+
+
 def test_entries_round_trip_and_bad_keys_are_refused() -> None:
     entry = PoolEntry("want", "d/t/r/-1", want())
     assert entry.key == "want/d/t/r/-1"

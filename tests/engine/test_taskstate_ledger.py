@@ -146,7 +146,7 @@ def test_a_task_holding_a_slot_without_a_want_gets_one() -> None:
     assert t.drain() == []
     [(_, value)] = wants(t.take_pool_writes())
     assert value is not None
-    assert value.try_number == 1
+    assert (value.try_number, value.held) == (1, True), "counted by the ledger at once"
 
 
 def test_a_rebuilt_table_does_not_start_a_started_task_again() -> None:
