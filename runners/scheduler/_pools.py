@@ -169,7 +169,9 @@ class PoolChannel:
             raise SchedulerError(f"cannot read {self.topic}: {exc}") from exc
         touched: set[int] = set()
         for message in batches.get(self.tp, ()):
-            self._fold(message.offset, message.key, message.value, touched)
+            partition = self.fold(message.offset, message.key, message.value)
+            if partition is not None:
+                touched.add(partition)
         self._position = await self._consumer_position()
         return touched
 
@@ -180,6 +182,33 @@ class PoolChannel:
         while self._position < end:
             touched |= await self.poll(timeout_ms)
         return touched
+
+    def fold(self, offset: int, key: bytes | None, value: bytes | None) -> int | None:
+        """Fold one pools-topic message (what :meth:`poll` does with each); returns the owned
+        partition whose table got it, if any."""
+        try:
+            entry = PoolEntry.read(key, value)
+        except SchemaError as exc:
+            self.bad_records += 1
+            logger.warning(
+                "unreadable pools record skipped: %s",
+                exc,
+                extra={"topic": self.topic, "offset": offset},
+            )
+            return None
+        self._position = max(self._position, offset + 1)
+        if entry.value is None:
+            self._latest.pop(entry.key, None)
+        else:
+            self._latest[entry.key] = (offset, entry)
+        if self.ledger is not None:
+            self.ledger.apply(entry, offset=offset)
+        partition = self.partition_of(entry.ti_key)
+        table = self._tables.get(partition)
+        if table is None:
+            return None
+        table.apply_pool(entry)
+        return partition
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -224,29 +253,6 @@ class PoolChannel:
 
     def _record(self, entry: PoolEntry) -> PoolRecord:
         return (self.topic, entry.key.encode(), entry.encode())
-
-    def _fold(self, offset: int, key: bytes | None, value: bytes | None, touched: set[int]) -> None:
-        try:
-            entry = PoolEntry.read(key, value)
-        except SchemaError as exc:
-            self.bad_records += 1
-            logger.warning(
-                "unreadable pools record skipped: %s",
-                exc,
-                extra={"topic": self.topic, "offset": offset},
-            )
-            return
-        if entry.value is None:
-            self._latest.pop(entry.key, None)
-        else:
-            self._latest[entry.key] = (offset, entry)
-        if self.ledger is not None:
-            self.ledger.apply(entry, offset=offset)
-        partition = self.partition_of(entry.ti_key)
-        table = self._tables.get(partition)
-        if table is not None:
-            table.apply_pool(entry)
-            touched.add(partition)
 
     async def _end(self) -> int:
         try:
