@@ -12,6 +12,7 @@ reads no clock.
 
 from __future__ import annotations
 
+import datetime as dt
 import heapq
 import logging
 from collections.abc import Iterable
@@ -78,8 +79,8 @@ def _grant_of(want: PoolWant) -> PoolGrant:
     )
 
 
-_Queued = tuple[int, str, str, int]
-"""A want waiting for slots: (-priority weight, scheduled at (ISO), ti_key, try number)."""
+_Queued = tuple[int, dt.datetime, str, int]
+"""A want waiting for slots: (-priority weight, scheduled at, ti_key, try number)."""
 
 
 class PoolLedger:
@@ -226,7 +227,7 @@ class PoolLedger:
     def _queue(self, key: str, want: PoolWant) -> None:
         if grant_matches(self._grants.get(key), want):
             return
-        entry = (-want.priority_weight, want.scheduled_at.isoformat(), key, want.try_number)
+        entry = (-want.priority_weight, want.scheduled_at, key, want.try_number)
         heapq.heappush(self._queues.setdefault(want.pool, []), entry)
 
     def _set_grant(self, key: str, grant: PoolGrant | None) -> None:
@@ -259,7 +260,7 @@ class PoolLedger:
                 or want.pool != pool
                 or want.try_number != entry[3]
                 or -want.priority_weight != entry[0]
-                or want.scheduled_at.isoformat() != entry[1]
+                or want.scheduled_at != entry[1]
                 or key in seen
                 or grant_matches(self._grants.get(key), want)
             ):

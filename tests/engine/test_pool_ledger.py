@@ -56,6 +56,21 @@ def test_grants_in_priority_order_while_the_pool_has_room() -> None:
     assert granted(writes) == ["k1"]
 
 
+def test_times_in_other_offsets_are_ordered_as_instants() -> None:
+    ledger = PoolLedger(Pools(slots={"a": 1}))
+    later = want(at=3600)  # 01:00 UTC
+    earlier = want().model_copy(  # 00:30 UTC, written at +02:00
+        update={
+            "scheduled_at": dt.datetime(
+                2026, 1, 1, 2, 30, tzinfo=dt.timezone(dt.timedelta(hours=2))
+            )
+        }
+    )
+    ledger.apply(PoolEntry("want", "later", later))
+    ledger.apply(PoolEntry("want", "earlier", earlier))
+    assert granted(ledger.decide()) == ["earlier"]
+
+
 def test_a_want_that_does_not_fit_keeps_its_place_while_a_smaller_one_goes() -> None:
     ledger = PoolLedger(Pools(slots={"a": 2}))
     ledger.apply(PoolEntry("want", "small0", want()))
