@@ -70,4 +70,8 @@ def topic_specs(
     add(names.dead, DEAD)
     # Never written: only its one partition's assignment matters (scheduler leadership).
     specs.setdefault(names.scheduler_lease, TopicSpec(names.scheduler_lease, 1, rf, dict(EVENTS)))
+    # One partition: the ledger's order is the topic's order (the ledger owner reads every
+    # want in the order the partition owners wrote them, and grants in that order).
+    pools = names.scheduler_pools
+    specs.setdefault(pools, TopicSpec(pools, 1, rf, {**COMPACTED, **durable}))
     return list(specs.values())

@@ -9,7 +9,7 @@ import itertools
 from typing import Any
 
 import pytest
-from deferline.engine import Pools, TaskTable
+from deferline.engine import LedgerAdmission, Pools, TaskTable
 from deferline.runners.scheduler._checkpoint import merge_states, split_delta
 from deferline.runners.scheduler._fold import TaskFold
 from deferline.runners.scheduler._phase import Phase, PhaseMachine
@@ -207,3 +207,12 @@ def test_the_lifecycle_moves_only_along_its_edges(moves: list[Phase]) -> None:
     if machine.phase is Phase.STOPPED:
         with pytest.raises(ValueError, match="from stopped"):
             machine.move(Phase.ACTIVE)
+
+
+def test_a_reset_fold_keeps_ledger_admission() -> None:
+    ledger = LedgerAdmission(partition_of=lambda _: 1)
+    fold = TaskFold(Pools(slots={"p": 1}), ledger=ledger)
+    fold.reset()
+    assert fold.table.ledger is ledger
+    assert fold.table.pools == Pools(slots={"p": 1})
+    assert TaskFold().table.ledger is None
