@@ -141,6 +141,10 @@ class Processes:
         self._started.append(process)
         return process
 
+    def dead(self) -> list[str]:
+        """The logs of the processes that have stopped by themselves."""
+        return [str(p.log_path) for p in self._started if not p.alive]
+
     def close(self) -> None:
         for process in reversed(self._started):
             process.close()
@@ -288,6 +292,7 @@ async def test_each_bridge_serves_its_trigger_queues_only(
     assert await defer_requests(kafka_clients, names.defer(), run_id) == {}
     for task_id in on_a | {"on_b"}:  # each resumed with its own trigger's event
         assert xcom(af, dag, run_id, task_id, "return_value") == f"fired for {task_id}"
+    assert processes.dead() == []
 
 
 async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
@@ -348,6 +353,7 @@ async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
     log = af.task_log(dag, "sensor_templated", run_id=run_id)
     assert "Trigger failure" in log
     assert "dag_run.run_after" in log
+    assert processes.dead() == []
 
 
 async def test_a_bridge_of_a_team_claims_that_teams_rows_only(
@@ -359,8 +365,7 @@ async def test_a_bridge_of_a_team_claims_that_teams_rows_only(
     af = airflow
     run_id = run_id_of(settings, "teams")
     team_dag, global_dag = "features_team_x", "features_no_team"
-    await trigger_dag(af, team_dag, run_id)
-    await trigger_dag(af, global_dag, run_id)
+    await asyncio.gather(trigger_dag(af, team_dag, run_id), trigger_dag(af, global_dag, run_id))
     await reach(af, team_dag, run_id, {"in_team_x"}, "deferred")
     await reach(af, global_dag, run_id, {"no_team"}, "deferred")
     # The rows carry their DAG bundle's team, and (queues_enabled) the tasks' queue, default.
@@ -386,6 +391,7 @@ async def test_a_bridge_of_a_team_claims_that_teams_rows_only(
     assert set(await defer_requests(kafka_clients, defer, run_id)) == {"no_team"}
     assert xcom(af, team_dag, run_id, "in_team_x", "return_value") == "fired for in_team_x"
     assert xcom(af, global_dag, run_id, "no_team", "return_value") == "fired for no_team"
+    assert processes.dead() == []
 
 
 async def test_a_bridge_refuses_what_airflow_triggerer_refuses(airflow: AirflowDeployment) -> None:

@@ -16,7 +16,8 @@ START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 with DAG(dag_id="features_queues", schedule=None, start_date=START, default_args=ARGS):
     DefersFromWorker(task_id="on_a_1", queue="a")
     DefersFromWorker(task_id="on_a_2", queue="a")
-    DefersFromWorker(task_id="on_b", queue="b")
+    # Served only once queue a's tasks are done, 15 s and more after this one deferred.
+    DefersFromWorker(task_id="on_b", queue="b", delay=1)
 
 with DAG(dag_id="features_start_from_trigger", schedule=None, start_date=START, default_args=ARGS):
     StartsFromTrigger(task_id="resumes_on_a_worker")
@@ -34,6 +35,7 @@ with DAG(dag_id="features_start_from_trigger", schedule=None, start_date=START, 
         start_from_trigger=True,
     )
 
-# The team test's neighbour: deferred from a worker, in no team.
+# The team test's neighbour: deferred from a worker, in no team; served only once the team's
+# task is done, 15 s and more after this one deferred.
 with DAG(dag_id="features_no_team", schedule=None, start_date=START, default_args=ARGS):
-    DefersFromWorker(task_id="no_team")
+    DefersFromWorker(task_id="no_team", delay=1)

@@ -16,11 +16,19 @@ RESUME_AFTER = 15
 
 
 class DefersFromWorker(BaseOperator):
-    """Runs on a worker, defers on ``FireAfter``, returns the event as its XCom."""
+    """Runs on a worker, defers on ``FireAfter``, returns the event as its XCom.
+
+    ``delay`` may be shorter than ``RESUME_AFTER`` for a task whose trigger cannot start
+    before the scheduler has long read the report of the run that deferred.
+    """
+
+    def __init__(self, *, delay: float = RESUME_AFTER, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay = delay
 
     def execute(self, context: Any) -> None:
         payload = f"fired for {self.task_id}"
-        self.defer(trigger=FireAfter(RESUME_AFTER, payload), method_name="execute_complete")
+        self.defer(trigger=FireAfter(self.delay, payload), method_name="execute_complete")
 
     def execute_complete(self, context: Any, event: Any = None) -> str:
         return event
