@@ -62,11 +62,6 @@ class TopicNames:
         return f"{self._worker_topic(worker_queue)}.resumes"
 
     @property
-    def scheduler_lease(self) -> str:
-        """One partition, no records: the group member holding it is the active scheduler."""
-        return f"{self.prefix}scheduler.lease"
-
-    @property
     def dead(self) -> str:
         """DeadLetter records: messages that could not be processed."""
         return f"{self.prefix}dead"

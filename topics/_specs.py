@@ -68,6 +68,4 @@ def topic_specs(
         add(names.work(worker_queue), EVENTS)
         add(names.resumes(worker_queue), EVENTS)
     add(names.dead, DEAD)
-    # Never written: only its one partition's assignment matters (scheduler leadership).
-    specs.setdefault(names.scheduler_lease, TopicSpec(names.scheduler_lease, 1, rf, dict(EVENTS)))
     return list(specs.values())

@@ -20,11 +20,8 @@ def test_default_layout():
             "d.queue",
             "d.queue.resumes",
             "d.dead",
-            "d.scheduler.lease",
         ]
     )
-    lease = specs.pop("d.scheduler.lease")
-    assert (lease.partitions, lease.replication_factor) == (1, 3), "one partition: one leader"
     assert {(s.partitions, s.replication_factor) for s in specs.values()} == {(6, 3)}
 
 
@@ -51,7 +48,7 @@ def test_queues_add_co_partitioned_pairs_and_worker_topics():
         assert defer.config["cleanup.policy"] == "compact"
     assert "d.queue.gpu" in specs
     assert "d.queue.gpu.resumes" in specs
-    assert len(topic_specs(settings, queues=["fast", "fast", "default"])) == 10
+    assert len(topic_specs(settings, queues=["fast", "fast", "default"])) == 9
 
 
 def test_task_events_share_the_tasks_partitions_and_the_resume_retention():
