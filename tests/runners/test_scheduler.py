@@ -179,7 +179,8 @@ async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> N
     producer = FakeProducer(partitions=3, room=2)
     sched._parts[0].publisher._producer = producer
     tasks = [TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(7)]
-    await sched._parts[0].chain.publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
+    chain = sched._parts[0].chain
+    await chain.publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
     expected: dict[int, int] = {}
     for task in tasks:
         p = partition_for(task.ti_key.encode(), 3)
@@ -260,7 +261,8 @@ async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> N
     assert len(sched.table) == 0, "its tasks are dropped"
     assert sched.table.pool_usage()["default_pool"] == (0, 1), "and their slots freed"
     assert publisher._producer is None
-    assert producer is not None and producer.log[-1] == ("stop", "", None)  # type: ignore[attr-defined]
+    assert producer is not None
+    assert producer.log[-1] == ("stop", "", None)
     # Read back afterwards (the partition came back): decoded like any record.
     assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
     assert sched.table._views[TASK.ti_key].inflight == []
@@ -476,7 +478,7 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
     for phase in (Phase.JOINING, Phase.RUNNING):
         sched.phase.move(phase)
     events = FakeEvents(batches=6)
-    loop = asyncio.create_task(sched._events_loop(events))  # type: ignore[arg-type]
+    loop = asyncio.create_task(sched._events_loop(events))
     try:
         ahead = scheduler_module._BATCHES_AHEAD
         await wait_for_condition(lambda: events.fetched == ahead + 1)
