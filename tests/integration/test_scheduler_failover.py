@@ -172,6 +172,7 @@ async def test_sigkill_of_a_scheduler_moves_its_partitions_within_the_session_ti
         # docs/operations.md): there the bound is that much longer.
         bound = SESSION_TIMEOUT * (1.5 if broker_backend == "tansu" else 1.0) + 2.0
         assert moved < bound, f"{moved:.1f}s to run the killed one's partitions"
+        print(f"SIGKILL -> partitions written for by the survivor: {moved:.2f}s")
         assert set(survivor.assignments()[-1]["acquired"]) == orphaned
         await firing
         await check_exactly_once(settings, flow, tasks, processes=[survivor])  # type: ignore[arg-type]
@@ -264,6 +265,7 @@ async def test_churn_every_task_resumed_once_while_schedulers_join_leave_die_and
                 message="every task resumed",
             )
             churned = time.monotonic() - began
+            print(f"churn: {CHURN_TASKS} resumed {churned:.1f}s after the first eighth")
             await wait_until(lambda: all_events_committed(settings, flow), timeout=60)
             await wait_until(lambda: flow_caught_up(flow), timeout=30)
             runs = Counter(
