@@ -57,6 +57,7 @@ from deferline.topics import (
     Lifecycle,
     Settings,
     TopicNames,
+    describe_topics,
     ensure_topics,
     make_consumer,
     partition_for,
@@ -433,6 +434,10 @@ class Scheduler(Lifecycle):
         assert reader is not None
         assert events is not None
         try:
+            # Kafka leaves topics this principal may not describe out of the metadata: the
+            # group would assign nothing, and the scheduler wait forever. Asked for by name,
+            # a missing ACL is named (AuthorizationError) instead.
+            await describe_topics(self.settings, [self.names.task_events], configs=False)
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 events.subscribe([self.names.task_events], listener=_Listener(self))
@@ -447,11 +452,11 @@ class Scheduler(Lifecycle):
                         "topic": self.names.task_events,
                     },
                 )
-        except BaseExceptionGroup as group_error:
+        except ExceptionGroup as group_error:
             self.phase.move(Phase.FAILED)
             self._moved()
             raise _first(group_error) from None
-        except BaseException:
+        except Exception:
             self.phase.move(Phase.FAILED)
             self._moved()
             raise
@@ -1006,7 +1011,7 @@ class Scheduler(Lifecycle):
         return dead_letter(message, error, member=self.group_id)
 
 
-def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+def _first(group: ExceptionGroup[Any]) -> BaseException:
     """The first error of a task group's failure, as the scheduler's own."""
     error: BaseException = group
     while isinstance(error, BaseExceptionGroup):
