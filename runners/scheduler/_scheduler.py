@@ -883,6 +883,8 @@ class Scheduler(Lifecycle):
             async with self._publish_lock:
                 self._dead_letter_orphans(generation)
             self.table.forget_finished(self.finished_retention)
+            if len(self._key_partition) > 2 * len(self.table) + 10_000:
+                self._key_partition.clear()  # keys of forgotten tasks: computed again if seen
             await self._refresh_events_lag()
 
     def _dead_letter_orphans(self, generation: int) -> None:
