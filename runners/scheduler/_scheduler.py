@@ -392,7 +392,7 @@ class Scheduler(Lifecycle):
             max_poll_records=None,
             fetch_max_wait_ms=self._fetch_wait_ms,
             session_timeout_ms=session_ms,
-            heartbeat_interval_ms=max(100, session_ms // 5),
+            heartbeat_interval_ms=max(100, session_ms // 10),  # a rebalance is seen sooner
             rebalance_timeout_ms=max(session_ms, 30_000),
             partition_assignment_strategy=(self._assignor, RoundRobinPartitionAssignor),
             group_instance_id=self.group_instance_id,
