@@ -60,7 +60,6 @@ from deferline.topics import (
     describe_topics,
     ensure_topics,
     make_consumer,
-    partition_for,
     stop_client,
     topic_specs,
     trace_receive,
@@ -88,6 +87,7 @@ from ._phase import Phase, PhaseMachine
 from ._publisher import SchedulerFenced, SchedulerPublisher
 from ._publishing import DecisionChain, EventOffsets, SchedulerError
 from ._records import dead_letter, orphan_letter
+from ._routing import PartitionRouter
 from ._tasks_topic import TasksReader
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
@@ -203,8 +203,7 @@ class Scheduler(Lifecycle):
         self._worker_queues = {"default", *worker_queues}
         self._ensured_queues: set[str] = set()
         self._parts: dict[int, OwnedPartition] = {}
-        self._partition_count = 0
-        self._key_partition: dict[str, int] = {}
+        self.router = PartitionRouter()
         self._reader: TasksReader | None = None
         self._events: AIOKafkaConsumer | None = None
         self._assignor = StickyAssignor()
@@ -345,7 +344,7 @@ class Scheduler(Lifecycle):
                 tasks, self.fold, max_records=self.max_records, dead=self._dead
             )
             await tasks.start()
-            self._partition_count = len(await self._tasks_partitions(tasks))
+            self.router.partitions = len(await self._tasks_partitions(tasks))
             self._events = self._member()
             await self._events.start()
             leave_from_generation_zero(self._events)
@@ -542,17 +541,6 @@ class Scheduler(Lifecycle):
 
     # -- publishing -----------------------------------------------------------------------------
 
-    def _partition_of(self, key: str) -> int:
-        found = self._key_partition.get(key)
-        if found is None:
-            found = self._key_partition[key] = partition_for(key.encode(), self._partition_count)
-        return found
-
-    def _task_key(self, emit: Emit) -> str:
-        if emit.kind == "cancel_request":
-            return emit.record.task.ti_key
-        return emit.key
-
     def _publish(
         self,
         out: Iterable[Emit],
@@ -564,12 +552,7 @@ class Scheduler(Lifecycle):
         the ``offsets`` partitions) to its chain; a partition that cannot write now holds
         them. Synchronous; call with the publish lock. Returns the batches started (also
         kept to be awaited by the events loop)."""
-        batches: dict[int, PartitionBatch] = {}
-        for emit in out:
-            p = self._partition_of(self._task_key(emit))
-            batches.setdefault(p, PartitionBatch()).out.append(emit)
-        for letter in dead:
-            batches.setdefault(letter.partition, PartitionBatch()).dead.append(letter)
+        batches = self.router.route(out, dead)
         started: list[asyncio.Task[None]] = []
         for p in sorted({*batches, *offsets}):
             batch = batches.get(p, PartitionBatch())
@@ -723,7 +706,7 @@ class Scheduler(Lifecycle):
                 "kept": list(change.kept),
                 "acquired": list(change.acquired),
                 "lost": list(change.released),
-                "pools_exact": self.admission.exact(len(mine), self._partition_count),
+                "pools_exact": self.admission.exact(len(mine), self.router.partitions),
             },
         )
         if change.acquired and self._group is not None and not self._closing:
@@ -793,7 +776,7 @@ class Scheduler(Lifecycle):
                     self.checkpoints,
                     prefix=self.settings.topic_prefix,
                     group=self.group_id,
-                    total=self._partition_count,
+                    total=self.router.partitions,
                 )
                 positions = dict(side.positions)
             finally:
@@ -851,9 +834,8 @@ class Scheduler(Lifecycle):
         """Drop partition ``p`` without writing: its tasks, offsets, reader position,
         checkpoint database and producer."""
         part = self._parts.pop(p, None)
-        self.table.drop_where(lambda key: self._partition_of(key) == p)
-        for key in [k for k, n in self._key_partition.items() if n == p]:
-            del self._key_partition[key]
+        self.table.drop_where(lambda key: self.router.partition_of(key) == p)
+        self.router.forget(p)
         if part is None:
             return
         self._published_gone += part.chain.published
@@ -883,8 +865,7 @@ class Scheduler(Lifecycle):
             async with self._publish_lock:
                 self._dead_letter_orphans(generation)
             self.table.forget_finished(self.finished_retention)
-            if len(self._key_partition) > 2 * len(self.table) + 10_000:
-                self._key_partition.clear()  # keys of forgotten tasks: computed again if seen
+            self.router.trim(2 * len(self.table) + 10_000)
             await self._refresh_events_lag()
 
     def _dead_letter_orphans(self, generation: int) -> None:

@@ -117,7 +117,7 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
 def own_partition_zero(scheduler: Scheduler) -> None:
     """Make ``scheduler`` the owner of partition 0 of a one-partition layout, as an
     acquisition leaves it (without a broker)."""
-    scheduler._partition_count = 1
+    scheduler.router.partitions = 1
     scheduler._parts[0] = scheduler._owned_partition(0)
     scheduler.ownership.assign({0})
     scheduler.ownership.acquired(0)

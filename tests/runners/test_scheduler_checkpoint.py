@@ -159,7 +159,7 @@ def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore, A
     sched.checkpoints._stores = {0: store}  # type: ignore[dict-item]
     sched.checkpoints._topic, sched.checkpoints._partitions = "p.tasks", 1
     sched.fold.table = _table(2)
-    sched._partition_count = 1
+    sched.router.partitions = 1
     sched._parts[0] = sched._owned_partition(0)
     sched.ownership.assign({0})
     sched.ownership.acquired(0)

@@ -1,10 +1,15 @@
-"""The per-partition ownership lifecycle: one enum, one transition table, illegal moves refused."""
+"""The per-partition ownership lifecycle (one enum, one transition table, illegal moves
+refused), and decisions routed to their task partition."""
 
 from __future__ import annotations
 
 import pytest
+from deferline.engine import Emit
 from deferline.runners.scheduler._ownership import Hold, IllegalMove, Ownership
-from hypothesis import settings
+from deferline.runners.scheduler._routing import PartitionRouter
+from deferline.schemas import CancelRequest, TaskKey, TaskStateRecord
+from deferline.topics import partition_for
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -81,3 +86,28 @@ def test_illegal_moves_name_the_partition_and_both_stages() -> None:
         ownership.assign({3})
     with pytest.raises(IllegalMove, match="from active to acquiring"):
         ownership._move(3, Hold.ACQUIRING)
+
+
+@given(st.lists(st.integers(0, 30), max_size=40), st.integers(1, 7))
+def test_decisions_go_to_their_tasks_partition_in_order(ids: list[int], partitions: int) -> None:
+    router = PartitionRouter(partitions)
+    tasks = [TaskKey(dag_id="d", task_id=f"t{i}", run_id="r") for i in ids]
+    out = [Emit(TaskStateRecord(task=task, state="queued")) for task in tasks]
+    out += [
+        Emit(CancelRequest(trigger_id=f"trigger-{i}", task=task), queue=None)
+        for i, task in enumerate(tasks)
+    ]
+    routed = router.route(out)
+    for p, batch in routed.items():
+        assert batch.out == [e for e in out if router.partition_of(_task_of(e)) == p]
+        for emit in batch.out:
+            assert partition_for(_task_of(emit).encode(), partitions) == p
+    assert sum(len(b.out) for b in routed.values()) == len(out)
+    for p in range(partitions):
+        router.forget(p)
+    assert router._known == {}
+
+
+def _task_of(emit: Emit) -> str:
+    record = emit.record
+    return record.task.ti_key if isinstance(record, CancelRequest) else emit.key
