@@ -65,9 +65,11 @@ class SchedulerPublisher:
                 # by default, up to three times per batch). The Java client waits 20 ms.
                 retry_backoff_ms=20,
             )
+            self._producer = producer  # stop() closes it even if its start is cancelled
             try:
                 await producer.start()  # InitProducerId: bumps the epoch, fences the old owner
             except (UnknownError, UnsupportedVersionError) as exc:
+                self._producer = None
                 await producer.stop()
                 if transactions:
                     raise SchedulerFenced(f"the broker has no transactions: {exc}") from exc
@@ -77,7 +79,6 @@ class SchedulerPublisher:
                     extra={"transactional_id": self.transactional_id},
                 )
             else:
-                self._producer = producer
                 self.transactional = True
                 logger.debug(
                     "partition producer started in transactions",
@@ -85,9 +86,9 @@ class SchedulerPublisher:
                 )
                 return
         producer = make_producer(self.settings, linger_ms=5, max_batch_size=1 << 20)
-        await producer.start()
         self._producer = producer
         self.transactional = False
+        await producer.start()
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None

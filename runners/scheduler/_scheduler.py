@@ -654,12 +654,12 @@ class Scheduler(Lifecycle):
             return
         acquisition = self._acquisition
         if acquisition is not None and not acquisition.done() and not self._absorbing:
-            acquisition.cancel()
-        if acquisition is not None:
-            await asyncio.wait({acquisition})
-        self._acquisition = None
-        async with self._publish_lock:
+            acquisition.cancel()  # one joining its partitions to the table finishes that first
+        async with self._publish_lock:  # free unless a fold or that join is under way
             quiesced, abandoned = self.ownership.revoke()
+        if acquisition is not None:
+            await asyncio.wait({acquisition})  # its reader is closed before its databases
+        self._acquisition = None
         self._moved()
         for p in abandoned:
             await self._release(p)
