@@ -1,4 +1,5 @@
-"""Micro-benchmark of the wire codec: µs per DeferRequest encoded and decoded, plain and sealed.
+"""Micro-benchmark of the wire codec: µs per DeferRequest encoded and decoded, plain and sealed;
+and the partitioner's hash of a task key.
 
 Run: .venv/bin/python bench/bench_schemas.py [--number N]
 Prints a Markdown table (best of 5 repeats) for docs/benchmarks.md.
@@ -27,6 +28,8 @@ from deferline.schemas import (
     open_kwargs,
     seal,
 )
+from deferline.topics import partition_for
+from deferline.topics._partitioner import murmur2_reference
 
 
 def sample_request() -> DeferRequest:
@@ -61,6 +64,7 @@ def main() -> None:
     sealed_request = seal(request, cipher)
     sealed = encode(sealed_request)
     payload = {"moment": request.kwargs["moment"]}
+    ti_key = request.task.ti_key.encode()
 
     rows = [
         ("encode DeferRequest (plain)", len(plain), lambda: encode(request)),
@@ -79,6 +83,12 @@ def main() -> None:
         ),
         ("make_trigger_id", None, lambda: make_trigger_id(request.task, 0)),
         ("make_event_id", None, lambda: make_event_id(request.trigger_id, "fired", payload)),
+        ("partition_for(ti_key, 12)", len(ti_key), lambda: partition_for(ti_key, 12)),
+        (
+            "murmur2 of ti_key, the Python reference",
+            len(ti_key),
+            lambda: murmur2_reference(ti_key),
+        ),
     ]
     print(
         f"Python {platform.python_version()}, pydantic {pydantic.VERSION}, "

@@ -48,6 +48,8 @@ from ._operator_run import (
     start_deferral,
 )
 from ._outcome import OutcomeStatus, TriggerOutcome
+from ._pool_claims import LedgerAdmission, PoolClaims
+from ._pool_ledger import PoolEntry, PoolLedger, grant_matches
 from ._supervisor import TriggerSupervisor
 from ._task_pools import Pools
 from ._taskstate import TaskTable
@@ -89,6 +91,7 @@ __all__ = [
     "Emit",
     "Failed",
     "LagHistogram",
+    "LedgerAdmission",
     "OperatorError",
     "OperatorImportError",
     "OperatorKwargsError",
@@ -96,6 +99,9 @@ __all__ = [
     "OperatorNotAllowed",
     "OperatorResult",
     "OutcomeStatus",
+    "PoolClaims",
+    "PoolEntry",
+    "PoolLedger",
     "Pools",
     "SensorTimeout",
     "SerializableTrigger",
@@ -128,6 +134,7 @@ __all__ = [
     "Verdict",
     "WrittenState",
     "deferral_records",
+    "grant_matches",
     "import_operator",
     "is_allowed",
     "load_operator",

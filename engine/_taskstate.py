@@ -19,7 +19,10 @@ Rules (Airflow's, with deferline's pool handling):
   a resume RunTask; ``failed``/``timed_out`` → resume into ``__fail__``; an event with
   ``task_outcome`` ends the task without a worker; ``cancelled`` → ``removed``.
 - Pools with slot counts admit new work in priority-weight order. ``queued``, ``running`` and
-  ``deferred`` tasks hold their slots; a resume keeps the slot and bypasses the pool.
+  ``deferred`` tasks hold their slots; a resume keeps the slot and bypasses the pool. With
+  :class:`LedgerAdmission` (several schedulers, each owning some task partitions), limited
+  pools admit through the pool ledger instead: the table publishes wants and starts a task
+  when it reads its grant (see :mod:`._pool_claims`); unlimited pools still admit at once.
 - ``up_for_retry`` schedules the next try; a task cleared (``removed``) while deferred gets a
   CancelRequest for its trigger.
 
@@ -45,6 +48,8 @@ from deferline.schemas import (
     decode,
 )
 
+from ._pool_claims import LedgerAdmission, PoolClaims
+from ._pool_ledger import PoolEntry
 from ._task_pools import PoolBook, Pools, _holds, start_records
 from ._taskstate_checkpoint import FORMAT, TableDelta, read_rows
 from ._taskstate_values import (
@@ -70,11 +75,17 @@ logger = logging.getLogger(__name__)
 class TaskTable:
     """State of every task instance, folded from the tasks and resume topics. No I/O.
 
-    Feed records with :meth:`apply`; collect what to publish with :meth:`drain`.
+    Feed records with :meth:`apply`; collect what to publish with :meth:`drain`. With
+    ``ledger``, tasks of limited pools are admitted through the pool ledger: feed the pools
+    topic's records of this table's tasks with :meth:`apply_pool`, and publish the wants
+    :meth:`take_pool_writes` hands out after each drain.
     """
 
-    def __init__(self, *, pools: Pools | None = None) -> None:
+    def __init__(
+        self, *, pools: Pools | None = None, ledger: LedgerAdmission | None = None
+    ) -> None:
         self._pools = PoolBook(pools if pools is not None else Pools())
+        self._claims = PoolClaims(self._pools.pools, ledger) if ledger is not None else None
         self.counters = TableCounters()
         self._views: dict[str, _View] = {}
         self._pending: dict[str, list[_Pending]] = {}
@@ -133,8 +144,19 @@ class TaskTable:
         return self._pools.pools
 
     def pool_usage(self) -> dict[str, tuple[int, int | None]]:
-        """Slots in use and pool size, per pool that has been used or configured."""
+        """Slots in use and pool size, per pool that has been used or configured (with a
+        ledger: the slots this table's tasks hold; the ledger has the global figure)."""
         return self._pools.usage()
+
+    @property
+    def ledger(self) -> LedgerAdmission | None:
+        """How limited pools admit through the pool ledger; None: admitted in this table."""
+        return self._claims.admission if self._claims is not None else None
+
+    @property
+    def pool_claims(self) -> PoolClaims | None:
+        """The wants and grants of this table's tasks (ledger admission only)."""
+        return self._claims
 
     @property
     def pending_events(self) -> int:
@@ -186,8 +208,25 @@ class TaskTable:
                 record = record.full()  # not a write this table waits for: fold it as any
         return self._apply_state(record)
 
+    def apply_pool(self, entry: PoolEntry) -> None:
+        """Fold a pools-topic record (want or grant) of one of this table's tasks; a grant
+        for a task still ``scheduled`` on that attempt starts it at the next :meth:`drain`."""
+        if self._claims is None:
+            raise ValueError("this table admits locally: it has no pool ledger to read")
+        self._claims.read(entry)
+
+    def take_pool_writes(self) -> list[PoolEntry]:
+        """The wants and want tombstones :meth:`drain` decided, to publish on the pools
+        topic in this order, in the same transaction as the drain's records."""
+        if self._claims is None:
+            return []
+        out, self._claims.outbox = self._claims.outbox, []
+        return out
+
     def forget(self, ti_key: str) -> None:
         """Drop a task instance (its key was tombstoned on the tasks topic); frees its slot."""
+        if self._claims is not None:
+            self._claims.dirty.add(ti_key)
         view = self._views.pop(ti_key, None)
         if view is not None and view.holds is not None:
             self._pools.hold(view.holds, None)
@@ -322,6 +361,8 @@ class TaskTable:
                 view.needs_repair = False
                 self.counters.repairs += 1
         self._repair.clear()
+        if self._claims is not None:
+            self._settle_claims(self._claims)
         for pool in self._pools.waiting():
             for key, view in self._pools.admissible(pool, self._views):
                 assert view.target is not None  # admissible tasks have one
@@ -336,8 +377,9 @@ class TaskTable:
 
     @property
     def unpublished(self) -> bool:
-        """True while the table holds decisions that :meth:`drain` has not handed out."""
-        return bool(self._outbox)
+        """True while the table holds decisions that :meth:`drain` (or
+        :meth:`take_pool_writes`) has not handed out."""
+        return bool(self._outbox) or (self._claims is not None and bool(self._claims.outbox))
 
     def track_changes(self) -> None:
         """Note from now on which keys change; every key known so far counts as changed."""
@@ -383,7 +425,18 @@ class TaskTable:
             raise ValueError(f"checkpoint format {state.get('format')!r}, expected {FORMAT}")
         restored = read_rows(rows, self._shared)
         views = self._views = restored.views
-        self._pools.restore(restored.used, restored.ready)
+        ready = restored.ready
+        claims = self._claims
+        if claims is not None:  # limited pools admit through the ledger: settle them anew
+            ready = {pool: queue for pool, queue in ready.items() if not claims.limited(pool)}
+            claims.dirty.update(
+                key
+                for key, view in views.items()
+                if view.target is not None
+                and claims.limited(view.target.pool)
+                and (view.holds is not None or view.record.state == "scheduled")
+            )
+        self._pools.restore(restored.used, ready)
         self._finished = deque(restored.finished)
         self._retry = restored.retry
         self._clock = dt.datetime.fromisoformat(state["clock"])
@@ -494,10 +547,21 @@ class TaskTable:
         if holds != view.holds:
             self._pools.hold(view.holds, holds)
             view.holds = holds
-        if record.state == "scheduled" and record.next_method is None and view.target is not None:
+        claims = self._claims
+        if claims is not None and (
+            (view.target is not None and claims.limited(view.target.pool))
+            or claims.want(key) is not None
+        ):
+            claims.dirty.add(key)  # a want to publish or tombstone, a grant to use: in drain
+        if (
+            record.state == "scheduled"
+            and record.next_method is None
+            and view.target is not None
+            and (claims is None or not claims.limited(view.target.pool))
+        ):
             entry = (-view.target.priority_weight, record.updated_at, key, record.try_number)
             self._pools.wait(view.target.pool, entry)
-        elif record.state == "up_for_retry":
+        if record.state == "up_for_retry":
             self._retry.add(key)
         elif (
             record.state == "removed"
@@ -654,6 +718,21 @@ class TaskTable:
         self._outbox.append(Emit(marker))
         view.inflight.append(marker)
         self.counters.cancels += 1
+
+    def _settle_claims(self, claims: PoolClaims) -> None:
+        """Publish the wants the tasks call for; start the granted ones (as local admission
+        would: their ``queued`` state and RunTask)."""
+        keys = sorted(claims.dirty)
+        claims.dirty.clear()
+        for key in keys:
+            view = self._views.get(key)
+            if claims.settle(key, view):
+                assert view is not None
+                assert view.target is not None
+                state, run = start_records(view.record, view.target, self._clock)
+                self._own(key, view, state)
+                self._outbox.append(Emit(run))
+                self.counters.starts += 1
 
     def _schedule_retry(self, key: str) -> None:
         view = self._views[key]

@@ -13,9 +13,13 @@ positions and are read back as echoes). Not held: events pending on the resume t
 scheduler never commits a resume offset past a pending event, so a restart reads them
 again), the own-writes cache of the runner, the trigger ids of events already accounted for
 (a fold of the tasks topic does not know them either; they only choose which counter a
-repeated event lands in) and the counters. Derived structures (pool usage, the admission
-queues, retries, finished order) are rebuilt from the views; pending repairs and cancels,
-which a view alone cannot tell, are exported whole with every checkpoint (there are few).
+repeated event lands in), the counters, and, with ledger admission, the wants and grants of the
+pools topic (every scheduler reads that small compacted topic from its beginning at each start,
+and must have read it to its end before its first drain; a restored table settles again every
+task of a limited pool that is scheduled or holds a slot). Derived structures (pool usage,
+the admission queues, retries, finished order) are rebuilt from the views; pending repairs and
+cancels, which a view alone cannot tell, are exported whole with every checkpoint (there are
+few).
 """
 
 from __future__ import annotations

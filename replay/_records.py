@@ -6,10 +6,11 @@ import datetime as dt
 from dataclasses import dataclass
 
 from deferline.schemas import (
-    AnyRecord,
     CancelRequest,
     DeadLetter,
     DeferRequest,
+    PoolGrant,
+    PoolWant,
     RunTask,
     SchemaError,
     TaskKey,
@@ -21,6 +22,11 @@ from deferline.schemas import (
 from ._topics import TopicInfo, TopicRole
 
 __all__ = ["REDRIVE_HEADER", "Position", "RawRecord", "ReplayRecord", "decode_raw"]
+
+TopicRecord = (
+    DeferRequest | CancelRequest | TriggerEventRecord | TaskStateRecord | RunTask | DeadLetter
+)
+"""The records of the topics replay reads (the pool ledger's are not among them)."""
 
 REDRIVE_HEADER = "deferline-redrive"
 """Header set on a DeferRequest that `deferline replay redrive` re-published."""
@@ -60,7 +66,7 @@ class ReplayRecord:
     role: TopicRole
     queue: str | None
     key: str | None
-    record: AnyRecord | None
+    record: TopicRecord | None
     error: str | None = None
     redriven: bool = False
 
@@ -155,13 +161,18 @@ def decode_raw(raw: RawRecord) -> ReplayRecord:
     position = Position(raw.topic.name, raw.partition, raw.offset, _ms_to_dt(raw.timestamp_ms))
     key = raw.key.decode("utf-8", "replace") if raw.key is not None else None
     redriven = any(name == REDRIVE_HEADER for name, _ in raw.headers)
-    record: AnyRecord | None = None
+    record: TopicRecord | None = None
     error: str | None = None
     if raw.value is not None:
         try:
-            record = decode(raw.value)
+            decoded = decode(raw.value)
         except SchemaError as exc:
             error = str(exc)
+        else:
+            if isinstance(decoded, PoolWant | PoolGrant):
+                error = f"a pool ledger record ({decoded.kind}) on a topic it does not belong to"
+            else:
+                record = decoded
     return ReplayRecord(
         position, raw.topic.role, raw.topic.queue, key, record, error=error, redriven=redriven
     )

@@ -367,8 +367,55 @@ class DeadLetter(_Record):
     task: TaskKey | None = None
 
 
+class PoolWant(_Record):
+    """A task asks for slots of a limited pool: value of ``want/<ti_key>`` on the pools topic.
+
+    Written by the scheduler owning the task's partition while the task is ``scheduled`` (or
+    holds its slots) in a pool with a slot count; tombstoned once it neither holds nor wants
+    them. The ledger admits wants in (-priority_weight, scheduled_at, ti_key) order.
+    """
+
+    kind: Literal["pool_want"] = "pool_want"
+    pool: str = Field(min_length=1)
+    slots: int = Field(ge=1, description="Slots the task takes (its pool_slots).")
+    priority_weight: int = 1
+    scheduled_at: AwareDatetime = Field(description="updated_at of the task's scheduled state.")
+    try_number: int = Field(ge=0, description="The attempt that wants the slots.")
+    partition: int = Field(ge=0, description="The task's partition of tasks and tasks.events.")
+    held: bool = Field(
+        default=False,
+        description=(
+            "The attempt already holds the slots (found queued, running or deferred without a"
+            " want, e.g. admitted before the ledger): the ledger counts it at once, even over"
+            " the pool's size, and admits nothing new until the pool is below its size."
+        ),
+    )
+
+
+class PoolGrant(_Record):
+    """Slots of a pool given to one attempt: value of ``grant/<ti_key>`` on the pools topic.
+
+    Written by the ledger owner (the owner of task partition 0) only while the pool's live
+    grants plus these slots stay within its size; tombstoned once the matching want is gone
+    or superseded, which frees the slots.
+    """
+
+    kind: Literal["pool_grant"] = "pool_grant"
+    pool: str = Field(min_length=1)
+    slots: int = Field(ge=1)
+    try_number: int = Field(ge=0)
+    partition: int = Field(ge=0, description="The want's partition: who starts the task.")
+
+
 AnyRecord = (
-    DeferRequest | CancelRequest | TriggerEventRecord | TaskStateRecord | RunTask | DeadLetter
+    DeferRequest
+    | CancelRequest
+    | TriggerEventRecord
+    | TaskStateRecord
+    | RunTask
+    | DeadLetter
+    | PoolWant
+    | PoolGrant
 )
 
 RECORD_TYPES: dict[str, type[_Record]] = {
@@ -378,4 +425,6 @@ RECORD_TYPES: dict[str, type[_Record]] = {
     "task_state": TaskStateRecord,
     "run_task": RunTask,
     "dead_letter": DeadLetter,
+    "pool_want": PoolWant,
+    "pool_grant": PoolGrant,
 }

@@ -17,3 +17,12 @@ def airflow_line() -> int:
 STANDARD_TRIGGERS = (
     "airflow.providers.standard.triggers" if airflow_line() >= 3 else "airflow.triggers"
 )
+
+
+def airflow_version() -> tuple[int, int]:
+    """The installed Airflow's (major, minor); (0, 0) without Airflow."""
+    try:
+        major, minor = importlib.metadata.version("apache-airflow").split(".")[:2]
+    except importlib.metadata.PackageNotFoundError:
+        return (0, 0)
+    return int(major), int(minor)

@@ -128,7 +128,17 @@ def acl_bindings(
     ]
     worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
     scheduler = SchedulerResources.for_prefix(prefix, settings.partitions)
-    all_topics = [*defer, *resume, names.tasks, names.task_events, *work, *resumes, names.dead]
+    pools = names.scheduler_pools
+    all_topics = [
+        *defer,
+        *resume,
+        names.tasks,
+        names.task_events,
+        *work,
+        *resumes,
+        names.dead,
+        pools,
+    ]
 
     grants: dict[Role, list[tuple[ResourceType, Iterable[str], Operation]]] = {
         # Runs tasks: takes RunTasks, folds and writes task state, publishes DeferRequests,
@@ -146,10 +156,11 @@ def acl_bindings(
             ("TOPIC", [*resume, names.task_events, *resumes, names.dead], "WRITE"),
             ("GROUP", triggerer_groups, "READ"),
         ],
-        # Folds events into task state; writes state, RunTasks, cancels and dead letters.
+        # Folds events into task state; writes state, RunTasks, cancels and dead letters;
+        # reads and writes the pool ledger (wants of its tasks; grants, as the ledger owner).
         "scheduler": [
-            ("TOPIC", [names.task_events, names.tasks], "READ"),
-            ("TOPIC", [names.tasks, *work, *resumes, *defer, names.dead], "WRITE"),
+            ("TOPIC", [names.task_events, names.tasks, pools], "READ"),
+            ("TOPIC", [names.tasks, *work, *resumes, *defer, names.dead, pools], "WRITE"),
             ("GROUP", [scheduler.group], "READ"),
             ("TRANSACTIONAL_ID", scheduler.transactional_ids, "WRITE"),
             ("TRANSACTIONAL_ID", scheduler.transactional_ids, "DESCRIBE"),

@@ -62,6 +62,12 @@ class TopicNames:
         return f"{self._worker_topic(worker_queue)}.resumes"
 
     @property
+    def scheduler_pools(self) -> str:
+        """One partition, compacted: the pool ledger (``want/<ti_key>`` and ``grant/<ti_key>``)
+        through which schedulers owning different task partitions share pool slots exactly."""
+        return f"{self.prefix}scheduler.pools"
+
+    @property
     def dead(self) -> str:
         """DeadLetter records: messages that could not be processed."""
         return f"{self.prefix}dead"

@@ -68,4 +68,8 @@ def topic_specs(
         add(names.work(worker_queue), EVENTS)
         add(names.resumes(worker_queue), EVENTS)
     add(names.dead, DEAD)
+    # One partition: the ledger's order is the topic's order (the ledger owner reads every
+    # want in the order the partition owners wrote them, and grants in that order).
+    pools = names.scheduler_pools
+    specs.setdefault(pools, TopicSpec(pools, 1, rf, {**COMPACTED, **durable}))
     return list(specs.values())

@@ -90,8 +90,24 @@ class AirflowDatabase:
             self._queue_kw["team_name"] = team_name
         elif team_name:
             raise ValueError(f"Airflow {self.version} has no teams (3.3+): drop --team")
+        self._refuse_as_airflow_does(queues, team_name)
         self.job_id: int | None = None
         self.hostname: str = ""
+
+    def _refuse_as_airflow_does(self, queues: Collection[str] | None, team: str | None) -> None:
+        """What ``airflow triggerer`` refuses: Airflow's claim ignores a team filter without
+        ``[core] multi_team`` (the bridge would claim every team's rows), and no row has a
+        queue without ``[triggerer] queues_enabled``."""
+        conf = self._conf
+        if queues and not conf.getboolean("triggerer", "queues_enabled", fallback=False):
+            raise ValueError("--queues needs Airflow's [triggerer] queues_enabled = True")
+        if team is None:
+            return
+        if not conf.getboolean("core", "multi_team", fallback=False):
+            raise ValueError("--team needs Airflow's [core] multi_team = True")
+        team_model: Any = importlib.import_module("airflow.models.team").Team
+        if team_model.get_name_if_exists(team) is None:
+            raise ValueError(f"Airflow has no team {team!r}")
 
     @property
     def version(self) -> str:

@@ -35,10 +35,12 @@ def airflow_command() -> None:
 @click.option(
     "--queues",
     default=None,
-    help="Comma-separated Airflow trigger queues to serve (Airflow 3.2+), as "
-    "`airflow triggerer --queues`; none: rows without a queue.",
+    help="Comma-separated Airflow trigger queues to serve (Airflow 3.2+, with [triggerer] "
+    "queues_enabled), as `airflow triggerer --queues`; none: rows without a queue.",
 )
-@click.option("--team", "team_name", default=None, help="Airflow team to serve (3.3+).")
+@click.option(
+    "--team", "team_name", default=None, help="Airflow team to serve (3.3+, [core] multi_team)."
+)
 @click.option(
     "--capacity",
     type=click.IntRange(min=1),

@@ -1,5 +1,6 @@
 """The scheduler process: folds trigger events into task state and resumes tasks."""
 
+from ._pools import PoolChannel, PoolRecord
 from ._scheduler import (
     Scheduler,
     SchedulerError,
@@ -8,6 +9,8 @@ from ._scheduler import (
 )
 
 __all__ = [
+    "PoolChannel",
+    "PoolRecord",
     "Scheduler",
     "SchedulerError",
     "SchedulerFenced",

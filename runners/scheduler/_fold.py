@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable
 
-from deferline.engine import Emit, Pools, TaskTable, WrittenState
+from deferline.engine import Emit, LedgerAdmission, Pools, TaskTable, WrittenState
 from deferline.schemas import SchemaError, TaskStateRecord
 
 from ._records import read_as, read_event
@@ -30,15 +30,19 @@ class TaskFold:
 
     __slots__ = ("bad_records", "table", "written")
 
-    def __init__(self, pools: Pools | None = None) -> None:
-        self.table = TaskTable(pools=pools)
+    def __init__(
+        self, pools: Pools | None = None, *, ledger: LedgerAdmission | None = None
+    ) -> None:
+        """``ledger``: admit limited pools through the pool ledger (see
+        :class:`~deferline.engine.LedgerAdmission`); by default the table admits them."""
+        self.table = TaskTable(pools=pools, ledger=ledger)
         self.written: dict[bytes, WrittenState] = {}
         self.bad_records = 0
 
     def reset(self) -> None:
         """Start again from an empty table that tracks its changes (a checkpoint that did
         not restore)."""
-        self.table = TaskTable(pools=self.table.pools)
+        self.table = TaskTable(pools=self.table.pools, ledger=self.table.ledger)
         self.table.track_changes()
 
     def task(self, key: bytes | None, value: bytes | None, *, live: bool) -> str | None:

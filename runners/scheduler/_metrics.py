@@ -10,9 +10,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from ._pools import PoolChannel
     from ._scheduler import Scheduler
 
-__all__ = ["SchedulerCollector"]
+__all__ = ["SchedulerCollector", "pool_ledger_metrics"]
 
 
 class SchedulerCollector(Collector):
@@ -152,6 +153,46 @@ class SchedulerCollector(Collector):
             per_partition.add_metric([str(partition), "applied"], applied)
             per_partition.add_metric([str(partition), "duplicate"], duplicate)
         yield per_partition
+
+
+def pool_ledger_metrics(channel: PoolChannel) -> Iterator[Metric]:
+    """Pools shared across schedulers, as this scheduler reads the pool ledger: slots granted
+    and size per limited pool, wants waiting, and whether this scheduler is the ledger owner
+    (the owner's figures are the ledger's own; the others' lag by their read of the topic)."""
+    used = GaugeMetricFamily(
+        "deferline_scheduler_pool_ledger_slots_used",
+        "Pool slots granted by the pool ledger, across every scheduler.",
+        labels=["pool"],
+    )
+    size = GaugeMetricFamily(
+        "deferline_scheduler_pool_ledger_slots",
+        "Pool size the ledger grants within (absent: unlimited).",
+        labels=["pool"],
+    )
+    for pool, (granted, total) in channel.usage().items():
+        used.add_metric([pool], granted)
+        if total is not None:
+            size.add_metric([pool], total)
+    yield used
+    yield size
+    waiting = GaugeMetricFamily(
+        "deferline_scheduler_pool_wants_waiting",
+        "Tasks waiting for a slot of a limited pool (wants without a grant), across schedulers.",
+        labels=["pool"],
+    )
+    for pool, count in sorted(channel.waiting().items()):
+        waiting.add_metric([pool], count)
+    yield waiting
+    yield GaugeMetricFamily(
+        "deferline_scheduler_pool_ledger_owner",
+        "1 while this scheduler owns task partition 0 and so grants pool slots, else 0.",
+        value=1 if channel.leading else 0,
+    )
+    yield _counter(
+        "deferline_scheduler_pool_bad_records",
+        "Unreadable records of the pools topic skipped.",
+        channel.bad_records,
+    )
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:

@@ -8,6 +8,7 @@ process reads the same environment (AIRFLOW_HOME, AIRFLOW__*), as a deployment's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -16,15 +17,26 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
 from cryptography.fernet import Fernet
 
 from tests.airflow_line import airflow_line
 
 DAGS = Path(__file__).with_name("airflow_bridge_dags")
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+
+
+async def until(what: str, check: Callable[[], bool], *, within: float = 180) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not await asyncio.to_thread(check):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        await asyncio.sleep(0.5)
 
 
 def _free_port() -> int:
@@ -37,11 +49,21 @@ def _free_port() -> int:
 class AirflowDeployment:
     """Airflow's own processes over one SQLite database in ``home``."""
 
-    def __init__(self, home: Path, *, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        extra_env: dict[str, str] | None = None,
+        dags_from: Path = DAGS,
+        before_start: Sequence[Sequence[str]] = (),
+    ) -> None:
+        """``dags_from`` is copied to ``home/dags``; ``before_start`` are ``airflow``
+        commands run after the database migration, before Airflow's processes start."""
         self.home = home
         self.db_path = home / "airflow.db"
         dags = home / "dags"
-        shutil.copytree(DAGS, dags, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(dags_from, dags, ignore=shutil.ignore_patterns("__pycache__"))
+        self._before_start = before_start
         self.dags = dags
         self.line = airflow_line()
         env = {
@@ -128,6 +150,8 @@ class AirflowDeployment:
     def start(self) -> None:
         """Migrate the database and start Airflow's processes (no triggerer)."""
         self.run("db", "migrate")
+        for command in self._before_start:
+            self.run(*command)
         self.spawn("scheduler")
         if self.line >= 3:
             self.spawn("dag-processor")
@@ -172,6 +196,13 @@ class AirflowDeployment:
                 raise TimeoutError(f"nothing from {sql!r} within {timeout} s")
             time.sleep(0.5)
 
+    def task_log(self, dag_id: str, task_id: str, *, run_id: str = "*") -> str:
+        """Every log file Airflow wrote for ``task_id`` of ``dag_id`` (in ``run_id``, or in
+        any run), concatenated."""
+        logs = self.home / "logs" / f"dag_id={dag_id}"
+        paths = sorted(logs.glob(f"run_id={run_id}/task_id={task_id}/**/*.log"))
+        return "".join(p.read_text(errors="replace") for p in paths)
+
     def states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
         rows = self.query(
             "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?",
@@ -182,7 +213,7 @@ class AirflowDeployment:
 
 
 @contextlib.contextmanager
-def airflow_deployment(home: Path, **kwargs: dict[str, str]) -> Iterator[AirflowDeployment]:
+def airflow_deployment(home: Path, **kwargs: Any) -> Iterator[AirflowDeployment]:
     deployment = AirflowDeployment(home, **kwargs)
     try:
         deployment.start()

@@ -16,13 +16,10 @@ one ``deferline triggerer`` on the bridge's prefix. Two DAG runs:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +29,7 @@ from deferline.topics import Settings
 
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
 
-from ._airflow_deployment import AirflowDeployment, airflow_deployment
+from ._airflow_deployment import AirflowDeployment, airflow_deployment, until
 from ._process import DeferlineProcess
 from .test_airflow_triggers import http_api
 
@@ -58,15 +55,6 @@ BAD_EXPECTED = {
 }
 
 
-async def until(what: str, check: Callable[[], bool], *, within: float = 180) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not await asyncio.to_thread(check):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        await asyncio.sleep(0.5)
-
-
 def deferred(af: AirflowDeployment, run_id: str, task_id: str) -> bool:
     return af.states(_dag(run_id), run_id).get(task_id) == "deferred"
 
@@ -82,12 +70,6 @@ def executor_reported(af: AirflowDeployment, task_id: str) -> bool:
 
 def _dag(run_id: str) -> str:
     return "bridge_test" if run_id == RUN else "bridge_bad_input"
-
-
-def task_log(af: AirflowDeployment, dag_id: str, task_id: str) -> str:
-    paths = sorted((af.home / "logs").glob(f"dag_id={dag_id}/**/task_id={task_id}/**/*.log"))
-    paths += sorted((af.home / "logs").glob(f"dag_id={dag_id}/**/task_id={task_id}/*.log"))
-    return "".join(p.read_text(errors="replace") for p in paths)
 
 
 def claimed(af: AirflowDeployment, task_id: str) -> bool:
@@ -213,7 +195,7 @@ async def _check(
     assert bad == {task: state for task, (state, _) in BAD_EXPECTED.items()}
     for task_id, (_, reason) in BAD_EXPECTED.items():
         if reason is not None:
-            log = task_log(af, "bridge_bad_input", task_id)
+            log = af.task_log("bridge_bad_input", task_id)
             assert "Trigger failure" in log, task_id
             assert reason in log, f"{task_id}: {reason!r} not in its log"
     # The cleared task's trigger was cancelled in deferline, and its on_kill ran (3.3+).

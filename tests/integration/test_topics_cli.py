@@ -46,9 +46,10 @@ def test_topics_ensure_then_list(settings):
         f"{prefix}{name}"
         for name in (
             "defer", "resume", "defer.fast", "resume.fast", "tasks", "queue", "queue.resumes",
-            "queue.gpu", "queue.gpu.resumes", "dead", "tasks.events",
+            "queue.gpu", "queue.gpu.resumes", "dead", "tasks.events", "scheduler.pools",
         )
     }  # fmt: skip
+    assert rows.pop(f"{prefix}scheduler.pools")[0] == "1", "the pool ledger: one partition"
     assert all(cols[0] == "3" for cols in rows.values())
     assert "cleanup.policy=compact" in rows[f"{prefix}defer"]
 

@@ -9,7 +9,7 @@ import itertools
 from typing import Any
 
 import pytest
-from deferline.engine import Pools, TaskTable
+from deferline.engine import LedgerAdmission, Pools, TaskTable
 from deferline.runners.scheduler._checkpoint import merge_states, split_delta
 from deferline.runners.scheduler._fold import TaskFold
 from deferline.runners.scheduler._phase import Phase, PhaseMachine
@@ -263,3 +263,12 @@ def test_absorb_refuses_shared_keys_and_pending_events() -> None:
     waiting.event(encode(event), ref=("resume", 0))
     with pytest.raises(ValueError, match="without pending events"):
         first.table.absorb(waiting.table)
+
+
+def test_a_reset_fold_keeps_ledger_admission() -> None:
+    ledger = LedgerAdmission(partition_of=lambda _: 1)
+    fold = TaskFold(Pools(slots={"p": 1}), ledger=ledger)
+    fold.reset()
+    assert fold.table.ledger is ledger
+    assert fold.table.pools == Pools(slots={"p": 1})
+    assert TaskFold().table.ledger is None

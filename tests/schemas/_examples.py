@@ -11,6 +11,8 @@ from deferline.schemas import (
     CancelRequest,
     DeadLetter,
     DeferRequest,
+    PoolGrant,
+    PoolWant,
     ResumeTarget,
     RunTask,
     TaskKey,
@@ -136,6 +138,15 @@ RECORDS: list[_Record] = [
         trigger_id=TRIGGER_ID,
         task=TASK,
     ),
+    PoolWant(
+        pool="io",
+        slots=2,
+        priority_weight=7,
+        scheduled_at=T0,
+        try_number=2,
+        partition=5,
+    ),
+    PoolGrant(pool="io", slots=2, try_number=2, partition=5),
 ]
 
 

@@ -14,6 +14,7 @@ run as ``java -cp '~/.cache/deferline/kafka-4.1.1/lib/*' Vectors.java``.
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from deferline.topics import Murmur2Partitioner, murmur2, partition_for
+from deferline.topics._partitioner import murmur2_reference
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -62,7 +63,20 @@ JAVA_VECTORS = [
 def test_matches_the_java_client(key_hex, java_hash, p4, p12, p100):
     key = bytes.fromhex(key_hex)
     assert murmur2(key) == java_hash
+    assert murmur2_reference(key) == java_hash
     assert [partition_for(key, n) for n in (4, 12, 100)] == [p4, p12, p100]
+
+
+@given(st.binary(max_size=200))
+def test_the_compiled_hash_equals_the_python_one(key):
+    assert murmur2(key) == murmur2_reference(key)
+
+
+def test_the_compiled_hash_is_installed():
+    """murmurhash2 is a dependency: without it every event pays the Python loop."""
+    from deferline.topics import _partitioner
+
+    assert _partitioner._unsigned is not _partitioner._murmur2_python
 
 
 def test_single_partition_and_bad_counts():

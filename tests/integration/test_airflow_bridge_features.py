@@ -1,0 +1,424 @@
+"""The bridge with Airflow 3's triggerer features, in a real Airflow 3.3 deployment.
+
+One deployment for the module (scheduler, DAG processor, API server, LocalExecutor, SQLite),
+with ``[triggerer] queues_enabled`` and ``[core] multi_team`` on, a team ``team_x`` whose DAGs
+come from a bundle of their own (and run on a LocalExecutor of their own). No ``airflow
+triggerer`` runs: each test starts bridges and deferline triggerers on a prefix of its own.
+
+* **Trigger queues**: a deferral's row takes its task's queue. A bridge with ``--queues a``
+  serves queue ``a`` only (``defer.a``); the queue ``b`` task stays deferred and unclaimed
+  until a second bridge with ``--queues b`` serves it (``defer.b``).
+* **start_from_trigger**: the scheduler writes the row and defers the task instance itself,
+  with no worker run; the bridge serves it. One trigger fires into ``next_method`` (with the
+  operator's ``next_kwargs``), one ends its task with a ``TaskSuccessEvent`` and XComs, and
+  Airflow's ``DateTimeSensorAsync(start_from_trigger=True)`` resumes. A templated trigger
+  kwarg is not rendered (Airflow's triggerer renders it): that task fails, saying so.
+* **Teams**: a bridge with ``--team team_x`` (on a prefix of the team's, with the team's
+  triggerer) claims the team's row only; the row of a DAG in no team waits for a bridge
+  without ``--team``. A bridge refuses ``--team`` and ``--queues`` where ``airflow
+  triggerer`` refuses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from deferline.schemas import DeferRequest, decode_as
+from deferline.topics import Settings, TopicNames
+
+from tests.airflow_line import airflow_version
+
+from ._airflow_deployment import AirflowDeployment, until
+from ._process import DEFERLINE, DeferlineProcess
+from ._util import KafkaClients
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.airflow,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(
+        airflow_version() < (3, 3),
+        reason="trigger queues come with Airflow 3.2, teams with 3.3",
+    ),
+]
+
+DAGS = Path(__file__).with_name("airflow_features_dags")
+TEAM = "team_x"
+ALLOWED = "features_triggers,airflow.providers.standard.triggers"
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowDeployment]:
+    """Airflow 3.3 with trigger queues and teams on: the team's DAGs in a bundle of its own."""
+    home = tmp_path_factory.mktemp("airflow")
+    bundles = [
+        {
+            "name": "dags-folder",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {},
+        },
+        {
+            "name": f"{TEAM}_dags",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(home / "dags" / TEAM)},
+            "team_name": TEAM,
+        },
+    ]
+    af = AirflowDeployment(
+        home,
+        extra_env={
+            "AIRFLOW__TRIGGERER__QUEUES_ENABLED": "True",
+            "AIRFLOW__CORE__MULTI_TEAM": "True",
+            "AIRFLOW__CORE__EXECUTOR": f"LocalExecutor;{TEAM}=LocalExecutor",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+            "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": ALLOWED,
+        },
+        dags_from=DAGS,
+        before_start=[("teams", "create", TEAM)],
+    )
+    # A team's executor reads the team's own configuration (AIRFLOW__<TEAM>___<SECTION>__<KEY>).
+    for key in ("CORE__EXECUTION_API_SERVER_URL", "WORKERS__EXECUTION_API_TIMEOUT"):
+        af.env[f"AIRFLOW__{TEAM.upper()}___{key}"] = af.env[f"AIRFLOW__{key}"]
+    try:
+        af.start()
+        af.wait_for(
+            "SELECT count(*) FROM dag WHERE dag_id LIKE 'features_%' HAVING count(*) = 4",
+            timeout=240,
+        )
+        yield af
+    finally:
+        af.close()
+
+
+class Processes:
+    """The bridges and deferline triggerers one test starts, on its prefix or on a prefix
+    under it; killed at its end."""
+
+    def __init__(self, settings: Settings, af: AirflowDeployment, workdir: Path) -> None:
+        self.settings, self.af, self.workdir = settings, af, workdir
+        self._started: list[DeferlineProcess] = []
+
+    def prefix(self, under: str = "") -> str:
+        return f"{self.settings.topic_prefix}{under}"
+
+    def bridge(self, name: str, *args: str, under: str = "") -> DeferlineProcess:
+        return self._start(
+            ("airflow", "bridge"),
+            name,
+            under,
+            "--bridge-prefix",
+            self.prefix(under),
+            "--poll-interval",
+            "0.5",
+            *args,
+        )
+
+    def triggerer(self, name: str, *args: str, under: str = "") -> DeferlineProcess:
+        state = str(self.workdir / name)
+        return self._start("triggerer", name, under, "--member", name, "--state-dir", state, *args)
+
+    def _start(
+        self, command: str | tuple[str, ...], name: str, under: str, *args: str
+    ) -> DeferlineProcess:
+        settings = self.settings.model_copy(update={"topic_prefix": self.prefix(under)})
+        process = DeferlineProcess(
+            settings,
+            command,
+            self.workdir / f"{name}.log",
+            *args,
+            "--log-format",
+            "json",
+            env=self.af.env,
+        )
+        self._started.append(process)
+        return process
+
+    def dead(self) -> list[str]:
+        """The logs of the processes that have stopped by themselves."""
+        return [str(p.log_path) for p in self._started if not p.alive]
+
+    def close(self) -> None:
+        for process in reversed(self._started):
+            process.close()
+
+
+@pytest.fixture
+def processes(
+    settings: Settings, airflow: AirflowDeployment, tmp_path: Path
+) -> Iterator[Processes]:
+    started = Processes(settings, airflow, tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def run_id_of(settings: Settings, name: str) -> str:
+    """A DAG run of this test only (the deployment serves every test of the module)."""
+    return f"{name}-{settings.topic_prefix.rstrip('.')}"
+
+
+def state(af: AirflowDeployment, dag_id: str, run_id: str, task_id: str) -> str | None:
+    return af.states(dag_id, run_id).get(task_id)
+
+
+async def reach(
+    af: AirflowDeployment, dag_id: str, run_id: str, tasks: set[str], wanted: str
+) -> None:
+    """Wait until each of ``tasks`` is in state ``wanted``."""
+
+    def check() -> bool:
+        states = af.states(dag_id, run_id)
+        return set(states) >= tasks and all(states[t] == wanted for t in tasks)
+
+    await until(f"{dag_id} {sorted(tasks)} {wanted}", check, within=240)
+
+
+def trigger_rows(af: AirflowDeployment, dag_id: str, run_id: str) -> dict[str, tuple[object, ...]]:
+    """Per deferred task: its trigger row's ``queue``, ``team_name`` and ``triggerer_id``."""
+    rows = af.query(
+        "SELECT ti.task_id, t.queue, t.team_name, t.triggerer_id FROM task_instance ti "
+        "JOIN trigger t ON t.id = ti.trigger_id WHERE ti.dag_id = ? AND ti.run_id = ?",
+        dag_id,
+        run_id,
+    )
+    return {str(task): tuple(rest) for task, *rest in rows}
+
+
+def xcom(af: AirflowDeployment, dag_id: str, run_id: str, task_id: str, key: str) -> object:
+    """An XCom's value as Airflow's ``XComModel.deserialize_value`` reads it: JSON in a JSON
+    column, once more JSON when pushed with ``XComModel.set`` (as a trigger's are)."""
+    rows = af.query(
+        "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = ?",
+        dag_id,
+        run_id,
+        task_id,
+        key,
+    )
+    assert len(rows) == 1, (task_id, key, rows)
+    value = json.loads(str(rows[0][0]))
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return json.loads(value)
+    return value
+
+
+async def defer_requests(clients: KafkaClients, topic: str, run_id: str) -> dict[str, DeferRequest]:
+    """The DeferRequests of ``run_id`` on ``topic`` now, by task id: read from its start to
+    its end offsets."""
+    consumer = await clients.consumer()
+    for _ in range(20):  # metadata of a topic this consumer has not named yet
+        if consumer.partitions_for_topic(topic):
+            break
+        await consumer._client.force_metadata_update()
+    partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    assert partitions, f"no topic {topic}"
+    consumer.assign(partitions)
+    await consumer.seek_to_beginning(*partitions)
+    ends = await consumer.end_offsets(partitions)
+    found: dict[str, DeferRequest] = {}
+    deadline = time.monotonic() + 60
+
+    async def behind() -> bool:
+        return any([await consumer.position(tp) < end for tp, end in ends.items()])
+
+    while await behind():
+        assert time.monotonic() < deadline, f"{topic} not read to its end within 60 s"
+        batches = await consumer.getmany(*partitions, timeout_ms=500)
+        for message in (m for ms in batches.values() for m in ms):
+            if message.value is not None:  # not a tombstone
+                request = decode_as(message.value, DeferRequest)
+                if request.task.run_id == run_id:
+                    found[request.task.task_id] = request
+    return found
+
+
+async def topics(clients: KafkaClients) -> set[str]:
+    admin = await clients.admin()
+    return set(await admin.list_topics())
+
+
+async def trigger_dag(af: AirflowDeployment, dag_id: str, run_id: str) -> None:
+    await asyncio.to_thread(af.run, "dags", "trigger", dag_id, "--run-id", run_id)
+
+
+async def test_each_bridge_serves_its_trigger_queues_only(
+    airflow: AirflowDeployment,
+    processes: Processes,
+    settings: Settings,
+    kafka_clients: KafkaClients,
+) -> None:
+    af, dag = airflow, "features_queues"
+    run_id = run_id_of(settings, "queues")
+    names = TopicNames(settings.topic_prefix)
+    on_a = {"on_a_1", "on_a_2"}
+    await trigger_dag(af, dag, run_id)
+    await reach(af, dag, run_id, on_a | {"on_b"}, "deferred")
+    # queues_enabled: each deferral's row took its task's queue.
+    assert {t: row[0] for t, row in trigger_rows(af, dag, run_id).items()} == {
+        "on_a_1": "a",
+        "on_a_2": "a",
+        "on_b": "b",
+    }
+
+    processes.bridge("bridge-a", "--queues", "a")
+    processes.triggerer("triggerer-a", "--queues", "a")
+    await reach(af, dag, run_id, on_a, "success")
+    # Every claim loop of the bridge since the three deferred passed over queue b's row.
+    assert state(af, dag, run_id, "on_b") == "deferred"
+    assert trigger_rows(af, dag, run_id)["on_b"][2] is None  # claimed by no triggerer
+    on_topics = await topics(kafka_clients)
+    assert names.defer("a") in on_topics
+    assert names.defer("b") not in on_topics  # no bridge has published to queue b
+    requests_a = await defer_requests(kafka_clients, names.defer("a"), run_id)
+    assert set(requests_a) == on_a
+    assert {r.queue for r in requests_a.values()} == {"a"}
+
+    processes.bridge("bridge-b", "--queues", "b")
+    processes.triggerer("triggerer-b", "--queues", "b")
+    await reach(af, dag, run_id, {"on_b"}, "success")
+    requests_b = await defer_requests(kafka_clients, names.defer("b"), run_id)
+    assert set(requests_b) == {"on_b"}
+    assert requests_b["on_b"].queue == "b"
+    assert set(await defer_requests(kafka_clients, names.defer("a"), run_id)) == on_a
+    assert await defer_requests(kafka_clients, names.defer(), run_id) == {}
+    for task_id in on_a | {"on_b"}:  # each resumed with its own trigger's event
+        assert xcom(af, dag, run_id, task_id, "return_value") == f"fired for {task_id}"
+    assert processes.dead() == []
+
+
+async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
+    airflow: AirflowDeployment,
+    processes: Processes,
+    settings: Settings,
+    kafka_clients: KafkaClients,
+) -> None:
+    af, dag = airflow, "features_start_from_trigger"
+    run_id = run_id_of(settings, "start")
+    ours = {"resumes_on_a_worker", "ends_in_the_trigger"}
+    sensors = {"sensor_moment_passed", "sensor_templated"}
+    await trigger_dag(af, dag, run_id)
+    await reach(af, dag, run_id, ours | sensors, "deferred")
+    # Deferred by the scheduler with no worker run: no task log, the first try,
+    # start_trigger_args' method.
+    for task_id in ours | sensors:
+        assert af.task_log(dag, task_id, run_id=run_id) == "", task_id
+    rows = af.query(
+        "SELECT task_id, try_number, next_method FROM task_instance "
+        "WHERE dag_id = ? AND run_id = ?",
+        dag,
+        run_id,
+    )
+    assert sorted(rows) == sorted((t, 1, "execute_complete") for t in ours | sensors)
+    # The scheduler's rows have no queue, even with queues_enabled (Airflow sets none there).
+    assert {row[0] for row in trigger_rows(af, dag, run_id).values()} == {None}
+
+    processes.bridge("bridge")
+    processes.triggerer("triggerer")
+    await reach(af, dag, run_id, ours | {"sensor_moment_passed"}, "success")
+    await reach(af, dag, run_id, {"sensor_templated"}, "failed")
+    # Fired into next_method: the worker's one run got the event and the operator's
+    # next_kwargs (execute would have raised).
+    assert (
+        xcom(af, dag, run_id, "resumes_on_a_worker", "return_value")
+        == "started in the trigger for resumes_on_a_worker | from start_trigger_args"
+    )
+    assert "start_from_trigger: execute must not run" not in af.task_log(
+        dag, "resumes_on_a_worker", run_id=run_id
+    )
+    # Ended from the trigger: success and its XCom, and no worker ever ran it.
+    assert xcom(af, dag, run_id, "ends_in_the_trigger", "fired") == (
+        "started in the trigger for ends_in_the_trigger"
+    )
+    assert af.task_log(dag, "ends_in_the_trigger", run_id=run_id) == ""
+    defer = TopicNames(settings.topic_prefix).defer()
+    requests = await defer_requests(kafka_clients, defer, run_id)
+    assert set(requests) == ours | sensors
+    assert {(r.task.try_number, r.next_method) for r in requests.values()} == {
+        (1, "execute_complete")
+    }
+    # The limit: Airflow's triggerer renders a templated trigger kwarg with the task's
+    # context before run(); the bridge hands the row's kwargs over as they are, so the
+    # trigger gets the template's text, fails on it, and so does its task.
+    template = "{{ dag_run.run_after.isoformat() }}"
+    assert requests["sensor_templated"].kwargs["target_time"] == template
+    log = af.task_log(dag, "sensor_templated", run_id=run_id)
+    assert "Trigger failure" in log
+    assert "dag_run.run_after" in log
+    assert processes.dead() == []
+
+
+async def test_a_bridge_of_a_team_claims_that_teams_rows_only(
+    airflow: AirflowDeployment,
+    processes: Processes,
+    settings: Settings,
+    kafka_clients: KafkaClients,
+) -> None:
+    af = airflow
+    run_id = run_id_of(settings, "teams")
+    team_dag, global_dag = "features_team_x", "features_no_team"
+    await asyncio.gather(trigger_dag(af, team_dag, run_id), trigger_dag(af, global_dag, run_id))
+    await reach(af, team_dag, run_id, {"in_team_x"}, "deferred")
+    await reach(af, global_dag, run_id, {"no_team"}, "deferred")
+    # The rows carry their DAG bundle's team, and (queues_enabled) the tasks' queue, default.
+    assert trigger_rows(af, team_dag, run_id)["in_team_x"][:2] == ("default", TEAM)
+    assert trigger_rows(af, global_dag, run_id)["no_team"][:2] == ("default", None)
+
+    # The team's own bridge and triggerer, on a prefix of the team's: its triggers run only
+    # in the team's triggerers (with the team's connections and variables).
+    team_prefix = f"{TEAM}."
+    processes.bridge("bridge-team", "--team", TEAM, "--queues", "default", under=team_prefix)
+    processes.triggerer("triggerer-team", under=team_prefix)  # the default queue
+    await reach(af, team_dag, run_id, {"in_team_x"}, "success")
+    assert state(af, global_dag, run_id, "no_team") == "deferred"
+    assert trigger_rows(af, global_dag, run_id)["no_team"][2] is None  # claimed by no triggerer
+
+    processes.bridge("bridge-no-team", "--queues", "default")
+    processes.triggerer("triggerer-no-team")
+    await reach(af, global_dag, run_id, {"no_team"}, "success")
+    # Queue "default": the unsuffixed defer topic of each prefix.
+    team_defer = TopicNames(processes.prefix(team_prefix)).defer()
+    assert set(await defer_requests(kafka_clients, team_defer, run_id)) == {"in_team_x"}
+    defer = TopicNames(processes.prefix()).defer()
+    assert set(await defer_requests(kafka_clients, defer, run_id)) == {"no_team"}
+    assert xcom(af, team_dag, run_id, "in_team_x", "return_value") == "fired for in_team_x"
+    assert xcom(af, global_dag, run_id, "no_team", "return_value") == "fired for no_team"
+    assert processes.dead() == []
+
+
+async def test_a_bridge_refuses_what_airflow_triggerer_refuses(airflow: AirflowDeployment) -> None:
+    """A team filter Airflow's claim would ignore (the bridge would claim every team's rows),
+    a team Airflow does not have, queues Airflow never sets: refused at start."""
+    cases = {
+        "--team needs Airflow's [core] multi_team": (
+            ("--team", TEAM),
+            {"AIRFLOW__CORE__MULTI_TEAM": "False"},
+        ),
+        "Airflow has no team 'no_such_team'": (("--team", "no_such_team"), {}),
+        "--queues needs Airflow's [triggerer] queues_enabled": (
+            ("--queues", "a"),
+            {"AIRFLOW__TRIGGERER__QUEUES_ENABLED": "False"},
+        ),
+    }
+
+    def start(args: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [DEFERLINE, "airflow", "bridge", "--bootstrap-servers", "127.0.0.1:9", *args],
+            env={**airflow.env, **env},
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+    done = await asyncio.gather(*(asyncio.to_thread(start, *case) for case in cases.values()))
+    for reason, result in zip(cases, done, strict=True):
+        assert result.returncode == 2, (reason, result.stderr.decode())
+        assert reason in result.stderr.decode()
