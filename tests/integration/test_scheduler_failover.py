@@ -117,6 +117,15 @@ async def test_a_join_takes_a_share_from_the_members_and_a_leave_moves_only_the_
     seen = {p.name: len(p.assignments()) for p in (a, b)}
     assert len(before["a"]) == len(before["b"]) == settings.partitions // 2
     [c] = await schedulers(settings, tmp_path, spawn, "c")
+    # A member that keeps all it had may log its assignment after the others: wait for it.
+    await wait_until(
+        lambda: (
+            all(len(p.assignments()) > seen[p.name] for p in (a, b))
+            and shared_out(spawn, settings.partitions)
+        ),
+        timeout=60,
+        message="the join reached every member",
+    )
     # The newcomer took about a third, only from the two members, who kept the rest.
     assert len(c.owned) == settings.partitions // 3
     for member in (a, b):
@@ -135,7 +144,14 @@ async def test_a_join_takes_a_share_from_the_members_and_a_leave_moves_only_the_
     b.signal(signal.SIGTERM)  # a clean leave: the member leaves the group at once
     b.proc.wait(30)
     assert b.find("scheduler stopped")
-    await wait_until(lambda: shared_out(spawn, settings.partitions), timeout=60)
+    await wait_until(
+        lambda: (
+            all(len(p.assignments()) > seen[p.name] for p in (a, c))
+            and shared_out(spawn, settings.partitions)
+        ),
+        timeout=60,
+        message="the leave reached every member",
+    )
     for member in (a, c):
         since = member.assignments()[seen[member.name] :]
         assert [p for line in since for p in line["lost"]] == [], (
