@@ -7,9 +7,13 @@ the task states are written (a few seconds after, more on a slow machine). One
 Reported: due time → no task ``deferred`` on the tasks topic, the scheduler's CPU over that
 span and its peak RSS. The same method as Airflow's figure in ANCHORS.md.
 
+``--schedulers K`` runs K scheduler processes (each owning a share of the task partitions,
+waited for until the group has settled); CPU and RSS are then the sum and the largest.
+
 ``--deferline`` picks the executable (another checkout's, for before/after figures):
 
     .venv/bin/python -m bench.bench_end_to_end --backend kafka --n 1000 10000 100000
+    .venv/bin/python -m bench.bench_end_to_end --backend kafka --n 10000 --schedulers 1 2 3
     .venv/bin/python -m bench.bench_end_to_end --deferline <checkout of f32118c>/.venv/bin/deferline
 """
 
@@ -58,8 +62,10 @@ AIRFLOW = {1_000: 7.9, 10_000: 90.3}  # ANCHORS.md: same work, same machine kind
 class Process:
     """A deferline subprocess, its log, CPU seconds and peak RSS."""
 
-    def __init__(self, exe: str, role: str, settings: Settings, workdir: Path, *flags: str):
-        self.log = workdir / f"{role}.log"
+    def __init__(
+        self, exe: str, role: str, settings: Settings, workdir: Path, *flags: str, name: str = ""
+    ):
+        self.log = workdir / f"{name or role}.log"
         common = ["--bootstrap-servers", settings.bootstrap_servers]
         common += ["--topic-prefix", settings.topic_prefix, "--log-format", "json"]
         env = {**os.environ, "DEFERLINE_PARTITIONS": str(settings.partitions)}
@@ -71,11 +77,31 @@ class Process:
         )
 
     def said(self, message: str) -> bool:
+        return bool(self.lines(message))
+
+    def lines(self, message: str) -> list[dict[str, object]]:
+        found = []
         for raw in self.log.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError):
-                if json.loads(raw).get("message", "").startswith(message):
-                    return True
-        return False
+                line = json.loads(raw)
+                if line.get("message", "").startswith(message):
+                    found.append(line)
+        return found
+
+    def owned(self) -> int:
+        """Partitions of its last assignment, once they are all taken over (else 0)."""
+        assigned = self.lines("scheduler partitions assigned")
+        if not assigned:
+            return 0
+        last = assigned[-1]
+        taken = {
+            p
+            for line in self.lines("scheduler partitions acquired")
+            if str(line["time"]) >= str(last["time"])
+            for p in line["partitions"]  # type: ignore[attr-defined]
+        }
+        wanted = set(last["acquired"])  # type: ignore[call-overload]
+        return len(last["partitions"]) if wanted <= taken else 0  # type: ignore[arg-type]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -104,7 +130,9 @@ async def produce(producer: AIOKafkaProducer, records: list[tuple[str, bytes, by
         await asyncio.gather(*futures)
 
 
-async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, float]:
+async def run_one(
+    exe: str, bootstrap: str, n: int, workdir: Path, schedulers: int = 1
+) -> dict[str, float]:
     settings = Settings(
         bootstrap_servers=bootstrap, topic_prefix=f"e{uuid.uuid4().hex[:8]}.", partitions=12
     )
@@ -114,12 +142,30 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
         exe, "triggerer", settings, workdir, "--member", "t1", "--state-dir",
         str(workdir / f"state-{settings.topic_prefix}"), "--log-level", "WARNING",
     )  # fmt: skip
-    scheduler = Process(
-        exe, "scheduler", settings, workdir, "--default-pool-slots", "unlimited",
-        *os.environ.get("DEFERLINE_BENCH_SCHEDULER_FLAGS", "").split(),
-    )  # fmt: skip
+    processes = [
+        Process(
+            exe,
+            "scheduler",
+            settings,
+            workdir,
+            "--default-pool-slots",
+            "unlimited",
+            *os.environ.get("DEFERLINE_BENCH_SCHEDULER_FLAGS", "").split(),
+            name=f"scheduler-{settings.topic_prefix}{k}",
+        )
+        for k in range(schedulers)
+    ]
     try:
-        await wait_said(scheduler, ("scheduler active", "scheduler ready"))
+        for process in processes:
+            await wait_said(process, ("scheduler active", "scheduler ready"))
+        deadline = time.monotonic() + 120
+        while schedulers > 1 and (
+            sum(p.owned() for p in processes) != settings.partitions
+            or not all(p.owned() for p in processes)
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the schedulers never shared the partitions out")
+            await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # the triggerer joins its group meanwhile
         # Records are encoded first, the DeferRequests with a placeholder due time. The task
         # states go out first; the due time is then set from how long they took (a loaded
@@ -185,7 +231,7 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
                             last_event = max(last_event, dt.datetime.fromisoformat(emitted))
                 now = dt.datetime.now(dt.UTC)
                 if cpu_at_due is None and now >= due:
-                    cpu_at_due = cpu_seconds(scheduler.proc.pid)
+                    cpu_at_due = sum(cpu_seconds(p.proc.pid) for p in processes)
                 if seen >= n and not deferred and cpu_at_due is not None:
                     elapsed = (now - due).total_seconds()
                     break
@@ -199,11 +245,12 @@ async def run_one(exe: str, bootstrap: str, n: int, workdir: Path) -> dict[str, 
             "due_to_none_deferred_s": elapsed,
             "due_to_last_event_s": (last_event - due).total_seconds(),
             "due_to_last_state_s": (last_state_ms - due_ms) / 1000,
-            "scheduler_cpu_s": cpu_seconds(scheduler.proc.pid) - cpu_at_due,
-            "scheduler_peak_rss_mb": peak_rss_mb(scheduler.proc.pid),
+            "scheduler_cpu_s": sum(cpu_seconds(p.proc.pid) for p in processes) - cpu_at_due,
+            "scheduler_peak_rss_mb": max(peak_rss_mb(p.proc.pid) for p in processes),
         }
     finally:
-        scheduler.stop()
+        for process in processes:
+            process.stop()
         triggerer.stop()
 
 
@@ -214,24 +261,28 @@ async def main() -> None:
     parser.add_argument("--deferline", default=DEFERLINE, help="the executable to run")
     parser.add_argument("--n", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--keep-logs", type=Path, help="write the processes' logs here")
+    parser.add_argument(
+        "--schedulers", type=int, nargs="+", default=[1], help="scheduler processes (each K)"
+    )
     args = parser.parse_args()
     async with local_broker(args.backend, args.bootstrap) as bootstrap:
         with tempfile.TemporaryDirectory(prefix="deferline-e2e-") as tmp:
             workdir = args.keep_logs or Path(tmp)
             workdir.mkdir(parents=True, exist_ok=True)
             for n in args.n:
-                result = await run_one(args.deferline, bootstrap, n, workdir)
-                airflow = AIRFLOW.get(n)
-                vs = f" (Airflow: {airflow} s)" if airflow else ""
-                print(
-                    f"{args.backend} n={n:,}: due → none deferred "
-                    f"{result['due_to_none_deferred_s']:.2f} s{vs}, scheduler CPU "
-                    f"{result['scheduler_cpu_s']:.1f} s, peak RSS "
-                    f"{result['scheduler_peak_rss_mb']:.0f} MB; by record time: last event "
-                    f"+{result['due_to_last_event_s']:.2f} s, last resumed state "
-                    f"+{result['due_to_last_state_s']:.2f} s",
-                    flush=True,
-                )
+                for k in args.schedulers:
+                    result = await run_one(args.deferline, bootstrap, n, workdir, k)
+                    airflow = AIRFLOW.get(n)
+                    vs = f" (Airflow: {airflow} s)" if airflow else ""
+                    print(
+                        f"{args.backend} n={n:,} schedulers={k}: due → none deferred "
+                        f"{result['due_to_none_deferred_s']:.2f} s{vs}, scheduler CPU "
+                        f"{result['scheduler_cpu_s']:.1f} s, peak RSS "
+                        f"{result['scheduler_peak_rss_mb']:.0f} MB; by record time: last event "
+                        f"+{result['due_to_last_event_s']:.2f} s, last resumed state "
+                        f"+{result['due_to_last_state_s']:.2f} s",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

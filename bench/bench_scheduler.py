@@ -8,9 +8,9 @@
 3. live: N deferred tasks, N events produced at once; reported: seconds until the scheduler
    published every resume, events applied per second.
 4. apply: N deferred tasks (with a resume target) and their N events already on the topics;
-   a scheduler starts, takes the lease and applies them all. Reported: seconds and scheduler
-   CPU (this process: nothing else runs in it meanwhile) from active until every decision is
-   published and read back from the tasks topic, CPU per resumed task.
+   a scheduler starts, acquires every partition and applies them all. Reported: seconds and
+   scheduler CPU (this process: nothing else runs in it meanwhile) from active until every
+   decision is published and read back from the tasks topic, CPU per resumed task.
 5. path: the scheduler's work per event without a broker: N events (as bytes) of N deferred
    tasks decoded, folded and their decisions (a ``queued`` state and a RunTask each) encoded,
    in batches of 10,000 as the scheduler reads them. Reported: events per second, µs each.

@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 from deferline.schemas import (
@@ -235,6 +235,63 @@ class TaskTable:
         self._retry.discard(ti_key)
         self._cancel.pop(ti_key, None)
         self._repair.discard(ti_key)
+
+    def drop_where(self, belongs: Callable[[str], bool]) -> int:
+        """Drop every task whose key ``belongs`` (its partition went to another scheduler),
+        with its slots, pending events and queued decisions; returns how many tasks.
+
+        Unlike :meth:`forget` the keys do not count as changed: the partition's checkpoint
+        is no longer this table's to write. Call with nothing drained and unpublished.
+        """
+        keys = [key for key in {*self._views, *self._pending} if belongs(key)]
+        dropped = 0
+        for key in keys:
+            view = self._views.pop(key, None)
+            if view is not None:
+                dropped += 1
+                if view.holds is not None:
+                    self._pools.hold(view.holds, None)
+            items = self._pending.pop(key, None)
+            if items:
+                self._pending_count -= len(items)
+            self._retry.discard(key)
+            self._cancel.pop(key, None)
+            self._repair.discard(key)
+            if self._changed is not None:
+                self._changed.discard(key)
+        return dropped
+
+    def absorb(self, other: TaskTable) -> int:
+        """Take every task of ``other``, a table of keys this one does not hold (a partition
+        folded on its own), with slots, waiting places and queued decisions; ``other`` must
+        hold no pending events. Its keys count as changed as they did there (all of them if
+        it tracked no changes). Returns how many tasks were taken."""
+        if other._pending:
+            raise ValueError("absorb a table without pending events only")
+        clash = other._views.keys() & self._views.keys()
+        if clash:
+            raise ValueError(f"absorb a table of other keys only ({len(clash)} shared)")
+        for key, view in other._views.items():
+            self._views[key] = view
+            if view.holds is not None:
+                self._pools.hold(None, view.holds)
+        for pool, heap in other._pools._ready.items():
+            for entry in heap:
+                self._pools.wait(pool, entry)
+        for target_key, target in other._targets.items():
+            self._targets.setdefault(target_key, target)
+        if other._finished:
+            self._finished = deque(sorted([*self._finished, *other._finished]))
+        self._retry |= other._retry
+        self._cancel.update(other._cancel)
+        self._repair |= other._repair
+        self._outbox += other._outbox
+        self._clock = max(self._clock, other._clock)
+        if self._changed is not None:
+            self._changed |= other._changed if other._changed is not None else set(other._views)
+        taken = len(other._views)
+        other._views, other._outbox = {}, []
+        return taken
 
     def forget_finished(self, retention: float) -> int:
         """Drop tasks that finished more than ``retention`` seconds (by record time) before

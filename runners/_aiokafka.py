@@ -24,6 +24,7 @@ __all__ = [
     "group_generation",
     "join_once",
     "leave_from_generation_zero",
+    "request_rejoin",
     "set_fetch_wait",
 ]
 
@@ -53,6 +54,12 @@ def client_of(consumer: Any) -> AIOKafkaClient:
 def group_generation(consumer: AIOKafkaConsumer) -> int:
     """The group generation the consumer joined last (-1 before the first join)."""
     return int(_internal(_internal(consumer, "_coordinator"), "generation"))
+
+
+def request_rejoin(consumer: AIOKafkaConsumer) -> None:
+    """Make the consumer rejoin its group at its next poll (a rebalance follows): the
+    member learned that it lost a partition the group still lists as its own."""
+    _internal(_internal(consumer, "_coordinator"), "request_rejoin")()
 
 
 def set_fetch_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> None:

@@ -79,24 +79,21 @@ class AclBinding:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerResources:
-    """The scheduler's lease topic, group and transactional id, named in one place.
+    """The scheduler's group and transactional ids, named in one place.
 
-    The lease topic (one partition; the holder of partition 0 in the group is the leader)
-    and the transactional id (on Apache Kafka the scheduler commits its resume offsets in
-    its transactions) both follow the topic prefix.
+    Every scheduler is a member of the group; on Apache Kafka the owner of task partition
+    ``p`` writes through the transactional id ``<group>.<p>`` (which fences the partition's
+    previous owner, and commits its event offsets in its transactions). Both follow the
+    topic prefix.
     """
 
-    lease_topic: str
     group: str
-    transactional_id: str
+    transactional_ids: tuple[str, ...]
 
     @classmethod
-    def for_prefix(cls, prefix: str) -> SchedulerResources:
-        return cls(
-            lease_topic=TopicNames(prefix).scheduler_lease,
-            group=f"{prefix}scheduler",
-            transactional_id=f"{prefix}scheduler",
-        )
+    def for_prefix(cls, prefix: str, partitions: int) -> SchedulerResources:
+        group = f"{prefix}scheduler"
+        return cls(group=group, transactional_ids=tuple(f"{group}.{p}" for p in range(partitions)))
 
 
 def principal(name: str) -> str:
@@ -130,7 +127,7 @@ def acl_bindings(
         for q in trigger_queues
     ]
     worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
-    scheduler = SchedulerResources.for_prefix(prefix)
+    scheduler = SchedulerResources.for_prefix(prefix, settings.partitions)
     pools = names.scheduler_pools
     all_topics = [
         *defer,
@@ -162,11 +159,11 @@ def acl_bindings(
         # Folds events into task state; writes state, RunTasks, cancels and dead letters;
         # reads and writes the pool ledger (wants of its tasks; grants, as the ledger owner).
         "scheduler": [
-            ("TOPIC", [names.task_events, names.tasks, scheduler.lease_topic, pools], "READ"),
+            ("TOPIC", [names.task_events, names.tasks, pools], "READ"),
             ("TOPIC", [names.tasks, *work, *resumes, *defer, names.dead, pools], "WRITE"),
             ("GROUP", [scheduler.group], "READ"),
-            ("TRANSACTIONAL_ID", [scheduler.transactional_id], "WRITE"),
-            ("TRANSACTIONAL_ID", [scheduler.transactional_id], "DESCRIBE"),
+            ("TRANSACTIONAL_ID", scheduler.transactional_ids, "WRITE"),
+            ("TRANSACTIONAL_ID", scheduler.transactional_ids, "DESCRIBE"),
         ],
         # submit / tasks / clear: task state, and defer for start-from-trigger and cancels.
         "client": [
@@ -174,12 +171,9 @@ def acl_bindings(
             ("TOPIC", [names.tasks, *defer], "WRITE"),
         ],
         # replay: reads everything, writes nothing; sees topic configs and group positions.
-        # The lease topic is asked for by name with the others (a hidden topic must not look
-        # like an empty system), so it must be describable too.
         "replay": [
             ("TOPIC", all_topics, "READ"),
             ("TOPIC", all_topics, "DESCRIBE_CONFIGS"),
-            ("TOPIC", [scheduler.lease_topic], "DESCRIBE"),
             ("GROUP", [*triggerer_groups, scheduler.group, *worker_groups], "DESCRIBE"),
         ],
     }

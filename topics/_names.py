@@ -62,11 +62,6 @@ class TopicNames:
         return f"{self._worker_topic(worker_queue)}.resumes"
 
     @property
-    def scheduler_lease(self) -> str:
-        """One partition, no records: the group member holding it is the active scheduler."""
-        return f"{self.prefix}scheduler.lease"
-
-    @property
     def scheduler_pools(self) -> str:
         """One partition, compacted: the pool ledger (``want/<ti_key>`` and ``grant/<ti_key>``)
         through which schedulers owning different task partitions share pool slots exactly."""

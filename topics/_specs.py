@@ -68,8 +68,6 @@ def topic_specs(
         add(names.work(worker_queue), EVENTS)
         add(names.resumes(worker_queue), EVENTS)
     add(names.dead, DEAD)
-    # Never written: only its one partition's assignment matters (scheduler leadership).
-    specs.setdefault(names.scheduler_lease, TopicSpec(names.scheduler_lease, 1, rf, dict(EVENTS)))
     # One partition: the ledger's order is the topic's order (the ledger owner reads every
     # want in the order the partition owners wrote them, and grants in that order).
     pools = names.scheduler_pools

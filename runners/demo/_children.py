@@ -138,7 +138,7 @@ def start_processes(children: Children, options: DemoOptions) -> None:
             name,
             "scheduler",
             *("--default-pool-slots", "unlimited", "--log-level", "WARNING", "--no-checkpoint"),
-            *("--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--lease-timeout", "6"),
+            *("--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--session-timeout", "6"),
             metrics_port=port,
         )
     port = free_port()

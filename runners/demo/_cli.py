@@ -39,7 +39,9 @@ __all__ = ["demo_command"]
 )
 @click.option("--no-kill", is_flag=True, help="Do not SIGKILL a triggerer halfway.")
 @click.option(
-    "--kill-scheduler", is_flag=True, help="Run two schedulers; SIGKILL the active one halfway."
+    "--kill-scheduler",
+    is_flag=True,
+    help="Run two schedulers (each owns half the task partitions); SIGKILL one halfway.",
 )
 @click.option("--plain", is_flag=True, help="Print progress lines instead of the live view.")
 @click.option("--topic-prefix", default=None, help="Topic prefix [demo-<random>.].")

@@ -24,7 +24,8 @@ class DemoOptions:
         slots: worker slots.
         deadline: the demo gives up this many seconds after it started.
         kill: SIGKILL one triggerer halfway.
-        kill_scheduler: run two schedulers and SIGKILL the active one halfway too.
+        kill_scheduler: run two schedulers (each owning half the task partitions) and SIGKILL
+            one of them halfway too.
         live: draw the live view (else print a line every few seconds).
         session_timeout_ms: triggerers' consumer-group session timeout (failover bound).
         topic_prefix: topic prefix (default: a fresh ``demo-<hex>.``).

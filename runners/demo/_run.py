@@ -132,8 +132,9 @@ async def run_demo(options: DemoOptions, console: Console) -> DemoSummary:
                     failover = Failover(victim, survivor, now - began, owned)
                     note = f"SIGKILLed {victim}"
                     if options.kill_scheduler:
-                        children.sigkill(scrapes.active_scheduler)
-                        note += f" and {scrapes.active_scheduler}"
+                        scheduler = scrapes.busiest_scheduler
+                        children.sigkill(scheduler)
+                        note += f" and {scheduler}"
                 if failover is not None and failover.moved_after is None:
                     survivor_owns = set(scrapes.owned.get(failover.survivor, []))
                     if len(survivor_owns) == 12:

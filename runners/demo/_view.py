@@ -80,9 +80,26 @@ class Failover:
 class Scrapes:
     owned: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     running: dict[str, float] = dataclasses.field(default_factory=dict)
-    scheduler: dict[str, float] = dataclasses.field(default_factory=dict)
     worker: dict[str, float] = dataclasses.field(default_factory=dict)
-    active_scheduler: str = "scheduler"
+    # Per scheduler: its last scrape (a killed one's counters stay as they were) and how
+    # many task partitions it owned then.
+    schedulers: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    partitions_owned: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def scheduler(self) -> dict[str, float]:
+        """The schedulers' figures added up (each owns a share of the partitions)."""
+        total: dict[str, float] = {}
+        for figures in self.schedulers.values():
+            for name, value in figures.items():
+                total[name] = total.get(name, 0.0) + value
+        return total
+
+    @property
+    def busiest_scheduler(self) -> str:
+        """The scheduler owning the most partitions (the one a demo kill takes down)."""
+        owned = self.partitions_owned
+        return max(sorted(owned), key=lambda name: owned[name], default="scheduler")
 
 
 async def poll_children(children: Children, scrapes: Scrapes) -> None:
@@ -98,12 +115,16 @@ async def poll_children(children: Children, scrapes: Scrapes) -> None:
                         for labels, _ in got.get("deferline_triggerer_active_triggers", ())
                     )
                     scrapes.running[child.name] = _value(got, "deferline_triggers_running")
-                elif child.name.startswith("scheduler") and got:
-                    if _value(got, "deferline_scheduler_active") == 1:
-                        scrapes.active_scheduler = child.name
-                    elif scrapes.active_scheduler != child.name:
-                        continue  # a standby: the active one's counters are the figures
-                    scrapes.scheduler = {
+                elif child.name.startswith("scheduler"):
+                    if not got:  # gone: it owns nothing; what it did still counts
+                        scrapes.partitions_owned[child.name] = 0.0
+                        for gauge in ("pending", "slots"):
+                            scrapes.schedulers.get(child.name, {}).pop(gauge, None)
+                        continue
+                    scrapes.partitions_owned[child.name] = _value(
+                        got, "deferline_scheduler_partitions_owned"
+                    )
+                    scrapes.schedulers[child.name] = {
                         "duplicates": _value(got, "deferline_scheduler_duplicates_dropped_total"),
                         "applied": _value(
                             got, "deferline_scheduler_events_total", verdict="applied"

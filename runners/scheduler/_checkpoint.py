@@ -239,13 +239,16 @@ class Checkpoints:
     def path(self, topic: str, partition: int) -> Path:
         return self.root / topic / str(partition)
 
-    def open(self, topic: str, partitions: Iterable[int]) -> None:
-        """Open each partition's database; one another process holds is left to it, and
-        that partition folds from the topic. CheckpointError for any other failure."""
+    def open(self, topic: str, partitions: Iterable[int], *, total: int) -> None:
+        """Open each partition's database (of ``total`` tasks partitions); one another
+        process holds is left to it, and that partition folds from the topic.
+        CheckpointError for any other failure."""
         self._topic = topic
         ids = sorted(partitions)
-        self._partitions = len(ids)
+        self._partitions = total
         for p in ids:
+            if p in self._stores:
+                continue
             store = SchedulerCheckpoint(self.path(topic, p))
             try:
                 store.open()
@@ -271,19 +274,22 @@ class Checkpoints:
         """Restore the table from the partitions' checkpoints; the position to fold each
         restored partition's tail from (the others fold from the start, their checkpoint
         discarded if it does not match the topic)."""
-        if not self._stores:
+        by_partition = {tp.partition: tp for tp in tps}
+        mine = {p: store for p, store in self._stores.items() if p in by_partition}
+        if not mine:
             return {}
         began = time.monotonic()
-        identity = await read_log_identity(
-            consumer._client, [self._topic], prefix=prefix, group=group
-        )
-        self._identity = identity  # what every checkpoint written from now on reflects
-        by_partition = {tp.partition: tp for tp in tps}
+        identity = self._identity
+        if identity is None:
+            identity = await read_log_identity(
+                consumer._client, [self._topic], prefix=prefix, group=group
+            )
+            self._identity = identity  # what every checkpoint written from now on reflects
         ends = await consumer.end_offsets(tps)
         starts = await consumer.beginning_offsets(tps)
         usable: dict[int, SavedFold] = {}
         problems: dict[str, list[int]] = {}
-        for p, store in self._stores.items():
+        for p, store in mine.items():
             tp = by_partition[p]
             problem, saved = await self._check(store, identity, starts[tp], ends[tp])
             if problem is not None:
@@ -319,9 +325,10 @@ class Checkpoints:
             for store in stores:
                 await asyncio.to_thread(store.discard)
             return {}
-        self.restored_tasks = tasks
+        self.restored_tasks += tasks
         self.restore_seconds = time.monotonic() - began
-        self._saved = {p: saved.positions[p] for p, saved in usable.items()}
+        restored = {p: saved.positions[p] for p, saved in usable.items()}
+        self._saved.update(restored)
         logger.info(
             "scheduler checkpoint restored",
             extra={
@@ -331,7 +338,7 @@ class Checkpoints:
                 "restore_seconds": round(self.restore_seconds, 3),
             },
         )
-        return {by_partition[p]: offset for p, offset in self._saved.items()}
+        return {by_partition[p]: offset for p, offset in restored.items()}
 
     async def _check(
         self, store: SchedulerCheckpoint, identity: LogIdentity, start: int, end: int
@@ -376,9 +383,11 @@ class Checkpoints:
         without yielding between the caller's checks and this."""
         if not self._stores or self.off:
             return None
-        held = {p: positions[p] for p in self._stores}
+        held = {p: positions[p] for p in self._stores if p in positions}
         delta = table.export_changes()
-        if held == self._saved and not delta.upserts and not delta.deletes:
+        if all(self._saved.get(p) == o for p, o in held.items()) and not (
+            delta.upserts or delta.deletes
+        ):
             return None
         return delta, held
 
@@ -391,7 +400,10 @@ class Checkpoints:
 
         def write_all() -> list[int]:
             failed = []
-            for p, store in self._stores.items():
+            for p in positions:
+                store = self._stores.get(p)
+                if store is None:
+                    continue  # closed since the capture: its partition went elsewhere
                 part = parts.get(p, empty)
                 try:
                     try:
@@ -412,7 +424,7 @@ class Checkpoints:
                 self._writing = None
         for p in failed:
             table.mark_changed(parts.get(p, empty).keys)
-        self._saved = {p: o for p, o in positions.items() if p not in failed}
+        self._saved.update({p: o for p, o in positions.items() if p not in failed})
         logger.debug(
             "scheduler checkpoint written",
             extra={
@@ -430,6 +442,15 @@ class Checkpoints:
         if writing is None:
             return True
         return not await writing  # no partition failed
+
+    async def close_partition(self, partition: int) -> None:
+        """Close one partition's database (it went to another scheduler): after the write
+        in flight; the lock is released for another process on this host."""
+        await self.settle()
+        store = self._stores.pop(partition, None)
+        self._saved.pop(partition, None)
+        if store is not None:
+            await asyncio.to_thread(store.close)
 
     def close(self) -> None:
         stores, self._stores = self._stores, {}

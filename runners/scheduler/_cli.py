@@ -59,6 +59,12 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     help="Worker queue whose topics are created at start (repeatable).",
 )
 @click.option("--group-id", default=None, help="Consumer group [<prefix>scheduler].")
+@click.option(
+    "--group-instance-id",
+    default=None,
+    help="Static group membership: a scheduler restarted with the same id within the "
+    "session timeout keeps its partitions without a rebalance.",
+)
 @metrics_options
 @click.option(
     "--orphan-check-interval",
@@ -68,18 +74,19 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     help="Seconds between checks for events whose deferral never appears.",
 )
 @click.option(
-    "--lease-timeout",
+    "--session-timeout",
     type=click.FloatRange(min=1.0),
     default=10.0,
     show_default=True,
-    help="Seconds without a heartbeat after which a standby takes over (group session).",
+    help="Seconds without a heartbeat after which the other schedulers take this one's "
+    "partitions over (group session).",
 )
 @click.option(
     "--transactions",
     type=click.Choice(["auto", "on", "off"]),
     default="auto",
     show_default=True,
-    help="Write each batch in a Kafka transaction (fences a paused old leader); "
+    help="Write each batch in a Kafka transaction (fences a paused old owner); "
     "auto: when the broker has transactions.",
 )
 @click.option(
@@ -116,10 +123,11 @@ def scheduler_command(
     default_pool_slots: str,
     worker_queues: tuple[str, ...],
     group_id: str | None,
+    group_instance_id: str | None,
     metrics_port: int | None,
     metrics_host: str,
     orphan_check_interval: float,
-    lease_timeout: float,
+    session_timeout: float,
     transactions: str,
     finished_retention: float,
     state_dir: Path | None,
@@ -145,10 +153,11 @@ def scheduler_command(
         pools=Pools(slots=_parse_pools(pools), default_slots=default),
         worker_queues=worker_queues,
         group_id=group_id,
+        group_instance_id=group_instance_id,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         orphan_check_interval=orphan_check_interval,
-        lease_timeout=lease_timeout,
+        session_timeout=session_timeout,
         transactions={"auto": None, "on": True, "off": False}[transactions],
         finished_retention=finished_retention,
         state_dir=state_dir,

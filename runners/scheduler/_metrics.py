@@ -112,13 +112,18 @@ class SchedulerCollector(Collector):
         )
         yield GaugeMetricFamily(
             "deferline_scheduler_active",
-            "1 while this scheduler holds the lease and applies events, 0 on standby.",
+            "1 while this scheduler owns task partitions and writes for them, else 0.",
             value=1 if self.scheduler.active else 0,
         )
         yield _counter(
             "deferline_scheduler_takeovers",
-            "Times this scheduler became active.",
+            "Task partitions this scheduler took over.",
             self.scheduler.takeovers,
+        )
+        yield _counter(
+            "deferline_scheduler_rebalances",
+            "Group assignments this scheduler received.",
+            self.scheduler.rebalances,
         )
         lag = GaugeMetricFamily(
             "deferline_scheduler_lag", "Records not yet read, per input.", labels=["input"]
@@ -128,7 +133,7 @@ class SchedulerCollector(Collector):
         yield lag
         partition_lag = GaugeMetricFamily(
             "deferline_scheduler_partition_lag",
-            "Events on tasks.events not yet folded, per partition this scheduler reads.",
+            "Events on tasks.events not yet folded, per partition this scheduler owns.",
             labels=["partition"],
         )
         for partition, value in sorted(self.scheduler.events_lag.items()):
@@ -136,9 +141,18 @@ class SchedulerCollector(Collector):
         yield partition_lag
         yield GaugeMetricFamily(
             "deferline_scheduler_partitions_owned",
-            "Partitions of tasks.events this scheduler reads (every one while active).",
-            value=len(self.scheduler.events_lag),
+            "Task partitions (of tasks and tasks.events) this scheduler owns and writes for.",
+            value=len(self.scheduler.owned),
         )
+        per_partition = CounterMetricFamily(
+            "deferline_scheduler_partition_events",
+            "Trigger events read per owned partition (since it was acquired), by verdict.",
+            labels=["partition", "verdict"],
+        )
+        for partition, (applied, duplicate) in self.scheduler.partition_counts().items():
+            per_partition.add_metric([str(partition), "applied"], applied)
+            per_partition.add_metric([str(partition), "duplicate"], duplicate)
+        yield per_partition
 
 
 def pool_ledger_metrics(channel: PoolChannel) -> Iterator[Metric]:

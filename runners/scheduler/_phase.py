@@ -1,4 +1,5 @@
-"""The scheduler's lifecycle: one explicit state machine."""
+"""The scheduler process's lifecycle: one explicit state machine (each partition's is
+:mod:`._ownership`)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,16 @@ __all__ = ["Phase", "PhaseMachine"]
 
 class Phase(enum.Enum):
     NEW = "new"
-    RECOVERING = "recovering"  # folding the tasks topic to its end
-    STANDBY = "standby"  # folded and in the group; applies no events
-    ACTIVE = "active"  # holds the lease: applies events and publishes decisions
+    JOINING = "joining"  # in the group, taking over its first assignment
+    RUNNING = "running"  # took over what it was given (see its Ownership for what it owns)
     FAILED = "failed"  # a loop raised; stop() is what is left
     STOPPED = "stopped"
 
 
 _MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.NEW: frozenset({Phase.RECOVERING, Phase.STOPPED}),
-    Phase.RECOVERING: frozenset({Phase.STANDBY, Phase.FAILED, Phase.STOPPED}),
-    Phase.STANDBY: frozenset({Phase.ACTIVE, Phase.FAILED, Phase.STOPPED}),
-    Phase.ACTIVE: frozenset({Phase.STANDBY, Phase.FAILED, Phase.STOPPED}),
+    Phase.NEW: frozenset({Phase.JOINING, Phase.STOPPED}),
+    Phase.JOINING: frozenset({Phase.RUNNING, Phase.FAILED, Phase.STOPPED}),
+    Phase.RUNNING: frozenset({Phase.FAILED, Phase.STOPPED}),
     Phase.FAILED: frozenset({Phase.STOPPED}),
     Phase.STOPPED: frozenset(),
 }

@@ -1,5 +1,5 @@
-"""The scheduler's outgoing side: batches of decisions sent one after another, and the event
-offsets they may commit."""
+"""The scheduler's outgoing side: per owned partition, batches of decisions sent one after
+another, and the event offsets they may commit."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from deferline.schemas import DeadLetter, DeferlineError
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
 from ._fold import TaskFold
-from ._lease import Outgoing, SchedulerPublisher
+from ._publisher import Outgoing, SchedulerPublisher
 from ._records import committable, waves
 
 __all__ = ["DecisionChain", "EventOffsets", "SchedulerError"]
@@ -39,12 +39,25 @@ class EventOffsets:
         self.done.clear()
         self.committed.clear()
 
-    def committable(self, pending: Iterable[Hashable]) -> dict[TopicPartition, int]:
-        return committable(self.done, pending, self.committed)
+    def committable(
+        self, pending: Iterable[Hashable], only: TopicPartition | None = None
+    ) -> dict[TopicPartition, int]:
+        """Offsets that may be committed (of ``only``, if given)."""
+        found = committable(self.done, pending, self.committed)
+        if only is not None:
+            return {only: found[only]} if only in found else {}
+        return found
+
+    def forget(self, tp: TopicPartition) -> None:
+        """The partition went to another scheduler."""
+        self.done.pop(tp, None)
+        self.committed.pop(tp, None)
+        self.reread.pop(tp, None)
 
 
 class DecisionChain:
-    """Hands batches of decisions to the publisher, each after the one before it.
+    """Hands one task partition's batches of decisions to its publisher, each after the one
+    before it (the partitions' chains run side by side).
 
     A batch is encoded (and the task states it writes noted in the fold, to be read back
     without decoding) when it is handed over; it is sent once the batch before it is
@@ -57,20 +70,27 @@ class DecisionChain:
         publisher: SchedulerPublisher,
         fold: TaskFold,
         offsets: EventOffsets,
+        events_tp: TopicPartition,
         *,
-        worker_queues: Iterable[str] = (),
+        ensured_queues: set[str],
     ) -> None:
         self.settings = settings
         self.names = TopicNames(settings.topic_prefix)
         self.publisher = publisher
         self.fold = fold
         self.offsets = offsets
+        self.events_tp = events_tp
         self.published = 0
         self.in_flight: asyncio.Task[None] | None = None
-        self.ensured_queues: set[str] = set(worker_queues)
+        self.ensured_queues = ensured_queues  # shared by the partitions' chains
 
     def start(
-        self, out: Sequence[Emit], dead: Sequence[DeadLetter] = (), *, offsets: bool = False
+        self,
+        out: Sequence[Emit],
+        dead: Sequence[DeadLetter] = (),
+        *,
+        offsets: bool = False,
+        extra: Sequence[Outgoing] = (),
     ) -> asyncio.Task[None] | None:
         """Hand ``out`` to the producer, after the batch in flight; returns its task.
 
@@ -80,18 +100,21 @@ class DecisionChain:
         CancelRequests (the "removed" record that follows one is the proof it was sent),
         task states, then RunTasks (a worker's "running" must land after "queued"). In a
         transaction the waves and the event offsets commit together; without, each wave is
-        acknowledged before the next. Call with the publish lock."""
+        acknowledged before the next. ``extra`` records (pool admission's) go with the task
+        states. Call with the publish lock."""
         commit = (
-            self.offsets.committable(self.fold.table.pending_refs())
+            self.offsets.committable(self.fold.table.pending_refs(), self.events_tp)
             if offsets and self.publisher.transactional
             else {}
         )
-        if not out and not dead and not commit:
+        if not out and not dead and not commit and not extra:
             return None
         queues = {e.worker_queue for e in out if e.worker_queue is not None}
         batch = waves(self.names, out, dead, written=self.fold.written)
+        batch[1].extend(extra)
         task = asyncio.create_task(
-            self._send_after(self.in_flight, queues, batch, commit), name="scheduler-publish"
+            self._send_after(self.in_flight, queues, batch, commit),
+            name=f"scheduler-publish-{self.events_tp.partition}",
         )
         self.in_flight = task
         return task

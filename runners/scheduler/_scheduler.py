@@ -1,34 +1,39 @@
 """The scheduler: folds trigger events into task state and sends resumed tasks to workers.
 
-It reads two streams into one :class:`~deferline.engine.TaskTable`:
+Every scheduler is active: each is a member of the consumer group ``<prefix>scheduler``
+subscribed to **tasks.events** (the events of every trigger queue, which triggerers copy
+there keyed by task; it has the tasks topic's partition count and numbering), and owning
+partition *p* of tasks.events means owning partition *p* of the **tasks** topic: the member
+folds only its partitions and is the only writer of their decisions. Partitions are spread
+by the triggerers' sticky assignor (a join takes about 1/N, only from existing members; a
+leave moves only the leaver's) with optional static membership. One scheduler alone owns
+every partition and behaves as the single scheduler always did.
 
-- the compacted **tasks** topic, every partition, from the beginning (or each partition's
-  local checkpoint), without a consumer group: it *is* the state (clients, workers and the
-  scheduler itself write it), so a (re)started scheduler folds it to the end before deciding
-  anything;
-- every partition of the **tasks.events** topic (the events of every trigger queue, which
-  triggerers copy there keyed by task), with offsets kept in the consumer group
-  ``<prefix>scheduler``: committed only once what they caused is published, and never past
-  an event still held pending.
+On assignment of *p* (see :mod:`._ownership` for the lifecycle): the events partition is
+paused; *p*'s producer starts first (on Apache Kafka its transactional id
+``<group>.<p>`` fences the previous owner: see :mod:`._publisher`); *p*'s checkpoint is
+restored and the tasks partition folded to its end, into a table of its own that then joins
+the scheduler's; the decisions the state calls for are published; events of *p* are read
+from the group's committed offset. On revocation every partition stops writing before
+anything awaits, the batches in flight settle, offsets are committed (without
+transactions), the checkpoints are written; the next assignment says which partitions were
+kept (writing again at once) and which are gone (dropped without writing; their producers
+closed). A partition whose producer is fenced (this member was paused past its session) is
+dropped at once, and the member rejoins.
 
-Any number of schedulers may run; one is active (see :mod:`._lease`): it holds
-partition 0 of the lease topic in the group ``<prefix>scheduler``. Standbys fold the tasks
-topic as it grows and read no events; on takeover a standby starts the fenced producer,
-folds the tasks topic's tail, takes the decisions the state calls for, and reads
-tasks.events from the committed offsets.
-
-The parts, each owning its state: :class:`~._fold.TaskFold` (the table, no I/O),
+The parts, each owning its state: :class:`~._fold.TaskFold` (the table of the owned
+partitions, no I/O), :class:`~._ownership.Ownership` (each partition's stage),
 :class:`~._tasks_topic.TasksReader` (the tasks consumer and its positions),
-:class:`~._checkpoint.Checkpoints` (one database per tasks partition),
-:class:`~._publishing.DecisionChain` (batches sent one after another) and
-:class:`~._publishing.EventOffsets`, :class:`~._lease.SchedulerLease` (membership) and
-:class:`~._lease.SchedulerPublisher` (the fenced producer). :class:`Scheduler` is the I/O
-shell that runs their loops; its lifecycle is :class:`~._phase.Phase`.
+:class:`~._checkpoint.Checkpoints` (one database per tasks partition), per owned partition a
+:class:`~._publisher.SchedulerPublisher` and a :class:`~._publishing.DecisionChain`
+(batches sent one after another), :class:`~._publishing.EventOffsets`, and
+:class:`~._admission.Admission` (pools). :class:`Scheduler` is the I/O shell that runs their
+loops and the rebalance listener; its own lifecycle is :class:`~._phase.Phase`.
 
-Plain aiokafka rather than faust tables: the tasks topic is written by several parties and is
-already the changelog; pools are global (admission needs every task of a pool in one place);
-and the event→task join needs no repartition stage of its own: triggerers write each event,
-keyed by task, to tasks.events, which has the tasks topic's partitions.
+One table for every owned partition (rather than one per partition): pool admission needs
+every owned task in one pool book, in priority order, so that a scheduler owning every
+partition admits exactly as before. A partition joins it whole (:meth:`TaskTable.absorb`)
+and leaves it whole (:meth:`TaskTable.drop_where`).
 """
 
 from __future__ import annotations
@@ -38,13 +43,15 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
-from deferline.engine import Pools, TableDelta, TaskTable
+from deferline.engine import Emit, Pools, TableDelta, TaskTable
 from deferline.schemas import DeadLetter, EventFields
 from deferline.topics import (
     Lifecycle,
@@ -53,23 +60,34 @@ from deferline.topics import (
     describe_topics,
     ensure_topics,
     make_consumer,
+    stop_client,
     topic_specs,
     trace_receive,
 )
 from prometheus_client import CollectorRegistry
 
-from .._aiokafka import client_of
+from .._aiokafka import (
+    client_of,
+    group_generation,
+    join_once,
+    leave_from_generation_zero,
+    request_rejoin,
+)
 from .._local_state import CheckpointError
 from .._metrics import MetricsServer
 from ..triggerer import LONG_POLL_MS, answers_fetches_early
+from ..triggerer._sticky_assignor import StickyAssignor
+from ._admission import Admission, LocalAdmission, PartitionBatch
 from ._checkpoint import Checkpoints
 from ._cli import scheduler_command
 from ._fold import TaskFold
-from ._lease import SchedulerFenced, SchedulerLease, SchedulerPublisher
 from ._metrics import SchedulerCollector
+from ._ownership import Hold, Ownership
 from ._phase import Phase, PhaseMachine
+from ._publisher import SchedulerFenced, SchedulerPublisher
 from ._publishing import DecisionChain, EventOffsets, SchedulerError
 from ._records import dead_letter, orphan_letter
+from ._routing import PartitionRouter
 from ._tasks_topic import TasksReader
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
@@ -77,41 +95,59 @@ __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"
 logger = logging.getLogger(__name__)
 
 _BATCHES_AHEAD = 3
-"""Folded batches handed to the producer, beyond the one being sent, before the fold waits."""
+"""Folds whose batches are handed to the producers and unsent before the fold waits."""
+
+
+@dataclass(eq=False)
+class OwnedPartition:
+    """A task partition this scheduler owns: its producer, its chain of batches, and the
+    decisions taken while it could not write (sent if it is kept, dropped if it goes)."""
+
+    number: int
+    events_tp: TopicPartition
+    publisher: SchedulerPublisher
+    chain: DecisionChain
+    held: PartitionBatch = field(default_factory=PartitionBatch)
+    applied: int = 0
+    duplicates: int = 0
 
 
 class Scheduler(Lifecycle):
-    """Fold the tasks and tasks.events topics into task state; publish decisions while active.
+    """Fold the owned partitions of the tasks and tasks.events topics into task state;
+    publish their decisions.
 
     Args:
         settings: connection and topic layout.
         pools: slot counts per pool (default: ``default_pool`` with 128 slots, like Airflow).
         worker_queues: worker queues whose topics are created at start; others are created
             the first time a task names them.
-        group_id: consumer group of the lease and the event offsets; also the transactional
-            id; default ``<prefix>scheduler``.
+        group_id: consumer group of the schedulers and their event offsets; the prefix of
+            the transactional ids (``<group>.<partition>``); default ``<prefix>scheduler``.
+        group_instance_id: static membership: a scheduler restarted with the same id within
+            the session timeout gets its partitions back without a rebalance (it also does
+            not leave the group when it stops: its partitions wait for the session to end).
         metrics_port: serve Prometheus metrics on this port (0: any free port; None: off).
         orphan_check_interval: how often events held pending are checked against the tasks
             topic's end; one that still has no deferral once the scheduler has read past it
             is dropped as an orphan (for instance a DeferRequest published by another system).
         commit_interval: seconds between offset commits of tasks.events when the broker
             has no transactions (with them, offsets go in every batch's transaction).
-        topic_refresh_interval: seconds between looks for new partitions of tasks.events.
         max_records: most records folded per fetch (and so per published batch).
-        lease_timeout: group session timeout: how long a silent active scheduler keeps the
-            lease before a standby takes over.
+        session_timeout: group session timeout: how long a silent scheduler keeps its
+            partitions before the others take them over.
         transactions: write in Kafka transactions (True), never (False), or when the broker
             has them (None).
         finished_retention: seconds (by record time) a finished task stays in memory.
         state_dir: directory of the local checkpoints of the task table, one database per
-            tasks partition (see :mod:`._checkpoint`); a restart restores them and folds only
-            the tasks topic's tail. ``None``: no checkpoint, every start folds the whole
-            topic. Schedulers on one host may share it: a partition's database is used by
-            the one process that holds it (RocksDB locks it), the others fold that partition
-            from the topic.
+            tasks partition (see :mod:`._checkpoint`); an acquired partition is restored from
+            its checkpoint and only the tail is folded. ``None``: no checkpoint. Schedulers
+            on one host may share it: a partition's database is used by the one process that
+            holds it (RocksDB locks it), the others fold that partition from the topic.
         checkpoint_interval: seconds between checkpoints (and one at a clean stop).
         checkpoint_max_age: an older checkpoint is discarded: compaction may have removed
             tombstones written since (keep it below the tasks topic's delete.retention.ms).
+        admission: pool admission (default: the table's own pool book, see
+            :mod:`._admission`).
     """
 
     def __init__(
@@ -121,31 +157,33 @@ class Scheduler(Lifecycle):
         pools: Pools | Mapping[str, int] | None = None,
         worker_queues: Sequence[str] = (),
         group_id: str | None = None,
+        group_instance_id: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
         orphan_check_interval: float = 5.0,
         commit_interval: float = 1.0,
-        topic_refresh_interval: float = 10.0,
         max_records: int = 10_000,
-        lease_timeout: float = 10.0,
+        session_timeout: float = 10.0,
         transactions: bool | None = None,
         finished_retention: float = 3600.0,
         state_dir: str | Path | None = None,
         checkpoint_interval: float = 10.0,
         checkpoint_max_age: float = 12 * 3600.0,
+        admission: Admission | None = None,
     ) -> None:
         if isinstance(pools, Mapping):
             pools = Pools(slots=dict(pools))
         self.settings = settings
         self.names = TopicNames(settings.topic_prefix)
         self.group_id = group_id or f"{settings.topic_prefix}scheduler"
+        self.group_instance_id = group_instance_id
         self.orphan_check_interval = orphan_check_interval
         self.commit_interval = commit_interval
         self.max_records = max_records
-        self.topic_refresh_interval = topic_refresh_interval
-        self.lease_timeout = lease_timeout
+        self.session_timeout = session_timeout
         self.transactions = transactions
         self.finished_retention = finished_retention
+        self.admission: Admission = admission if admission is not None else LocalAdmission()
         self.fold = TaskFold(pools)
         self.checkpoints = (
             Checkpoints(state_dir, interval=checkpoint_interval, max_age=checkpoint_max_age)
@@ -153,10 +191,7 @@ class Scheduler(Lifecycle):
             else None
         )
         self.offsets = EventOffsets()
-        self.publisher = SchedulerPublisher(
-            settings, transactional_id=self.group_id, group_id=self.group_id
-        )
-        self.chain = DecisionChain(settings, self.publisher, self.fold, self.offsets)
+        self.ownership = Ownership()
         self.phase = PhaseMachine()
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(self))
@@ -166,21 +201,33 @@ class Scheduler(Lifecycle):
             else None
         )
         self._worker_queues = {"default", *worker_queues}
+        self._ensured_queues: set[str] = set()
+        self._parts: dict[int, OwnedPartition] = {}
+        self.router = PartitionRouter()
         self._reader: TasksReader | None = None
-        self._lease: SchedulerLease | None = None
         self._events: AIOKafkaConsumer | None = None
+        self._assignor = StickyAssignor()
         self._publish_lock = asyncio.Lock()
         # Apache Kafka answers a fetch once data arrives: a long wait only saves idle CPU.
         # Tansu holds every fetch for the whole wait: there it bounds the latency the
         # scheduler adds, so it stays short. Chosen at start from the brokers' API versions.
         self._fetch_wait_ms = 100
         self._main: asyncio.Task[None] | None = None
-        self._acquired = asyncio.Event()
-        self._lead: asyncio.Task[None] | None = None
-        self.takeovers = 0
-        self.takeover_seconds: float | None = None
+        self._group: asyncio.TaskGroup | None = None
+        self._acquisition: asyncio.Task[None] | None = None
+        self._absorbing = False
+        self._closing = False
+        self._handed: deque[list[asyncio.Task[None]]] = deque()
+        self._owner_moved = asyncio.Event()
+        self._transactional: bool | None = None
+        self._published_gone = 0
+        self._recovered_records = 0
+        self.recovery_seconds: float | None = None  # the last acquisition's
+        self.takeovers = 0  # partitions acquired
+        self.takeover_seconds: float | None = None  # the last acquisition's
+        self.rebalances = 0
         self.lag: dict[str, int] = {"tasks": 0, "events": 0}
-        self.events_lag: dict[int, int] = {}  # per tasks.events partition read
+        self.events_lag: dict[int, int] = {}  # per owned tasks.events partition
 
     # -- figures ----------------------------------------------------------------------------
 
@@ -194,15 +241,11 @@ class Scheduler(Lifecycle):
 
     @property
     def published(self) -> int:
-        return self.chain.published
+        return self._published_gone + sum(p.chain.published for p in self._parts.values())
 
     @property
     def recovered_records(self) -> int:
-        return self._reader.recovered_records if self._reader is not None else 0
-
-    @property
-    def recovery_seconds(self) -> float | None:
-        return self._reader.recovery_seconds if self._reader is not None else None
+        return self._recovered_records
 
     @property
     def restore_seconds(self) -> float | None:
@@ -216,6 +259,15 @@ class Scheduler(Lifecycle):
     def checkpoint_mismatches(self) -> int:
         return self.checkpoints.mismatches if self.checkpoints is not None else 0
 
+    @property
+    def owned(self) -> list[int]:
+        """The task partitions this scheduler writes for now."""
+        return self.ownership.owned(Hold.ACTIVE)
+
+    def partition_counts(self) -> dict[int, tuple[int, int]]:
+        """Per owned partition: events applied and duplicates dropped since it was acquired."""
+        return {p: (part.applied, part.duplicates) for p, part in sorted(self._parts.items())}
+
     # -- lifecycle ------------------------------------------------------------------------
 
     @property
@@ -225,49 +277,64 @@ class Scheduler(Lifecycle):
 
     @property
     def ready(self) -> bool:
-        """True once the tasks topic is folded and the scheduler is in the lease group."""
-        return self.phase.is_(Phase.STANDBY, Phase.ACTIVE)
+        """True once the scheduler has joined the group and taken over what it was given."""
+        return self.phase.is_(Phase.RUNNING)
 
     @property
     def active(self) -> bool:
-        """True while this scheduler holds the lease and applies events."""
-        return self.phase.is_(Phase.ACTIVE)
+        """True while this scheduler owns at least one partition and writes for it."""
+        return bool(self.owned)
 
     @property
     def transactional(self) -> bool:
-        """True when the active scheduler writes in Kafka transactions."""
-        return self.publisher.transactional
+        """True when the scheduler writes in Kafka transactions (known once it owns one)."""
+        return bool(self._transactional)
 
     async def wait_ready(self) -> None:
         """Wait until :attr:`ready`; raises if the scheduler failed first."""
-        await self._wait_for(Phase.STANDBY, Phase.ACTIVE)
+        await self._wait_until(lambda: self.ready)
 
     async def wait_active(self) -> None:
         """Wait until :attr:`active`; raises if the scheduler failed first."""
-        await self._wait_for(Phase.ACTIVE)
+        await self._wait_until(lambda: self.active)
 
-    async def _wait_for(self, *phases: Phase) -> None:
-        waiter = asyncio.ensure_future(self.phase.reach(*phases))
-        watch: set[asyncio.Future[Any]] = {waiter}
-        if self._main is not None:
-            watch.add(self._main)
-        try:
-            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if self._main is not None and self._main in done:
-            await self._main  # raises its error
-            raise SchedulerError("the scheduler stopped first")
+    async def wait_owning(self, count: int) -> None:
+        """Wait until this scheduler writes for ``count`` partitions (and is ready)."""
+        await self._wait_until(lambda: self.ready and len(self.owned) == count)
+
+    async def _wait_until(self, done: Any) -> None:
+        while not done():
+            if self.phase.is_(Phase.FAILED, Phase.STOPPED) or (
+                self._main is not None and self._main.done()
+            ):
+                if self._main is not None and self._main.done():
+                    await self._main  # raises its error
+                raise SchedulerError("the scheduler stopped first")
+            moved = self._owner_moved
+            watch: set[asyncio.Future[Any]] = {asyncio.ensure_future(moved.wait())}
+            if self._main is not None:
+                watch.add(self._main)
+            try:
+                await asyncio.wait(watch, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in watch:
+                    if waiter is not self._main:
+                        waiter.cancel()
+
+    def _moved(self) -> None:
+        self._owner_moved.set()
+        self._owner_moved = asyncio.Event()
 
     async def start(self) -> None:
-        """Create missing topics, connect, and start folding (returns before catch-up)."""
+        """Create missing topics, connect, and join the group (returns before any
+        partition is taken over)."""
         if self._main is not None:
             return
         try:
             await ensure_topics(
                 self.settings, topic_specs(self.settings, worker_queues=self._worker_queues)
             )
-            self.chain.ensured_queues |= self._worker_queues
+            self._ensured_queues |= self._worker_queues
             if self._metrics is not None:
                 await self._metrics.start()
             if await answers_fetches_early(self.settings):
@@ -277,21 +344,29 @@ class Scheduler(Lifecycle):
                 tasks, self.fold, max_records=self.max_records, dead=self._dead
             )
             await tasks.start()
+            self.router.partitions = len(await self._tasks_partitions(tasks))
+            self._events = self._member()
+            await self._events.start()
+            leave_from_generation_zero(self._events)
+            join_once(self._events)
         except KafkaError as exc:
             await self._close()
             raise SchedulerError(f"cannot connect the scheduler: {exc}") from exc
         except BaseException:
             await self._close()
             raise
-        self.phase.move(Phase.RECOVERING)
+        if self.checkpoints is not None:
+            self.table.track_changes()
+        self.phase.move(Phase.JOINING)
         self._main = asyncio.create_task(self._run(), name="deferline-scheduler")
 
     async def stop(self) -> None:
-        """Stop applying, commit what is published, leave the group, disconnect. Idempotent."""
+        """Stop writing, settle and commit what is published, checkpoint, leave the group,
+        disconnect. Idempotent."""
         main, self._main = self._main, None
         try:
             if main is not None:
-                await self._last_checkpoint(main)
+                await self._leave(main)
         finally:
             await self._close()
 
@@ -308,67 +383,38 @@ class Scheduler(Lifecycle):
             fetch_max_wait_ms=self._fetch_wait_ms,
         )
 
+    def _member(self) -> AIOKafkaConsumer:
+        session_ms = int(self.session_timeout * 1000)
+        return make_consumer(
+            self.settings,
+            group_id=self.group_id,
+            max_poll_records=None,
+            fetch_max_wait_ms=self._fetch_wait_ms,
+            session_timeout_ms=session_ms,
+            heartbeat_interval_ms=max(100, session_ms // 10),  # a rebalance is seen sooner
+            rebalance_timeout_ms=max(session_ms, 30_000),
+            partition_assignment_strategy=(self._assignor, RoundRobinPartitionAssignor),
+            group_instance_id=self.group_instance_id,
+        )
+
     async def _close(self) -> None:
-        await self._step_down()
-        for client in (self._lease, self._reader.consumer if self._reader else None):
-            if client is not None:
-                await client.stop()
-        self._lease = None
+        self._closing = True
+        events, self._events = self._events, None
+        if events is not None:
+            await stop_client(events, grace=5.0, name="scheduler group member")
+        for part in list(self._parts.values()):
+            await part.publisher.stop()
+        self._parts.clear()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await stop_client(reader.consumer, grace=5.0, name="scheduler tasks reader")
         if self._metrics is not None:
             await self._metrics.stop()
         if self.checkpoints is not None:
             await self.checkpoints.settle()
             self.checkpoints.close()
         self.phase.move(Phase.STOPPED)
-
-    # -- loops ----------------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        reader = self._reader
-        assert reader is not None
-        try:
-            try:
-                if self.checkpoints is not None:
-                    self.table.track_changes()
-                await reader.recover(
-                    self.names.tasks,
-                    await self._tasks_partitions(reader.consumer),
-                    self.checkpoints,
-                    prefix=self.settings.topic_prefix,
-                    group=self.group_id,
-                )
-            except CheckpointError as exc:
-                raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
-            self._lease = SchedulerLease(
-                self.settings,
-                topic=self.names.scheduler_lease,
-                group_id=self.group_id,
-                session_timeout=self.lease_timeout,
-                on_acquired=self._acquired.set,
-                on_lost=self._step_down,
-            )
-            await self._lease.start()
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._tasks_loop(reader), name="scheduler-tasks")
-                group.create_task(self._lease.poll_forever(), name="scheduler-lease")
-                group.create_task(self._leadership_loop(), name="scheduler-leadership")
-                group.create_task(self._housekeeping_loop(), name="scheduler-housekeeping")
-                self.phase.move(Phase.STANDBY)
-                logger.info(
-                    "scheduler ready (standby until it holds the lease)",
-                    extra={
-                        "tasks": len(self.table),
-                        "recovered_records": reader.recovered_records,
-                        "recovery_seconds": reader.recovery_seconds,
-                        "group_id": self.group_id,
-                    },
-                )
-        except KafkaError as exc:
-            self.phase.move(Phase.FAILED)
-            raise SchedulerError(f"scheduler lost the broker: {exc}") from exc
-        except Exception:
-            self.phase.move(Phase.FAILED)
-            raise
+        self._moved()
 
     async def _tasks_partitions(self, consumer: AIOKafkaConsumer) -> set[int]:
         deadline = time.monotonic() + 30.0
@@ -380,144 +426,93 @@ class Scheduler(Lifecycle):
                 raise SchedulerError(f"topic {self.names.tasks} has no partitions")
             await client_of(consumer).force_metadata_update()
 
+    # -- loops ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        reader, events = self._reader, self._events
+        assert reader is not None
+        assert events is not None
+        try:
+            # Kafka leaves topics this principal may not describe out of the metadata: the
+            # group would assign nothing, and the scheduler wait forever. Asked for by name,
+            # a missing ACL is named (AuthorizationError) instead.
+            await describe_topics(self.settings, [self.names.task_events], configs=False)
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                events.subscribe([self.names.task_events], listener=_Listener(self))
+                group.create_task(self._events_loop(events), name="scheduler-events")
+                group.create_task(self._tasks_loop(reader), name="scheduler-tasks")
+                group.create_task(self._housekeeping_loop(), name="scheduler-housekeeping")
+                logger.info(
+                    "scheduler joining group",
+                    extra={
+                        "group_id": self.group_id,
+                        "group_instance_id": self.group_instance_id,
+                        "topic": self.names.task_events,
+                    },
+                )
+        except ExceptionGroup as group_error:
+            self.phase.move(Phase.FAILED)
+            self._moved()
+            raise _first(group_error) from None
+        except Exception:
+            self.phase.move(Phase.FAILED)
+            self._moved()
+            raise
+        finally:
+            self._group = None
+
     async def _tasks_loop(self, reader: TasksReader) -> None:
-        """Fold the tasks topic, active or not; publish what it calls for while active."""
+        """Fold the owned tasks partitions; publish what they call for."""
         while True:
             await self._maybe_checkpoint(reader)
             moved, dead = await reader.fetch()
-            if moved and self.active:
+            if moved:
                 async with self._publish_lock:
-                    if self.active:
-                        await self.chain.publish(self.fold.drain(), dead)
+                    handed = self._publish(self.fold.drain(), dead)
+                await self._await_batches(handed)
             reader.moved.set()
 
-    # -- leadership ---------------------------------------------------------------------------
-
-    async def _leadership_loop(self) -> None:
-        """Run the active role each time the lease is won, until it is lost."""
+    async def _events_loop(self, events: AIOKafkaConsumer) -> None:
+        last_commit = time.monotonic()
+        counters = self.table.counters
         while True:
-            await self._acquired.wait()
-            self._acquired.clear()
-            lead = asyncio.create_task(self._take_over(), name="scheduler-active")
-            self._lead = lead
             try:
-                await asyncio.wait({lead})
-            finally:
-                if not lead.done():
-                    lead.cancel()
-                    await asyncio.wait({lead})
-            failure = None if lead.cancelled() else lead.exception()
-            if failure is not None:
-                if self.checkpoints is not None:
-                    self.checkpoints.off = True  # a publish may have failed halfway
-                await self._step_down()
-                raise failure
-
-    async def _take_over(self) -> None:
-        reader = self._reader
-        assert reader is not None
-        began = time.monotonic()
-        try:
-            # Fences the previous leader first (its open transaction is aborted), so the
-            # tasks topic's end read next already holds everything it managed to commit.
-            await self.publisher.start(transactions=self.transactions)
-            await reader.caught_up()
-            async with self._publish_lock:
-                self.offsets.clear()
-                self.phase.move(Phase.ACTIVE)
-                await self.chain.publish(self.fold.drain())
-            self._events = self._consumer()
-            await self._events.start()
-            await self._follow_event_partitions()
-            await self._mark_reread()
-        except KafkaError as exc:
-            raise SchedulerError(f"scheduler could not take over: {exc}") from exc
-        self.takeovers += 1
-        self.takeover_seconds = time.monotonic() - began
-        logger.info(
-            "scheduler active",
-            extra={
-                "group_id": self.group_id,
-                "transactional": self.publisher.transactional,
-                "takeover_seconds": round(self.takeover_seconds, 3),
-                "tasks": len(self.table),
-            },
-        )
-        await self._events_loop()
-
-    async def _mark_reread(self) -> None:
-        """Without transactions, remember where the event partitions end at takeover.
-
-        Events below that were read before, by a predecessor that may have died between a
-        batch's task states and its RunTasks: folding them again re-sends the RunTask of a
-        task still ``queued`` on one of them (see ``TaskTable.apply(resend=...)``).
-        """
-        self.offsets.reread = {}
-        if self.publisher.transactional or self._events is None:
-            return  # a batch's states, RunTasks and offsets committed together, or not at all
-        assigned = list(self._events.assignment())
-        if assigned:
-            self.offsets.reread = await self._events.end_offsets(assigned)
-
-    async def _step_down(self) -> None:
-        """Stop applying events, after the batch in flight (called before the lease moves)."""
-        lead, self._lead = self._lead, None
-        async with self._publish_lock:
-            was_active = self.active
-            if was_active:
-                self.phase.move(Phase.STANDBY)
-            if lead is not None and not lead.done():
-                lead.cancel()
-        if lead is not None:
-            await asyncio.wait({lead})
-        in_flight, self.chain.in_flight = self.chain.in_flight, None
-        sent = True
-        if in_flight is not None:
-            await asyncio.wait({in_flight})  # the batch handed to the producer goes out
-            sent = not in_flight.cancelled() and in_flight.exception() is None
-        events, self._events = self._events, None
-        self.events_lag = {}
-        if events is not None:
-            if was_active and sent and not self.publisher.transactional:
-                with contextlib.suppress(KafkaError):
-                    await self._commit()
-            await events.stop()
-        await self.publisher.stop()
-        self.fold.forget_unread_writes()
-        if was_active:
-            logger.info("scheduler standing by", extra={"group_id": self.group_id})
-
-    async def _events_loop(self) -> None:
-        assert self._events is not None
-        last_commit = last_refresh = time.monotonic()
-        committing: asyncio.Task[None] | None = None
-        handed: deque[asyncio.Task[None] | None] = deque()
-        while True:
-            batches = await self._events.getmany(timeout_ms=1000, max_records=self.max_records)
+                batches = await events.getmany(timeout_ms=1000, max_records=self.max_records)
+            except KafkaError as exc:
+                if not getattr(exc, "retriable", False):
+                    raise SchedulerError(f"cannot read {self.names.task_events}: {exc}") from exc
+                logger.warning("events fetch failed; retrying", extra={"error": repr(exc)})
+                await asyncio.sleep(0.5)
+                continue
             if batches:
                 began = time.monotonic()
                 async with self._publish_lock:
-                    if not self.active:
-                        return
                     dead: list[DeadLetter] = []
                     read: dict[TopicPartition, int] = {}
                     for tp, messages in batches.items():
+                        part = self._parts.get(tp.partition)
+                        if not (messages and part and self.ownership.writable(tp.partition)):
+                            continue  # not this member's to apply now: read again by its owner
+                        reread = self.offsets.reread.get(tp, 0)
+                        applied, duplicates = counters.events_applied, counters.events_duplicate
                         for message in messages:
                             trace_receive(tp.topic, message.value, message.headers)
                             bad = self.fold.event(
                                 message.value,
                                 ref=(tp, message.offset),
-                                resend=message.offset < self.offsets.reread.get(tp, 0),
+                                resend=message.offset < reread,
                             )
                             if bad is not None:
                                 dead.append(self._dead(message, bad))
-                        if messages:
-                            read[tp] = messages[-1].offset + 1
+                        part.applied += counters.events_applied - applied
+                        part.duplicates += counters.events_duplicate - duplicates
+                        read[tp] = messages[-1].offset + 1
                     self.offsets.done.update(read)
                     out = self.fold.drain()
-                    handed.append(self.chain.start(out, dead, offsets=True))
-                if self.publisher.transactional:
-                    last_commit = time.monotonic()  # the batch's transaction carries its offsets
+                    self._publish(out, dead, offsets={tp.partition for tp in read})
+                if self._transactional:
+                    last_commit = time.monotonic()  # the batches' transactions carry offsets
                 logger.debug(
                     "events batch folded",
                     extra={
@@ -526,70 +521,336 @@ class Scheduler(Lifecycle):
                         "fold_seconds": round(time.monotonic() - began, 4),
                     },
                 )
-                # The next batches are fetched and folded while this one is sent (each
-                # goes out after the one before it): the fold, not the broker's time to
-                # complete a transaction before the next may begin, sets the pace. At most
-                # _BATCHES_AHEAD are handed over and unsent; a failed one's error stops us.
-                while len(handed) > _BATCHES_AHEAD:
-                    oldest = handed.popleft()
-                    if oldest is not None:
-                        await asyncio.shield(oldest)  # a step-down lets it finish
+            # The next batches are fetched and folded while these are sent (each partition's
+            # after the one before it): the fold, not the broker's time to complete a
+            # transaction, sets the pace. At most _BATCHES_AHEAD folds are handed over and
+            # unsent; a failed batch's error stops us (a fenced one drops its partition).
+            while self._handed and (
+                len(self._handed) > _BATCHES_AHEAD or all(t.done() for t in self._handed[0])
+            ):
+                await self._await_batches(self._handed.popleft())
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
                 async with self._publish_lock:
-                    if not self.active:
-                        return
-                    if self.publisher.transactional:
-                        # Handed over, not awaited: chained after a batch in flight, waiting
-                        # for it here would stop the fold for as long (up to the time the
-                        # broker takes to complete the previous transaction, 0.5 s seen).
-                        if committing is not None and committing.done():
-                            committing.result()  # a failed commit stops the loop, as a batch does
-                        committing = self.chain.start([], offsets=True)
+                    if self._transactional:
+                        self._publish([], [], offsets=set(self.owned))
                     else:
-                        await self._commit()
+                        await self._commit(self.owned)
                 last_commit = now
-            if now - last_refresh >= self.topic_refresh_interval:
-                await self._follow_event_partitions()
-                last_refresh = now
 
-    async def _follow_event_partitions(self) -> None:
-        """Read every partition of tasks.events, assigned by hand (the active scheduler sees
-        every event: pools are global); new ones from the group's committed offset."""
-        events, lease = self._events, self._lease
-        assert events is not None
-        assert lease is not None
-        topic = self.names.task_events
-        cluster = await client_of(events).fetch_all_metadata()
-        wanted = {TopicPartition(topic, p) for p in cluster.partitions_for_topic(topic) or ()}
-        if not wanted:
-            # Kafka leaves topics this principal may not describe out of the listing: ask
-            # for it by name, so a missing ACL is named (AuthorizationError) rather than
-            # waited on as "no events topic yet".
-            await describe_topics(self.settings, [topic], configs=False)
-        current = set(events.assignment())
-        if wanted <= current:
+    # -- publishing -----------------------------------------------------------------------------
+
+    def _publish(
+        self,
+        out: Iterable[Emit],
+        dead: Iterable[DeadLetter],
+        *,
+        offsets: Iterable[int] = (),
+    ) -> list[asyncio.Task[None]]:
+        """Hand each partition's share of ``out`` and ``dead`` (and its event offsets, for
+        the ``offsets`` partitions) to its chain; a partition that cannot write now holds
+        them. Synchronous; call with the publish lock. Returns the batches started (also
+        kept to be awaited by the events loop)."""
+        batches = self.router.route(out, dead)
+        started: list[asyncio.Task[None]] = []
+        for p in sorted({*batches, *offsets}):
+            batch = batches.get(p, PartitionBatch())
+            part = self._parts.get(p)
+            if part is None:
+                if batch:  # a bug: decisions for a partition not owned are not written
+                    logger.error("decisions for a partition not owned dropped", extra={"p": p})
+                continue
+            batch.pool = self.admission.records(p, batch.out)
+            if not self.ownership.writable(p):
+                part.held.extend(batch)
+                continue
+            if part.held:
+                held, part.held = part.held, PartitionBatch()
+                held.extend(batch)
+                batch = held
+            task = part.chain.start(batch.out, batch.dead, offsets=True, extra=batch.pool)
+            if task is not None:
+                started.append(task)
+        if started:
+            self._handed.append(started)
+        return started
+
+    async def _await_batches(self, batches: Iterable[asyncio.Task[None]]) -> None:
+        """Wait for batches handed over; a fenced one drops its partition (another
+        scheduler owns it now), any other failure is raised."""
+        fenced = False
+        for batch in batches:
+            try:
+                await asyncio.shield(batch)  # cancelled or not, the batch goes out
+            except SchedulerFenced:
+                fenced = True
+        if fenced:
+            await self._drop_fenced()
+
+    async def _drop_fenced(self) -> None:
+        """Drop every partition whose producer was fenced, without writing, and rejoin."""
+        lost = []
+        async with self._publish_lock:
+            for p, part in sorted(self._parts.items()):
+                batch = part.chain.in_flight
+                if (
+                    batch is not None
+                    and batch.done()
+                    and not batch.cancelled()
+                    and isinstance(batch.exception(), SchedulerFenced)
+                ):
+                    self.ownership.lose(p)
+                    lost.append(p)
+        for p in lost:
+            if self._events is not None:
+                self._events.pause(TopicPartition(self.names.task_events, p))
+            await self._release(p)
+        if lost:
+            self._moved()
+            logger.warning(
+                "scheduler fenced: partitions taken over by another member dropped",
+                extra={"group_id": self.group_id, "partitions": lost},
+            )
+            if self._events is not None:
+                request_rejoin(self._events)
+
+    async def _settle(self, partitions: Iterable[int]) -> None:
+        """Wait for the batches in flight of ``partitions`` (fenced ones drop theirs)."""
+        batches: list[asyncio.Task[None]] = []
+        for p in partitions:
+            part = self._parts.get(p)
+            if part is not None and part.chain.in_flight is not None:
+                batches.append(part.chain.in_flight)
+        if batches:
+            await asyncio.wait(batches)
+            await self._await_batches(batches)
+
+    async def _commit(self, partitions: Iterable[int]) -> None:
+        """Commit event offsets of ``partitions`` through the group (brokers without
+        transactions), once what they caused is sent."""
+        events = self._events
+        wanted = {TopicPartition(self.names.task_events, p) for p in partitions}
+        offsets = {
+            tp: offset
+            for tp, offset in self.offsets.committable(self.table.pending_refs()).items()
+            if tp in wanted
+        }
+        for p in partitions:
+            part = self._parts.get(p)
+            if part is not None:
+                await part.chain.settle()  # what is folded is sent before it is committed
+        if not offsets or events is None:
             return
-        positions = {tp: await events.position(tp) for tp in current}
-        added = sorted(wanted - current)
-        committed = await lease.committed(added)
-        events.assign(sorted(wanted | current))
-        for tp, offset in positions.items():
-            events.seek(tp, offset)
-        fresh = [tp for tp in added if tp not in committed]
-        if fresh:
-            await events.seek_to_beginning(*fresh)
-        for tp, offset in committed.items():
-            events.seek(tp, offset)
-            self.offsets.committed[tp] = offset
+        await events.commit(offsets)
+        self.offsets.committed.update(offsets)
+
+    # -- rebalances -------------------------------------------------------------------------------
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Stop writing for every partition (before anything awaits), abandon an acquisition
+        in progress, let the batches in flight settle, commit, checkpoint."""
+        if self._closing:
+            return
+        acquisition = self._acquisition
+        if acquisition is not None and not acquisition.done() and not self._absorbing:
+            acquisition.cancel()  # one joining its partitions to the table finishes that first
+        async with self._publish_lock:  # free unless a fold or that join is under way
+            quiesced, abandoned = self.ownership.revoke()
+        if acquisition is not None:
+            await asyncio.wait({acquisition})  # its reader is closed before its databases
+        self._acquisition = None
+        self._moved()
+        for p in abandoned:
+            await self._release(p)
+        await self._settle(quiesced)
+        if not self._transactional and quiesced:
+            try:
+                await self._commit(self.ownership.owned(Hold.QUIESCED))
+            except KafkaError as exc:  # the generation is over: the next owner reads again
+                logger.warning("event offsets not committed at revocation: %s", exc)
+        if self._reader is not None:
+            await self._checkpoint_now(self._reader)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Kept partitions write again at once, gone ones are dropped, new ones are taken
+        over in the background (paused until then)."""
+        events = self._events
+        if events is None or self._closing:
+            return
+        generation = group_generation(events)
+        self._assignor.note_generation(generation)
+        self.rebalances += 1
+        mine = {tp.partition for tp in assigned if tp.topic == self.names.task_events}
+        async with self._publish_lock:
+            change = self.ownership.assign(mine)
+            for p in change.kept:
+                part = self._parts[p]
+                done = self.offsets.done.get(part.events_tp)
+                if done is not None:
+                    events.seek(part.events_tp, done)
+                self._publish([], [], offsets=(p,))  # sends what was held while quiesced
+            for p in change.acquired:
+                self._parts[p] = self._owned_partition(p)
+        if change.acquired:
+            events.pause(*(TopicPartition(self.names.task_events, p) for p in change.acquired))
+        for p in change.released:
+            await self._release(p)
+        self._moved()
         logger.info(
-            "reading event partitions",
+            "scheduler partitions assigned",
             extra={
                 "group_id": self.group_id,
-                "added": [f"{tp.topic}:{tp.partition}" for tp in added],
+                "generation": generation,
+                "partitions": sorted(mine),
+                "kept": list(change.kept),
+                "acquired": list(change.acquired),
+                "lost": list(change.released),
+                "pools_exact": self.admission.exact(len(mine), self.router.partitions),
             },
         )
+        if change.acquired and self._group is not None and not self._closing:
+            self._acquisition = self._group.create_task(
+                self._acquire(change.acquired), name="scheduler-acquire"
+            )
+        elif not change.acquired:
+            self._running()
+
+    def _running(self) -> None:
+        if self.phase.is_(Phase.JOINING):
+            self.phase.move(Phase.RUNNING)
+            logger.info(
+                "scheduler ready",
+                extra={"group_id": self.group_id, "partitions": self.owned},
+            )
+        self._moved()
+
+    def _owned_partition(self, p: int) -> OwnedPartition:
+        events_tp = TopicPartition(self.names.task_events, p)
+        publisher = SchedulerPublisher(
+            self.settings, transactional_id=f"{self.group_id}.{p}", group_id=self.group_id
+        )
+        chain = DecisionChain(
+            self.settings,
+            publisher,
+            self.fold,
+            self.offsets,
+            events_tp,
+            ensured_queues=self._ensured_queues,
+        )
+        return OwnedPartition(p, events_tp, publisher, chain)
+
+    async def _acquire(self, numbers: tuple[int, ...]) -> None:
+        """Take partitions over: fence their old owner, fold them to their end, join them to
+        the table, publish what they call for, then read their events."""
+        began = time.monotonic()
+        reader, events = self._reader, self._events
+        assert reader is not None
+        assert events is not None
+        parts = [self._parts[p] for p in numbers]
+        try:
+            # The producers first: each fences the partition's previous owner (its open
+            # transaction is aborted), so the ends read next hold all it managed to commit.
+            first, *rest = parts
+            await first.publisher.start(transactions=self._transactions_wanted())
+            if self._transactional is None:
+                self._transactional = first.publisher.transactional
+                if self._transactional:
+                    logger.info(
+                        "scheduler writes in transactions",
+                        extra={"transactional_ids": f"{self.group_id}.<partition>"},
+                    )
+            await asyncio.gather(
+                *(part.publisher.start(transactions=self._transactional) for part in rest)
+            )
+            fold = TaskFold(self.table.pools)
+            if self.checkpoints is not None:
+                fold.table.track_changes()
+            consumer = self._consumer()
+            await consumer.start()
+            try:
+                side = TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
+                await side.recover(
+                    self.names.tasks,
+                    set(numbers),
+                    self.checkpoints,
+                    prefix=self.settings.topic_prefix,
+                    group=self.group_id,
+                    total=self.router.partitions,
+                )
+                positions = dict(side.positions)
+            finally:
+                await stop_client(consumer, grace=5.0, name="scheduler partition reader")
+            self._recovered_records += side.recovered_records
+            events_tps = [part.events_tp for part in parts]
+            committed = {tp: await events.committed(tp) for tp in events_tps}
+            ends = await events.end_offsets(events_tps) if not self._transactional else {}
+        except CheckpointError as exc:
+            raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
+        except KafkaError as exc:
+            raise SchedulerError(f"scheduler could not take over {numbers}: {exc}") from exc
+        async with self._publish_lock:
+            self._absorbing = True  # a revocation now waits for the end of this
+            try:
+                self.table.absorb(fold.table)
+                await reader.take(positions)
+                for part in parts:
+                    self.ownership.acquired(part.number)
+                    offset = committed[part.events_tp]
+                    if offset is not None:
+                        self.offsets.committed[part.events_tp] = offset
+                    if part.events_tp in ends:
+                        # Events below were read before, by a predecessor that may have died
+                        # between a batch's task states and its RunTasks (no transactions):
+                        # folding them again re-sends the RunTask of a task still queued
+                        # on one of them (see TaskTable.apply(resend=...)).
+                        self.offsets.reread[part.events_tp] = ends[part.events_tp]
+                handed = self._publish(self.fold.drain(), [])
+                events.resume(*events_tps)
+            finally:
+                self._absorbing = False
+        await self._await_batches(handed)
+        self.takeovers += len(numbers)
+        self.takeover_seconds = time.monotonic() - began
+        self.recovery_seconds = self.takeover_seconds
+        logger.info(
+            "scheduler partitions acquired",
+            extra={
+                "group_id": self.group_id,
+                "partitions": list(numbers),
+                "transactional": self._transactional,
+                "takeover_seconds": round(self.takeover_seconds, 3),
+                "tasks": len(self.table),
+            },
+        )
+        self._running()
+
+    def _transactions_wanted(self) -> bool | None:
+        if self._transactional is not None:
+            return self._transactional
+        return self.transactions
+
+    async def _release(self, p: int) -> None:
+        """Drop partition ``p`` without writing: its tasks, offsets, reader position,
+        checkpoint database and producer."""
+        part = self._parts.pop(p, None)
+        self.table.drop_where(lambda key: self.router.partition_of(key) == p)
+        self.router.forget(p)
+        if part is None:
+            return
+        self._published_gone += part.chain.published
+        self.fold.forget_unread_writes()  # those of the partition are no longer awaited
+        self.offsets.forget(part.events_tp)
+        self.events_lag.pop(p, None)
+        if self._reader is not None:
+            await self._reader.drop({p})
+        if self.checkpoints is not None:
+            await self.checkpoints.close_partition(p)
+        if part.chain.in_flight is not None:
+            await asyncio.wait({part.chain.in_flight})
+        await part.publisher.stop()
+
+    # -- housekeeping -------------------------------------------------------------------------
 
     async def _housekeeping_loop(self) -> None:
         """Dead-letter events that can never apply, forget finished tasks past retention,
@@ -602,31 +863,27 @@ class Scheduler(Lifecycle):
             await reader.caught_up()
             self.lag["tasks"] = 0  # just caught up with the end read before the wait
             async with self._publish_lock:
-                await self._dead_letter_orphans(generation)
+                self._dead_letter_orphans(generation)
             self.table.forget_finished(self.finished_retention)
+            self.router.trim(2 * len(self.table) + 10_000)
             await self._refresh_events_lag()
 
-    async def _dead_letter_orphans(self, generation: int) -> None:
+    def _dead_letter_orphans(self, generation: int) -> None:
         """Events held since before ``generation`` closed still have no deferral, though the
         tasks topic is now folded past the end it had after them: dead-letter them, each
-        with the reason (their offsets are committed only after the dead letters are sent).
-        A standby only forgets them: it did not commit past them, so the active scheduler
-        reads them again. Call with the publish lock."""
+        with the reason (their offsets are committed only after the dead letters are sent;
+        a partition that cannot write now holds them). Call with the publish lock."""
         orphans = self.table.expire_pending(generation)
         if not orphans:
             return
-        active = self.active
-        if active:
-            letters = [
-                orphan_letter(event, ref, now=self._task_now(event), member=self.group_id)
-                for event, ref in orphans
-            ]
-            self.chain.start([], letters)
-        fate = "dead-lettered" if active else "forgotten (standby)"
+        letters = [
+            orphan_letter(event, ref, now=self._task_now(event), member=self.group_id)
+            for event, ref in orphans
+        ]
+        self._publish([], letters)
         for event, _ in orphans:
             logger.info(
-                "event without a deferral on the tasks topic %s",
-                fate,
+                "event without a deferral on the tasks topic dead-lettered",
                 extra={
                     "trigger_id": event.trigger_id,
                     "task": str(event.task),
@@ -634,7 +891,8 @@ class Scheduler(Lifecycle):
                 },
             )
         logger.warning(
-            "events without a deferral on the tasks topic %s", fate, extra={"count": len(orphans)}
+            "events without a deferral on the tasks topic dead-lettered",
+            extra={"count": len(orphans)},
         )
 
     def _task_now(self, event: EventFields) -> str:
@@ -645,12 +903,18 @@ class Scheduler(Lifecycle):
         return f"{record.state}{on}"
 
     async def _refresh_events_lag(self) -> None:
-        assigned = list(self._events.assignment()) if self._events is not None else []
-        ends = await self._events.end_offsets(assigned) if self._events and assigned else {}
+        events = self._events
+        assigned = [part.events_tp for part in self._parts.values()]
+        if events is None or not assigned:
+            self.events_lag = {}
+            self.lag["events"] = 0
+            return
+        ends = await events.end_offsets(assigned)
         done, committed = self.offsets.done, self.offsets.committed
         self.events_lag = {
             tp.partition: max(0, ends[tp] - done.get(tp, committed.get(tp, ends[tp])))
             for tp in assigned
+            if tp in ends
         }
         self.lag["events"] = sum(self.events_lag.values())
 
@@ -658,16 +922,14 @@ class Scheduler(Lifecycle):
 
     def _capture(self, reader: TasksReader) -> tuple[TableDelta, dict[int, int]] | None:
         """The checkpoint to write if now is a consistent point (see :mod:`._checkpoint`):
-        between two fetches, no fold in progress, nothing drained and unsent, no batch on
-        its way to the broker, and the active role not failed. Does not yield."""
-        lead = self._lead
+        between two fetches, no fold in progress, nothing drained and unsent or held, no
+        batch on its way to the broker, and no failed batch. Does not yield."""
         if (
             self.checkpoints is None
             or not reader.tps
             or self._publish_lock.locked()
-            or (lead is not None and lead.done())
             or self.table.unpublished
-            or not self.chain.sent
+            or any(part.held or not part.chain.sent for part in self._parts.values())
         ):
             return None
         return self.checkpoints.capture(self.table, reader.partition_positions())
@@ -678,27 +940,49 @@ class Scheduler(Lifecycle):
             return
         async with self._publish_lock:
             pass  # let a fold in progress finish
-        in_flight = self.chain.in_flight
-        if in_flight is not None:
-            await asyncio.wait({in_flight})  # and the batch it handed over; the capture
+        in_flight = [p.chain.in_flight for p in self._parts.values() if p.chain.in_flight]
+        if in_flight:
+            await asyncio.wait(in_flight)  # and the batches it handed over; the capture
             # below does not yield, and skips this turn if another batch went out meanwhile
         captured = self._capture(reader)
         self.checkpoints.tried()
         if captured is not None:
             await self.checkpoints.write(self.table, *captured)
 
-    async def _last_checkpoint(self, main: asyncio.Task[None]) -> None:
-        """At stop: capture now if the tasks loop waits between fetches (otherwise the last
-        periodic checkpoint stands), stop ``main``, then write it after any write in flight."""
+    async def _checkpoint_now(self, reader: TasksReader) -> None:
+        """Checkpoint now if this is a consistent point with the tasks loop between fetches
+        (a revocation); otherwise the last periodic checkpoint stands."""
+        if self.checkpoints is None or not reader.idle:
+            return
+        captured = self._capture(reader)
+        if captured is not None:
+            await self.checkpoints.write(self.table, *captured)
+
+    async def _leave(self, main: asyncio.Task[None]) -> None:
+        """At stop: capture a checkpoint now if the tasks loop waits between fetches
+        (otherwise the last periodic one stands), stop the loops and writing, let every
+        batch settle, commit, and write the checkpoint; the group is left after this."""
         reader = self._reader
         captured = (
             self._capture(reader)
             if reader is not None and reader.idle and not main.done()
             else None
         )
+        acquisition = self._acquisition
         main.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await main
+        self._closing = True
+        if acquisition is not None:
+            await asyncio.wait({acquisition})
+        with contextlib.suppress(SchedulerError, SchedulerFenced):
+            await self._settle(list(self._parts))
+        if main.done() and not main.cancelled() and main.exception() is not None:
+            if self.checkpoints is not None:
+                self.checkpoints.off = True  # a publish may have failed halfway
+        elif not self._transactional:
+            with contextlib.suppress(KafkaError, SchedulerError):
+                await self._commit(self.owned)
         if self.checkpoints is None or not await self.checkpoints.settle():
             return
         if captured is not None:
@@ -709,12 +993,23 @@ class Scheduler(Lifecycle):
     def _dead(self, message: Any, error: str) -> DeadLetter:
         return dead_letter(message, error, member=self.group_id)
 
-    async def _commit(self) -> None:
-        """Commit event offsets through the lease member (brokers without transactions)."""
-        lease = self._lease
-        offsets = self.offsets.committable(self.table.pending_refs())  # taken now: what is
-        await self.chain.settle()  # folded is handed over, and sent before it is committed
-        if not offsets or lease is None or not lease.held:
-            return
-        await lease.commit(offsets)
-        self.offsets.committed.update(offsets)
+
+def _first(group: ExceptionGroup[Any]) -> BaseException:
+    """The first error of a task group's failure, as the scheduler's own."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    if isinstance(error, KafkaError):
+        return SchedulerError(f"scheduler lost the broker: {error}")
+    return error
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.scheduler.on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.scheduler.on_partitions_assigned(assigned)

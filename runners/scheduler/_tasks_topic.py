@@ -1,4 +1,5 @@
-"""The scheduler's tasks topic: folded to its end at start, then followed, active or not."""
+"""The scheduler's tasks topic: each owned partition folded to its end when acquired, then
+followed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 class TasksReader:
-    """Reads the tasks topic's partitions into a :class:`TaskFold`, and knows how far.
+    """Reads tasks topic partitions into a :class:`TaskFold`, and knows how far.
+
+    An acquisition reads its partitions to their end with a reader of its own
+    (:meth:`recover`, into a fold of its own); the scheduler's reader then :meth:`take` s
+    them at the positions reached, and :meth:`drop` s them when they go elsewhere.
 
     ``positions`` are the consumer's positions, not last offsets: transaction markers take
     offsets but are no records. ``idle`` is True while a fetch waits, between two batches:
@@ -40,6 +45,7 @@ class TasksReader:
         self.tps: list[TopicPartition] = []
         self.positions: dict[TopicPartition, int] = {}
         self.moved = asyncio.Event()
+        self.followed = asyncio.Event()  # set while there are partitions to follow
         self.idle = False
         self.recovered_records = 0
         self.recovery_seconds: float | None = None
@@ -53,6 +59,7 @@ class TasksReader:
         *,
         prefix: str,
         group: str,
+        total: int,
     ) -> None:
         """Fold the partitions up to their end as of now, before deciding anything: from the
         local checkpoint's positions where one matches, else from the beginning."""
@@ -60,7 +67,7 @@ class TasksReader:
         self.tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         saved: dict[TopicPartition, int] = {}
         if checkpoints is not None:
-            checkpoints.open(topic, partitions)
+            checkpoints.open(topic, partitions, total=total)
             saved = await checkpoints.restore(  # before any fetch starts
                 self.fold, self.consumer, self.tps, prefix=prefix, group=group
             )
@@ -81,10 +88,10 @@ class TasksReader:
             await self._sync()
         self.recovery_seconds = time.monotonic() - began
         logger.info(
-            "tasks topic folded",
+            "tasks partitions folded",
             extra={
+                "partitions": sorted(partitions),
                 "from_checkpoint": sorted(tp.partition for tp in saved),
-                "tasks_restored": checkpoints.restored_tasks if checkpoints else 0,
                 "records_read": self.recovered_records,
                 "tasks": len(self.fold.table),
                 "seconds": round(self.recovery_seconds, 3),
@@ -95,6 +102,7 @@ class TasksReader:
         """Fold the next batch: (whether anything was read, dead letters of bad records)."""
         self.idle = True
         try:
+            await self.followed.wait()
             batches = await self.consumer.getmany(timeout_ms=1000, max_records=self.max_records)
         finally:
             self.idle = False
@@ -107,13 +115,41 @@ class TasksReader:
         await self._sync()
         return bool(batches), dead
 
+    async def take(self, positions: dict[TopicPartition, int]) -> None:
+        """Follow more partitions, from ``positions`` (folded elsewhere up to them)."""
+        current = {tp: await self.consumer.position(tp) for tp in self.tps}
+        self.tps = sorted({*self.tps, *positions})
+        self.consumer.assign(self.tps)
+        for tp, offset in {**current, **positions}.items():
+            self.consumer.seek(tp, offset)
+        await self._sync()
+        self.followed.set()
+
+    async def drop(self, partitions: set[int]) -> None:
+        """Stop following ``partitions`` (they went to another scheduler)."""
+        gone = [tp for tp in self.tps if tp.partition in partitions]
+        if not gone:
+            return
+        current = {tp: await self.consumer.position(tp) for tp in self.tps if tp not in gone}
+        self.tps = sorted(current)
+        for tp in gone:
+            self.positions.pop(tp, None)
+        self.consumer.assign(self.tps)
+        for tp, offset in current.items():
+            self.consumer.seek(tp, offset)
+        if not self.tps:
+            self.followed.clear()
+
     def partition_positions(self) -> dict[int, int]:
         return {tp.partition: self.positions[tp] for tp in self.tps}
 
     async def caught_up(self) -> None:
         """Wait until the partitions are folded up to their (last stable) end as of now."""
+        if not self.tps:
+            return
         ends = await self.consumer.end_offsets(self.tps)
-        while any(self.positions.get(tp, 0) < end for tp, end in ends.items()):
+        # A partition dropped meanwhile has no position any more: nothing to wait for.
+        while any(self.positions.get(tp, end) < end for tp, end in ends.items()):
             self.moved.clear()
             await self.moved.wait()
 

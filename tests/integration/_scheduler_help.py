@@ -6,6 +6,7 @@ import signal
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from aiokafka import TopicPartition
 from deferline.schemas import ResumeTarget, TaskKey
@@ -15,7 +16,7 @@ from tests.integration._process import DeferlineProcess
 from tests.integration._taskflow import TaskFlow
 
 TARGET = ResumeTarget(operator="pkg.Op")
-LEASE_TIMEOUT = "6"  # Apache Kafka's smallest group session timeout by default
+SESSION_TIMEOUT = 6.0  # Apache Kafka's smallest group session timeout by default
 
 
 class SchedulerProcess(DeferlineProcess):
@@ -29,8 +30,8 @@ class SchedulerProcess(DeferlineProcess):
             workdir / f"{name}.log",
             "--default-pool-slots",
             "unlimited",
-            "--lease-timeout",
-            LEASE_TIMEOUT,
+            "--session-timeout",
+            str(SESSION_TIMEOUT),
             "--orphan-check-interval",
             "0.5",
             "--log-format",
@@ -40,26 +41,55 @@ class SchedulerProcess(DeferlineProcess):
             *extra,
         )
 
+    def assignments(self) -> list[dict[str, Any]]:
+        """Its "scheduler partitions assigned" lines, oldest first (generation, partitions,
+        kept, acquired, lost)."""
+        return self.find("scheduler partitions assigned")
+
+    @property
+    def owned(self) -> set[int]:
+        """The partitions of its last assignment, once every one acquired in it is taken over
+        (empty before, and while a takeover runs)."""
+        lines = self.lines()
+        last = max(
+            (i for i, line in enumerate(lines) if line.get("message") == ASSIGNED), default=None
+        )
+        if last is None or not self.alive:
+            return set()
+        taken = {
+            p
+            for line in lines[last + 1 :]
+            if line.get("message") == ACQUIRED
+            for p in line["partitions"]
+        }
+        if not set(lines[last]["acquired"]) <= taken:
+            return set()
+        return set(lines[last]["partitions"])
+
     @property
     def active(self) -> bool:
-        """Alive, and its last role line says active."""
-        roles = [
-            line["message"]
-            for line in self.lines()
-            if line.get("message", "").startswith(("scheduler active", "scheduler standing by"))
-        ]
-        return self.alive and bool(roles) and roles[-1].startswith("scheduler active")
+        """Alive, and it writes for at least one partition."""
+        return bool(self.owned)
 
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
 
 
-def the_active(processes: Sequence[SchedulerProcess]) -> SchedulerProcess | None:
-    """The one active scheduler once the group has settled (exactly one says so)."""
+ASSIGNED = "scheduler partitions assigned"
+ACQUIRED = "scheduler partitions acquired"
+
+
+def shared_out(processes: Sequence[SchedulerProcess], partitions: int) -> bool:
+    """The live processes own every partition between them, each partition once, and every
+    live process owns a share (N members: each ``partitions // N`` or one more)."""
     live = [p for p in processes if p.alive]
-    active = [p for p in live if p.active]
-    joined = all(p.find("scheduler active") or p.find("scheduler standing by") for p in live)
-    return active[0] if len(active) == 1 and joined else None
+    owned = [p.owned for p in live]
+    if not live or sum(len(o) for o in owned) != partitions:
+        return False
+    if set().union(*owned) != set(range(partitions)):
+        return False
+    low = partitions // len(live)
+    return all(low <= len(o) <= low + 1 for o in owned)
 
 
 async def all_events_committed(settings: Settings, flow: TaskFlow) -> bool:

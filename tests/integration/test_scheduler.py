@@ -14,6 +14,7 @@ import pytest
 from aiokafka import TopicPartition
 from deferline.engine import FAIL_METHOD
 from deferline.replay import ReplaySession, parse_subject
+from deferline.runners._aiokafka import group_generation
 from deferline.runners.scheduler import Scheduler
 from deferline.runners.scheduler._records import read_as
 from deferline.schemas import (
@@ -385,3 +386,33 @@ async def test_unreadable_events_are_dead_lettered_with_the_models_reason(
 
 def _partition_of(flow: TaskFlow, key: str) -> int:
     return partition_for(key.encode(), flow.settings.partitions)
+
+
+async def test_a_static_member_restarted_in_time_keeps_its_partitions(
+    settings: Settings, broker_backend: str
+) -> None:
+    """With --group-instance-id, a scheduler restarted within its session timeout gets its
+    partitions back in the same group generation: nobody else rebalances."""
+    if broker_backend == "tansu":
+        pytest.skip(
+            "static membership: Tansu accepts group.instance.id but does not hand a rejoining "
+            "static member its old place; the old member expires after the session timeout "
+            "and the group rebalances"
+        )
+    static: dict[str, Any] = {"session_timeout": 30.0, **FAST}
+    everything = list(range(settings.partitions))
+    async with Scheduler(settings, group_instance_id="a", **static) as a:
+        b = Scheduler(settings, group_instance_id="b", **static)
+        async with b:
+            await until(
+                lambda: b.ready and a.owned and b.owned and sorted(a.owned + b.owned) == everything,
+                within=60,
+            )
+            owned, generation = b.owned, group_generation(b._events)
+            kept = a.owned
+        again = Scheduler(settings, group_instance_id="b", **static)
+        async with again:
+            await until(lambda: again.owned == owned, within=30)
+            assert group_generation(again._events) == generation, "no rebalance"
+            assert a.owned == kept
+            assert group_generation(a._events) == generation

@@ -13,7 +13,7 @@ import pytest
 from aiokafka import TopicPartition
 from deferline.runners.scheduler import Scheduler
 from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
-from deferline.topics import Settings, TopicNames, make_consumer, stop_client
+from deferline.topics import Settings, TopicNames, make_consumer, partition_for, stop_client
 
 from ._clusters import another_cluster, delete_topic, end_offsets
 from ._taskflow import TaskFlow, task_key
@@ -204,10 +204,12 @@ async def test_two_schedulers_share_one_state_directory(
     settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two schedulers of one group on one host, one state directory (as the default gives
-    them): the second starts, folding from the topic the partitions whose checkpoint the
-    first holds, and takes over when the first stops."""
+    them): the second takes half the partitions, each partition's database used by the
+    process that holds it (one still held by the first while it lets go is folded from the
+    topic), and the second takes every partition over when the first stops."""
     state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
     a, b = task_key("a"), task_key("b")
+    everything = set(range(settings.partitions))
     async with TaskFlow(settings) as flow, Scheduler(settings, **state, **FAST) as first:
         await first.wait_active()
         await flow.submit(a)
@@ -215,17 +217,38 @@ async def test_two_schedulers_share_one_state_directory(
         with caplog.at_level(logging.INFO):
             second = Scheduler(settings, **state, **FAST)
             async with second:
-                await second.wait_ready()
-                held = [r for r in caplog.records if "folds from the topic" in r.getMessage()]
-                assert len(held) == settings.partitions, "every partition is the first's"
-                assert second.restored_tasks == 0
-                assert second.table.get(a.ti_key) is not None, "folded from the topic"
+                await until(
+                    lambda: (
+                        second.ready
+                        and len(first.owned) + len(second.owned) == len(everything)
+                        and set(first.owned) | set(second.owned) == everything
+                        and len(second.owned) == len(everything) // 2
+                    )
+                )
+                held = {
+                    r.args[0]  # type: ignore[index]
+                    for r in caplog.records
+                    if "folds from the topic" in r.getMessage() and r.args
+                }
+                checkpoints = second.checkpoints
+                assert checkpoints is not None
+                assert set(second.owned) <= set(checkpoints._stores) | held
+                assert not set(first.owned) & set(checkpoints._stores), "none of the first's"
+                owner = (
+                    first
+                    if partition_for(a.ti_key.encode(), settings.partitions) in (first.owned)
+                    else second
+                )
+                assert owner.table.get(a.ti_key) is not None
+                other = second if owner is first else first
+                assert other.table.get(a.ti_key) is None, "each folds only its partitions"
                 await first.stop()
-                await second.wait_active()
+                await until(lambda: set(second.owned) == everything)
                 await flow.submit(b)
                 await flow.wait_for(lambda: flow.runs_of(b, "start"))
                 await barrier(flow, second)
                 assert len(flow.runs_of(a, "start")) == 1
+                assert second.table.get(a.ti_key) is not None
 
 
 def _checkpointed_at_reader(scheduler: Scheduler) -> bool:

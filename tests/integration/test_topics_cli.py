@@ -46,13 +46,9 @@ def test_topics_ensure_then_list(settings):
         f"{prefix}{name}"
         for name in (
             "defer", "resume", "defer.fast", "resume.fast", "tasks", "queue", "queue.resumes",
-            "queue.gpu", "queue.gpu.resumes", "dead", "scheduler.lease", "tasks.events",
-            "scheduler.pools",
+            "queue.gpu", "queue.gpu.resumes", "dead", "tasks.events", "scheduler.pools",
         )
     }  # fmt: skip
-    # The scheduler's lease topic has one partition: its holder is the active scheduler.
-    lease = f"{prefix}scheduler.lease"
-    assert rows.pop(lease)[0] == "1"
     assert rows.pop(f"{prefix}scheduler.pools")[0] == "1", "the pool ledger: one partition"
     assert all(cols[0] == "3" for cols in rows.values())
     assert "cleanup.policy=compact" in rows[f"{prefix}defer"]

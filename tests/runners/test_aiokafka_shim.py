@@ -57,6 +57,11 @@ def test_the_coordinator_keeps_generation_member_and_assignors() -> None:
         assert _assigned_in_init(GroupCoordinator, attribute), attribute
 
 
+def test_the_coordinator_can_be_asked_to_rejoin() -> None:
+    assert callable(GroupCoordinator.request_rejoin)
+    assert inspect.signature(GroupCoordinator.request_rejoin).parameters.keys() == {"self"}
+
+
 def test_the_coordinator_sends_through_send_req_and_leaves_through_maybe_leave_group() -> None:
     for name in ("_send_req", "_maybe_leave_group", "reset_generation"):
         assert inspect.iscoroutinefunction(getattr(GroupCoordinator, name)) or callable(

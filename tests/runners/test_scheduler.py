@@ -33,7 +33,7 @@ from deferline.topics import Settings, partition_for
 from prometheus_client import generate_latest
 
 TASK = TaskKey(dag_id="d", task_id="t", run_id="r")
-TPS = TopicPartition("p.resume", 0)
+TPS = TopicPartition("p.tasks.events", 0)
 
 
 class FakeBatch:
@@ -108,9 +108,19 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
     monkeypatch.setattr(scheduler_module, "ensure_topics", fake_ensure)
     monkeypatch.setattr(publishing_module, "ensure_topics", fake_ensure)
     scheduler = Scheduler(Settings(topic_prefix="p."), pools=Pools(slots={"default_pool": 1}))
-    scheduler.publisher._producer = FakeProducer()
+    own_partition_zero(scheduler)
+    scheduler._parts[0].publisher._producer = FakeProducer()
     scheduler.ensured = ensured  # type: ignore[attr-defined]
     return scheduler
+
+
+def own_partition_zero(scheduler: Scheduler) -> None:
+    """Make ``scheduler`` the owner of partition 0 of a one-partition layout, as an
+    acquisition leaves it (without a broker)."""
+    scheduler.router.partitions = 1
+    scheduler._parts[0] = scheduler._owned_partition(0)
+    scheduler.ownership.assign({0})
+    scheduler.ownership.acquired(0)
 
 
 def state(record_state: Any = "scheduled", **fields: Any) -> TaskStateRecord:
@@ -135,10 +145,10 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
     start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
     resume = RunTask(task=TASK, mode="resume", operator="x.Op")
     letter = DeadLetter(topic="p.tasks", partition=0, offset=3, error="bad", error_type="E")
-    await sched.chain.publish(
+    await sched._parts[0].chain.publish(
         [Emit(state("queued")), Emit(start), Emit(resume), Emit(cancel, queue="slow")], [letter]
     )
-    log = sched.publisher._producer.log  # type: ignore[union-attr]
+    log = sched._parts[0].publisher._producer.log  # type: ignore[union-attr]
     ti = TASK.ti_key.encode()
     assert log[:2] == [("send", "p.defer.slow", b"tid"), ("ack", "p.defer.slow", b"tid")]
     assert log[2:6] == [
@@ -152,24 +162,25 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
         ("send", "p.queue.resumes", ti),
     ]
     assert sched.published == 5
-    await sched.chain.publish([Emit(start)])
+    await sched._parts[0].chain.publish([Emit(start)])
     ensured = [name for names in sched.ensured for name in names]  # type: ignore[attr-defined]
     assert ensured.count("p.queue.gpu") == 1, "a new worker queue's topics are created once"
 
 
 async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> None:
     assert sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True) is None
-    await sched.chain.publish(sched.table.drain())
-    log = sched.publisher._producer.log  # type: ignore[union-attr]
+    await sched._parts[0].chain.publish(sched.table.drain())
+    log = sched._parts[0].publisher._producer.log  # type: ignore[union-attr]
     sends = [(topic, key) for kind, topic, key in log if kind == "send"]
     assert sends == [("p.tasks", TASK.ti_key.encode()), ("p.queue.gpu", TASK.ti_key.encode())]
 
 
 async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> None:
     producer = FakeProducer(partitions=3, room=2)
-    sched.publisher._producer = producer
+    sched._parts[0].publisher._producer = producer
     tasks = [TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(7)]
-    await sched.chain.publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
+    chain = sched._parts[0].chain
+    await chain.publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
     expected: dict[int, int] = {}
     for task in tasks:
         p = partition_for(task.ti_key.encode(), 3)
@@ -187,10 +198,10 @@ async def test_batches_handed_over_back_to_back_go_out_one_after_another(
     sched: Scheduler,
 ) -> None:
     first, second = (TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(2))
-    sched.chain.start([Emit(TaskStateRecord(task=first, state="queued"))])
-    sched.chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
-    await sched.chain.settle()
-    log = sched.publisher._producer.log  # type: ignore[union-attr]
+    sched._parts[0].chain.start([Emit(TaskStateRecord(task=first, state="queued"))])
+    sched._parts[0].chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
+    await sched._parts[0].chain.settle()
+    log = sched._parts[0].publisher._producer.log  # type: ignore[union-attr]
     assert log == [
         ("send", "p.tasks", first.ti_key.encode()),
         ("ack", "p.tasks", first.ti_key.encode()),
@@ -209,9 +220,9 @@ async def test_nothing_goes_out_after_a_batch_that_failed(
         calls.append(len(calls))
         raise KafkaConnectionError("broker gone")
 
-    monkeypatch.setattr(sched.publisher, "publish", refused)
-    failed = sched.chain.start([Emit(TaskStateRecord(task=TASK, state="queued"))])
-    after = sched.chain.start([Emit(TaskStateRecord(task=TASK, state="running"))])
+    monkeypatch.setattr(sched._parts[0].publisher, "publish", refused)
+    failed = sched._parts[0].chain.start([Emit(TaskStateRecord(task=TASK, state="queued"))])
+    after = sched._parts[0].chain.start([Emit(TaskStateRecord(task=TASK, state="running"))])
     assert failed is not None
     assert after is not None
     with pytest.raises(SchedulerError, match="broker gone"):
@@ -225,7 +236,7 @@ async def test_own_writes_read_back_are_folded_without_decoding(
     sched: Scheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
-    await sched.chain.publish(sched.table.drain())
+    await sched._parts[0].chain.publish(sched.table.drain())
     [(value, queued)] = sched.fold.written.items()
     assert queued.state == "queued"
 
@@ -239,13 +250,20 @@ async def test_own_writes_read_back_are_folded_without_decoding(
     assert sched.table.get(TASK.ti_key) == queued
 
 
-async def test_writes_not_read_back_are_forgotten_on_stepping_down(sched: Scheduler) -> None:
+async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> None:
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
-    await sched.chain.publish(sched.table.drain())
+    await sched._parts[0].chain.publish(sched.table.drain())
     [value] = sched.fold.written
-    await sched._step_down()
+    publisher = sched._parts[0].publisher
+    producer = publisher._producer
+    await sched._release(0)
     assert sched.fold.written == {}
-    # Read back after stepping down: decoded like any record, and still an echo.
+    assert len(sched.table) == 0, "its tasks are dropped"
+    assert sched.table.pool_usage()["default_pool"] == (0, 1), "and their slots freed"
+    assert publisher._producer is None
+    assert producer is not None
+    assert producer.log[-1] == ("stop", "", None)
+    # Read back afterwards (the partition came back): decoded like any record.
     assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
     assert sched.table._views[TASK.ti_key].inflight == []
 
@@ -306,10 +324,15 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     assert 'deferline_scheduler_tasks{state="queued"} 1.0' in text
     assert 'deferline_scheduler_lag{input="events"} 7.0' in text
     assert 'deferline_scheduler_partition_lag{partition="1"} 4.0' in text
-    assert "deferline_scheduler_partitions_owned 2.0" in text
+    assert "deferline_scheduler_partitions_owned 1.0" in text
     assert "deferline_scheduler_duplicates_dropped_total 0.0" in text
-    assert "deferline_scheduler_active 0.0" in text, "not active until it holds the lease"
+    assert "deferline_scheduler_active 1.0" in text, "it owns partition 0"
     assert "deferline_scheduler_takeovers_total 0.0" in text
+    assert 'deferline_scheduler_partition_events_total{partition="0",verdict="applied"} 0.0' in text
+    sched.ownership.revoke()
+    text = generate_latest(sched.registry).decode()
+    assert "deferline_scheduler_active 0.0" in text, "a quiesced partition is not written for"
+    assert "deferline_scheduler_partitions_owned 0.0" in text
 
 
 class FakeTransactionalProducer(FakeProducer):
@@ -339,28 +362,38 @@ async def test_a_transaction_carries_the_batch_and_the_offsets_it_consumed(
     sched: Scheduler,
 ) -> None:
     producer = FakeTransactionalProducer()
-    sched.publisher._producer = producer
-    sched.publisher.transactional = True
+    sched._parts[0].publisher._producer = producer
+    sched._parts[0].publisher.transactional = True
     sched.offsets.done = {TPS: 8}
     start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
-    await sched.chain.publish([Emit(state("queued")), Emit(start)], offsets=True)
+    await sched._parts[0].chain.publish([Emit(state("queued")), Emit(start)], offsets=True)
     kinds = [kind for kind, _, _ in producer.log if kind != "ack"]
     assert kinds == ["begin", "send", "send", "commit"]
     assert producer.offsets == [{TPS: 8}]
     assert sched.offsets.committed == {TPS: 8}
-    await sched.chain.publish([], offsets=True)
+    await sched._parts[0].chain.publish([], offsets=True)
     assert producer.offsets == [{TPS: 8}], "nothing new to commit: no empty transaction"
 
 
-async def test_a_fenced_transaction_stops_the_scheduler(sched: Scheduler) -> None:
-    sched.publisher._producer = FakeTransactionalProducer(fenced=True)
-    sched.publisher.transactional = True
+async def test_a_fenced_transaction_drops_its_partition_without_writing(
+    sched: Scheduler,
+) -> None:
+    sched._parts[0].publisher._producer = FakeTransactionalProducer(fenced=True)
+    sched._parts[0].publisher.transactional = True
     sched.offsets.done = {TPS: 3}
+    sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
+    chain = sched._parts[0].chain
     with pytest.raises(scheduler_module.SchedulerFenced, match="fenced"):
-        await sched.chain.publish([Emit(state("queued"))], offsets=True)
+        await chain.publish(sched.table.drain(), offsets=True)
     assert sched.offsets.committed == {}, (
         "offsets of a fenced transaction are not taken as committed"
     )
+    assert chain.in_flight is not None
+    await sched._await_batches([chain.in_flight])
+    assert sched.ownership.hold(0) is None, "another scheduler owns it now"
+    assert 0 not in sched._parts
+    assert len(sched.table) == 0
+    assert sched.offsets.done == {}
 
 
 def test_finished_tasks_leave_memory_after_retention(sched: Scheduler) -> None:
@@ -439,13 +472,13 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
     sched: Scheduler,
 ) -> None:
     producer = GatedProducer()
-    sched.publisher._producer = producer
-    sched.publisher.transactional = True
-    for phase in (Phase.RECOVERING, Phase.STANDBY, Phase.ACTIVE):
+    sched._parts[0].publisher._producer = producer
+    sched._parts[0].publisher.transactional = True
+    sched._transactional = True
+    for phase in (Phase.JOINING, Phase.RUNNING):
         sched.phase.move(phase)
     events = FakeEvents(batches=6)
-    sched._events = events
-    loop = asyncio.create_task(sched._events_loop())
+    loop = asyncio.create_task(sched._events_loop(events))
     try:
         ahead = scheduler_module._BATCHES_AHEAD
         await wait_for_condition(lambda: events.fetched == ahead + 1)
@@ -455,7 +488,7 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
         assert events.fetched == ahead + 1, "one waiting to be sent, ahead more, then it waits"
         producer.gate.set()
         await asyncio.wait_for(events.drained.wait(), 5)
-        await sched.chain.settle()
+        await sched._parts[0].chain.settle()
     finally:
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):

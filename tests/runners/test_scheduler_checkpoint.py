@@ -81,18 +81,18 @@ def test_a_partition_held_by_another_process_is_left_to_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     first = Checkpoints(tmp_path, interval=1.0, max_age=3600.0)
-    first.open("p.tasks", [0])
+    first.open("p.tasks", [0], total=2)
     second = Checkpoints(tmp_path, interval=1.0, max_age=3600.0)
     try:
         with pytest.raises(CheckpointInUse, match="in use by another process"):
             SchedulerCheckpoint(first.path("p.tasks", 0)).open()
         with caplog.at_level(logging.INFO):
-            second.open("p.tasks", [0, 1])
+            second.open("p.tasks", [0, 1], total=2)
         assert sorted(second._stores) == [1], "partition 0 is the first one's"
         assert "tasks partition 0 folds from the topic" in caplog.text
         first.close()
         third = Checkpoints(tmp_path, interval=1.0, max_age=3600.0)
-        third.open("p.tasks", [0, 1])
+        third.open("p.tasks", [0, 1], total=2)
         assert sorted(third._stores) == [0], "released by the first, partition 1 still held"
         third.close()
     finally:
@@ -159,6 +159,10 @@ def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore, A
     sched.checkpoints._stores = {0: store}  # type: ignore[dict-item]
     sched.checkpoints._topic, sched.checkpoints._partitions = "p.tasks", 1
     sched.fold.table = _table(2)
+    sched.router.partitions = 1
+    sched._parts[0] = sched._owned_partition(0)
+    sched.ownership.assign({0})
+    sched.ownership.acquired(0)
     return sched, store, StillReader()
 
 
@@ -183,6 +187,9 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
     sched.table._outbox.append(Emit(state_record()))
     assert sched._capture(reader) is None, "decided, not yet published"
     sched.table._outbox.clear()
+    sched._parts[0].held.out.append(Emit(state_record()))
+    assert sched._capture(reader) is None, "decided, held while the partition is quiesced"
+    sched._parts[0].held.out.clear()
 
     async def while_publishing() -> object:
         async with sched._publish_lock:
@@ -196,7 +203,7 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
         async def send() -> None:
             await sent
 
-        sched.chain.in_flight = in_flight = asyncio.create_task(send())
+        sched._parts[0].chain.in_flight = in_flight = asyncio.create_task(send())
         on_its_way = sched._capture(reader)
         if outcome is None:
             sent.set_result(None)
@@ -212,7 +219,7 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
     on_its_way, failed = asyncio.run(while_sending(OSError("broker gone")))
     assert on_its_way is None
     assert failed is None, "a batch that failed may have left the table ahead of the topic"
-    sched.chain.in_flight = None
+    sched._parts[0].chain.in_flight = None
     checkpoints.off = True
     assert sched._capture(reader) is None
     checkpoints.off = False

@@ -206,7 +206,63 @@ def test_the_lifecycle_moves_only_along_its_edges(moves: list[Phase]) -> None:
             assert machine.phase is to
     if machine.phase is Phase.STOPPED:
         with pytest.raises(ValueError, match="from stopped"):
-            machine.move(Phase.ACTIVE)
+            machine.move(Phase.RUNNING)
+
+
+@given(st.lists(records(), max_size=30), st.integers(1, 4), st.integers(0, 3))
+def test_a_partition_leaves_and_joins_the_table_whole(
+    inputs: list[tuple[str, int, object]], partitions: int, moved: int
+) -> None:
+    """A partition folded on its own and absorbed, or dropped, leaves the table as if it had
+    been folded with the others, or never read: same tasks, same slots, same admissions."""
+    pools = Pools(slots={"a": 1, "b": 2})
+    states = [item for item in inputs if item[0] == "task"]  # events would wait as pending
+
+    def part(i: int) -> int:
+        return partition_for(_task(i).ti_key.encode(), partitions)
+
+    def folded(items: list[tuple[str, int, object]]) -> TaskFold:
+        fold = TaskFold(pools)
+        for _, i, record in items:
+            value = encode(record) if isinstance(record, TaskStateRecord) else record
+            assert value is None or isinstance(value, bytes)
+            fold.task(_task(i).ti_key.encode(), value, live=True)
+        return fold
+
+    p = moved % partitions
+    whole = folded(states)
+    merged = folded([item for item in states if part(item[1]) != p])
+    alone = folded([item for item in states if part(item[1]) == p])
+    merged.table.absorb(alone.table)
+    assert merged.table.snapshot() == whole.table.snapshot()
+    assert merged.table.pool_usage() == whole.table.pool_usage()
+    assert [encode(e.record) for e in merged.drain()] == [encode(e.record) for e in whole.drain()]
+
+    rest = folded([item for item in states if part(item[1]) != p])
+    whole = folded(states)
+    whole.table.drop_where(lambda key: partition_for(key.encode(), partitions) == p)
+    assert whole.table.snapshot() == rest.table.snapshot()
+    assert whole.table.pool_usage() == rest.table.pool_usage()
+
+
+def test_absorb_refuses_shared_keys_and_pending_events() -> None:
+    first, second = TaskFold(), TaskFold()
+    record = TaskStateRecord(task=_task(0), state="running", source="worker", updated_at=T0)
+    first.task(b"k", encode(record), live=True)
+    second.task(b"k", encode(record), live=True)
+    with pytest.raises(ValueError, match="other keys only"):
+        first.table.absorb(second.table)
+    trigger_id = make_trigger_id(_task(1), 0)
+    event = TriggerEventRecord(
+        event_id=make_event_id(trigger_id, "fired", None),
+        trigger_id=trigger_id,
+        task=_task(1),
+        status="fired",
+    )
+    waiting = TaskFold()
+    waiting.event(encode(event), ref=("resume", 0))
+    with pytest.raises(ValueError, match="without pending events"):
+        first.table.absorb(waiting.table)
 
 
 def test_a_reset_fold_keeps_ledger_admission() -> None:

@@ -48,7 +48,7 @@ def test_a_worker_never_writes_events_or_run_tasks() -> None:
 def test_replay_writes_nothing() -> None:
     assert all(op in ("READ", "DESCRIBE_CONFIGS", "DESCRIBE") for _, _, op in grants("replay"))
     assert ("GROUP", "p.triggerer", "DESCRIBE") in grants("replay")
-    assert ("TOPIC", "p.scheduler.lease", "DESCRIBE") in grants("replay")
+    assert ("GROUP", "p.scheduler", "DESCRIBE") in grants("replay")
 
 
 def test_queues_extend_the_rules_to_their_topics_and_groups() -> None:
@@ -60,13 +60,15 @@ def test_queues_extend_the_rules_to_their_topics_and_groups() -> None:
     assert ("GROUP", "p.worker.gpu", "READ") in grants("worker", worker_queues=["gpu"])
 
 
-def test_the_scheduler_may_use_its_lease_group_and_transactional_id() -> None:
-    names = SchedulerResources.for_prefix("p.")
+def test_the_scheduler_may_use_its_group_and_one_transactional_id_per_partition() -> None:
+    names = SchedulerResources.for_prefix("p.", 12)
     scheduler = grants("scheduler")
-    assert ("TOPIC", names.lease_topic, "READ") in scheduler
     assert ("GROUP", names.group, "READ") in scheduler
-    assert ("TRANSACTIONAL_ID", names.transactional_id, "WRITE") in scheduler
-    assert ("TRANSACTIONAL_ID", names.transactional_id, "DESCRIBE") in scheduler
+    assert len(names.transactional_ids) == 12
+    for transactional_id in names.transactional_ids:
+        assert ("TRANSACTIONAL_ID", transactional_id, "WRITE") in scheduler
+        assert ("TRANSACTIONAL_ID", transactional_id, "DESCRIBE") in scheduler
+    assert ("TRANSACTIONAL_ID", "p.scheduler.11", "WRITE") in scheduler
 
 
 def test_role_principals_are_parsed_or_refused_clearly() -> None:

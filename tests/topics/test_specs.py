@@ -20,12 +20,9 @@ def test_default_layout():
             "d.queue",
             "d.queue.resumes",
             "d.dead",
-            "d.scheduler.lease",
             "d.scheduler.pools",
         ]
     )
-    lease = specs.pop("d.scheduler.lease")
-    assert (lease.partitions, lease.replication_factor) == (1, 3), "one partition: one leader"
     pools = specs.pop("d.scheduler.pools")
     assert (pools.partitions, pools.replication_factor) == (1, 3), "one ledger, one order"
     assert pools.config["cleanup.policy"] == "compact"
@@ -56,7 +53,7 @@ def test_queues_add_co_partitioned_pairs_and_worker_topics():
         assert defer.config["cleanup.policy"] == "compact"
     assert "d.queue.gpu" in specs
     assert "d.queue.gpu.resumes" in specs
-    assert len(topic_specs(settings, queues=["fast", "fast", "default"])) == 11
+    assert len(topic_specs(settings, queues=["fast", "fast", "default"])) == 10
 
 
 def test_task_events_share_the_tasks_partitions_and_the_resume_retention():

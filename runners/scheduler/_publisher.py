@@ -1,38 +1,35 @@
-"""Scheduler leadership and fenced publishing.
+"""Fenced publishing: one producer per owned task partition.
 
-Leadership comes from Kafka's group protocol: every scheduler joins the consumer group
-``<prefix>scheduler`` subscribed to the one-partition lease topic, and the member holding
-partition 0 is the active one. The others stay standbys: they keep folding the tasks topic,
-so a takeover only reads the tail.
-
-On Apache Kafka the active scheduler writes through a transactional producer whose
-``transactional.id`` is the same for every scheduler: starting it bumps the producer epoch,
-so a paused old leader's writes are rejected (fenced). Each batch of decisions and the event
-offsets it consumed are committed in one transaction. Brokers without transactions (Tansu)
-get a plain producer: the lease and the task-state guard are then the only protection.
+On Apache Kafka a partition's decisions are written through a transactional producer whose
+``transactional.id`` is ``<group>.<partition>``, the same in every scheduler: the one that
+acquires the partition starts it, which aborts the previous owner's open transaction and
+bumps the producer epoch, so a paused old owner's writes for that partition are rejected
+(fenced). Each batch of the partition's decisions and the event offsets it consumed commit
+in one transaction. (aiokafka's TxnOffsetCommit carries no group generation, so the fence
+is the transactional id, one per partition.) Brokers without transactions (Tansu) get a
+plain producer: the group's generation check on offset commits and the task-state guard
+are then the only protection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced, UnknownError, UnsupportedVersionError
-from aiokafka.structs import OffsetAndMetadata
 from deferline.schemas import DeferlineError
 from deferline.topics import (
     Murmur2Partitioner,
     Settings,
-    make_consumer,
     make_producer,
     partition_for,
     trace_send,
 )
 
-__all__ = ["Outgoing", "SchedulerFenced", "SchedulerLease", "SchedulerPublisher"]
+__all__ = ["Outgoing", "SchedulerFenced", "SchedulerPublisher"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,96 +37,11 @@ Outgoing = tuple[str, bytes | None, bytes]  # topic, key, value
 
 
 class SchedulerFenced(DeferlineError):
-    """Another scheduler took over; this one's writes are rejected."""
-
-
-class SchedulerLease(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Membership of the scheduler group; calls back when partition 0 is won or lost.
-
-    ``on_lost`` is awaited inside the rebalance, before the partition can go to anyone else:
-    it must stop writing before it returns.
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        topic: str,
-        group_id: str,
-        session_timeout: float,
-        on_acquired: Callable[[], None],
-        on_lost: Callable[[], Awaitable[None]],
-    ) -> None:
-        self.topic = topic
-        self.group_id = group_id
-        self.held = False
-        self._on_acquired = on_acquired
-        self._on_lost = on_lost
-        session_ms = int(session_timeout * 1000)
-        self.consumer: AIOKafkaConsumer = make_consumer(
-            settings,
-            group_id=group_id,
-            session_timeout_ms=session_ms,
-            heartbeat_interval_ms=max(100, session_ms // 5),
-            rebalance_timeout_ms=max(session_ms, 10_000),
-            fetch_max_wait_ms=500,
-        )
-
-    async def start(self) -> None:
-        await self.consumer.start()
-        self.consumer.subscribe([self.topic], listener=self)
-
-    async def stop(self) -> None:
-        await self.consumer.stop()  # leaves the group: a standby takes over at once
-
-    async def poll_forever(self) -> None:
-        """Keep the membership alive (the lease topic holds no records)."""
-        while True:
-            await self.consumer.getmany(timeout_ms=1000)
-
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        if self.held:
-            logger.info("scheduler lease lost", extra={"group_id": self.group_id})
-            try:
-                await self._on_lost()  # may still commit as the lease holder
-            finally:
-                self.held = False
-
-    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        if any(tp.topic == self.topic and tp.partition == 0 for tp in assigned):
-            self.held = True
-            logger.info("scheduler lease acquired", extra={"group_id": self.group_id})
-            self._on_acquired()  # the takeover runs outside the rebalance
-        else:
-            logger.info("scheduler standing by in the group", extra={"group_id": self.group_id})
-
-    async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        """The group's committed offset of each partition that has one."""
-        found: dict[TopicPartition, int] = {}
-        for tp in partitions:
-            offset = await self.consumer.committed(tp)
-            if offset is not None:
-                found[tp] = offset
-        return found
-
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Commit event offsets as the group member holding the lease (no transactions).
-
-        The event partitions are assigned by hand, not through the group, so the public
-        ``commit()`` (which checks the group assignment) does not apply; the coordinator's
-        commit carries this member's id and generation, which the broker checks.
-        """
-        subscription = self.consumer._subscription.subscription
-        if subscription is None or subscription.assignment is None:
-            return
-        await self.consumer._coordinator.commit_offsets(
-            subscription.assignment,
-            {tp: OffsetAndMetadata(offset, "") for tp, offset in offsets.items()},
-        )
+    """Another scheduler took a partition over; this one's writes for it are rejected."""
 
 
 class SchedulerPublisher:
-    """Writes the active scheduler's decisions: in transactions where the broker has them."""
+    """Writes one task partition's decisions: in transactions where the broker has them."""
 
     def __init__(self, settings: Settings, *, transactional_id: str, group_id: str) -> None:
         self.settings = settings
@@ -153,29 +65,30 @@ class SchedulerPublisher:
                 # by default, up to three times per batch). The Java client waits 20 ms.
                 retry_backoff_ms=20,
             )
+            self._producer = producer  # stop() closes it even if its start is cancelled
             try:
-                await producer.start()  # InitProducerId: bumps the epoch, fences the old leader
+                await producer.start()  # InitProducerId: bumps the epoch, fences the old owner
             except (UnknownError, UnsupportedVersionError) as exc:
+                self._producer = None
                 await producer.stop()
                 if transactions:
                     raise SchedulerFenced(f"the broker has no transactions: {exc}") from exc
                 logger.warning(
-                    "broker has no transactions: the scheduler relies on its lease and the "
-                    "task-state guard alone (a paused old leader is not fenced)",
+                    "broker has no transactions: the scheduler relies on the group and the "
+                    "task-state guard alone (a paused old owner is not fenced)",
                     extra={"transactional_id": self.transactional_id},
                 )
             else:
-                self._producer = producer
                 self.transactional = True
-                logger.info(
-                    "scheduler writes in transactions",
+                logger.debug(
+                    "partition producer started in transactions",
                     extra={"transactional_id": self.transactional_id},
                 )
                 return
         producer = make_producer(self.settings, linger_ms=5, max_batch_size=1 << 20)
-        await producer.start()
         self._producer = producer
         self.transactional = False
+        await producer.start()
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
@@ -242,7 +155,7 @@ class SchedulerPublisher:
         """
         producer = self._producer
         if producer is None:
-            raise SchedulerFenced("the scheduler is not active")
+            raise SchedulerFenced(f"{self.transactional_id} is not started")
         try:
             chosen: dict[tuple[bytes, int], int] = {}
             if not self.transactional:
@@ -259,5 +172,5 @@ class SchedulerPublisher:
             await asyncio.gather(*futures)
         except ProducerFenced as exc:
             raise SchedulerFenced(
-                "another scheduler took over: this one's transaction was fenced"
+                f"another scheduler took over: {self.transactional_id}'s transaction was fenced"
             ) from exc
