@@ -253,16 +253,18 @@ class AirflowDatabase:
         out of ``deferred``, so a later event of the same row in the batch is skipped as the
         no-op it would be, and an event applied again in a later batch changes nothing.
 
-        The common events are one bulk ``UPDATE`` each per batch (an ``executemany``, the
-        guard in its ``WHERE``), setting the columns Airflow's own functions set:
-        a plain event resuming a task instance (``handle_event_submit``; 2.10:
-        ``TriggerEvent.handle_submit``), with its ``next_kwargs`` made as that function makes
-        them; a failed trigger (``Trigger.submit_failure``); a timed-out one (the scheduler's
+        The common events are one bulk ``UPDATE`` each per batch (on PostgreSQL ``UPDATE …
+        FROM (VALUES …)``, elsewhere an ``executemany``; the guard in its ``WHERE``), setting
+        the columns Airflow's own functions set: a plain event resuming a task instance
+        (``handle_event_submit``; 2.10: ``TriggerEvent.handle_submit``), with its
+        ``next_kwargs`` made as that function makes them; a failed trigger
+        (``Trigger.submit_failure``); a timed-out one (the scheduler's
         ``check_trigger_timeouts``). A row with assets or a callback takes
         ``Trigger.submit_event`` whole, a task instance whose ``next_kwargs`` cannot be made
         Airflow's per-task-instance function, and an event that ends the task from the
-        trigger ``Trigger.submit_event`` after the batch. The integration test applies the
-        same events both ways on two copies of one database and compares the rows.
+        trigger ``Trigger.submit_event`` after the batch. The integration tests apply the
+        same events both ways on two copies of one database and compare the rows (SQLite and
+        PostgreSQL).
         """
         first: dict[RowRef, BridgeEvent] = {}
         for event in events:
@@ -359,29 +361,49 @@ class AirflowDatabase:
     def _update_waiting(
         self, session: Any, keys: Sequence[Any], values: dict[str, Any], params: list[Any]
     ) -> None:
-        """One ``executemany`` ``UPDATE`` of task instances still ``deferred`` (Airflow's
-        guard), each matched on ``keys`` (bound as ``b_<column>``), given its ``b_kwargs`` as
-        ``next_kwargs``, moved off its trigger to ``scheduled`` (on 3.x, ``scheduled_dttm``
-        now) with ``values``."""
+        """The task instances still ``deferred`` (Airflow's guard) matched on ``keys`` (bound
+        as ``b_<column>``), each given its ``b_kwargs`` as ``next_kwargs``, moved off their
+        trigger to ``scheduled`` (on 3.x, ``scheduled_dttm`` now) with ``values``.
+
+        On PostgreSQL one ``UPDATE … FROM (VALUES …)`` per batch; elsewhere (SQLite, MySQL)
+        one ``executemany`` ``UPDATE``. The integration tests compare both with Airflow's own
+        writes, on SQLite and on PostgreSQL.
+        """
         if not params:
             return
         sa, table = self._sa, self._ti.__table__
         if not self._airflow2:
             values = {**values, "scheduled_dttm": self._utcnow()}
-        statement = (
-            sa.update(table)
-            .where(
-                *(c == sa.bindparam(f"b_{c.name}") for c in keys),
-                table.c.state == self._state.DEFERRED,
+        values = {"state": self._state.SCHEDULED, "trigger_id": None, **values}
+        dialect = session.get_bind().dialect
+        if dialect.name != "postgresql":
+            statement = (
+                sa.update(table)
+                .where(
+                    *(c == sa.bindparam(f"b_{c.name}") for c in keys),
+                    table.c.state == self._state.DEFERRED,
+                )
+                .values(
+                    next_kwargs=sa.bindparam("b_kwargs", type_=table.c.next_kwargs.type),
+                    **values,
+                )
             )
-            .values(
-                next_kwargs=sa.bindparam("b_kwargs", type_=table.c.next_kwargs.type),
-                state=self._state.SCHEDULED,
-                trigger_id=None,
-                **values,
+            session.execute(statement, params)
+            return
+        columns = [*keys, table.c.next_kwargs]
+        names = [f"b_{c.name}" for c in keys] + ["b_kwargs"]
+        per_statement = max(1, _MAX_BOUND // len(columns))
+        for start in range(0, len(params), per_statement):
+            rows = _values(sa, dialect, columns, names, params[start : start + per_statement])
+            statement = (
+                sa.update(table)
+                .where(
+                    *(c == rows.c[f"column{i}"] for i, c in enumerate(keys, 1)),
+                    table.c.state == self._state.DEFERRED,
+                )
+                .values(next_kwargs=rows.c[f"column{len(columns)}"], **values)
             )
-        )
-        session.execute(statement, params)
+            session.execute(statement)
 
     def _with_assets_or_callbacks(self, session: Any, row_ids: Sequence[int]) -> set[int]:
         trigger = self._trigger
@@ -439,3 +461,29 @@ class AirflowDatabase:
         if self._airflow2:
             return TriggerFailed("".join(lines).rstrip("\n"))
         return lines
+
+
+# Bound values per statement at most (SQLite's default limit is 32,766; PostgreSQL's protocol
+# allows 65,535 per statement).
+_MAX_BOUND = 30_000
+
+
+def _values(
+    sa: Any, dialect: Any, columns: Sequence[Any], names: Sequence[str], params: Sequence[Any]
+) -> Any:
+    """``(VALUES (…), …) AS v``, one row per item of ``params`` (``names`` in order), each
+    value bound with its column's type. PostgreSQL names the columns ``column1``… and takes
+    their types from the first row, which casts each value to its column's type."""
+    binds: list[Any] = []
+    rows: list[str] = []
+    casts = [c.type.compile(dialect=dialect) for c in columns]
+    for i, item in enumerate(params):
+        cells = []
+        for j, (column, name) in enumerate(zip(columns, names, strict=True)):
+            bound = f"v{i}_{j}"
+            binds.append(sa.bindparam(bound, item[name], type_=column.type))
+            cells.append(f"CAST(:{bound} AS {casts[j]})" if i == 0 else f":{bound}")
+        rows.append(f"({', '.join(cells)})")
+    text = sa.text(f"VALUES {', '.join(rows)}").bindparams(*binds)
+    named = [sa.column(f"column{j}") for j in range(1, len(columns) + 1)]
+    return text.columns(*named).subquery("v")
