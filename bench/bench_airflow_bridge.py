@@ -12,7 +12,9 @@ writes for that moment), and starts:
 
 - ``airflow``: Airflow's own ``airflow triggerer``, as configured by default;
 - ``bridge-tansu`` / ``bridge-kafka``: ``deferline airflow bridge`` and one
-  ``deferline triggerer`` on a Tansu or Apache Kafka broker.
+  ``deferline triggerer`` on a Tansu or Apache Kafka broker;
+- ``baseline-kafka``: the same, from another checkout of deferline (``--baseline DIR``, its
+  packages first on ``PYTHONPATH``, this interpreter), to compare two versions in one run.
 
 Clock: from the due moment until no task instance is ``deferred`` (polled every 20 ms).
 Reported per contender: that time, the CPU per resumed task of its main process (with its
@@ -49,7 +51,8 @@ from tests.airflow_line import STANDARD_TRIGGERS
 from tests.integration import _airflow_seed as seeding
 from tests.integration._postgres import PostgresServer, postgres_bin
 
-CONTENDERS = ("airflow", "bridge-tansu", "bridge-kafka")
+CONTENDERS = ("airflow", "bridge-tansu", "bridge-kafka", "baseline-kafka")
+PACKAGES = ("engine", "schemas", "topics", "runners", "replay", "client")
 BIN = Path(sys.executable).parent
 POLL_S = 0.02
 
@@ -119,7 +122,11 @@ def _start_airflow(
 def _start_bridge(processes: Processes, env: dict[str, str], workdir: Path, bootstrap: str) -> None:
     """The bridge first (its main process is the one whose RSS is reported), then one
     triggerer on the bridge's topic prefix; Airflow's DateTimeTrigger allowed in both."""
-    deferline = {**env, "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": STANDARD_TRIGGERS}
+    deferline = {
+        **env,
+        "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": STANDARD_TRIGGERS,
+        "DEFERLINE_COPY_EVENTS_TO_TASKS": "false",  # no deferline scheduler on this prefix
+    }
     connection = ["--bootstrap-servers", bootstrap, "--topic-prefix", f"bench{os.getpid()}."]
     quiet = ["--log-level", "WARNING"]
     bridge = [str(BIN / "deferline"), "airflow", "bridge", *connection, *quiet]
@@ -129,10 +136,23 @@ def _start_bridge(processes: Processes, env: dict[str, str], workdir: Path, boot
     processes.start(triggerer, deferline, workdir / "triggerer.log")
 
 
+def _start_baseline(
+    processes: Processes, env: dict[str, str], workdir: Path, bootstrap: str
+) -> None:
+    """The bridge and triggerer of the ``--baseline`` checkout (``DEFERLINE_BASELINE``)."""
+    shadow = workdir / "baseline"
+    (shadow / "deferline").mkdir(parents=True)
+    for package in PACKAGES:
+        (shadow / "deferline" / package).symlink_to(Path(env["DEFERLINE_BASELINE"]) / package)
+    path = os.pathsep.join(p for p in (str(shadow), env.get("PYTHONPATH")) if p)
+    _start_bridge(processes, {**env, "PYTHONPATH": path}, workdir, bootstrap)
+
+
 STARTERS: dict[str, Callable[[Processes, dict[str, str], Path, str], None]] = {
     "airflow": _start_airflow,
     "bridge-tansu": _start_bridge,
     "bridge-kafka": _start_bridge,
+    "baseline-kafka": _start_baseline,
 }
 
 
@@ -145,7 +165,7 @@ async def _broker(contender: str) -> AsyncIterator[str]:
     if contender == "airflow":
         yield ""
         return
-    async with local_broker(contender.removeprefix("bridge-")) as bootstrap:
+    async with local_broker(contender.split("-")[-1]) as bootstrap:
         yield bootstrap
 
 
@@ -169,10 +189,13 @@ async def measure(
     n: int,
     margin: float,
     limit: float,
+    baseline: Path | None,
 ) -> dict[str, Any]:
     """One contender on a fresh copy of the seeded database."""
     url = server.create_database(_database(contender), template=seeded)
     env = seeding.airflow_env(home, url)
+    if baseline is not None:
+        env["DEFERLINE_BASELINE"] = str(baseline)
     workdir = home / f"run-{contender}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir()
@@ -216,6 +239,8 @@ async def measure(
 async def run(args: argparse.Namespace) -> None:
     version = importlib.metadata.version("apache-airflow")
     print(machine_line(), f"Airflow {version}, PostgreSQL from {postgres_bin()}")
+    if "baseline-kafka" in args.contenders and args.baseline is None:
+        sys.exit("contender baseline-kafka needs --baseline DIR")
     keep = args.keep / f"airflow{version}" if args.keep else None
     with contextlib.ExitStack() as stack:
         temporary = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-airflow-")))
@@ -238,7 +263,9 @@ async def run(args: argparse.Namespace) -> None:
             margin = args.margin if args.margin is not None else 10 + n / 2000
             for contender in args.contenders:
                 server.psql(f'DROP DATABASE IF EXISTS "{_database(contender)}"')
-                figures = await measure(server, home, seeded, contender, n, margin, args.timeout)
+                figures = await measure(
+                    server, home, seeded, contender, n, margin, args.timeout, args.baseline
+                )
                 print(figures, flush=True)
 
 
@@ -257,6 +284,11 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds after due")
     parser.add_argument("--seed-workers", type=int, default=2)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of another deferline version, run as contender baseline-kafka",
+    )
     parser.add_argument(
         "--keep",
         type=Path,
