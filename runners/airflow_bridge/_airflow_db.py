@@ -171,42 +171,62 @@ class AirflowDatabase:
 
     def read_rows(self, ids: Collection[int]) -> tuple[list[ClaimedRow], list[RowRef]]:
         """The claimed rows ``ids`` with the task instance waiting on each; and the rows that
-        no task instance waits on (asset watchers, callbacks), which the bridge hands back."""
+        no task instance waits on (asset watchers, callbacks), which the bridge hands back.
+
+        Plain columns, not ORM objects (a claim of thousands of rows shares the database
+        thread with the write-back); the kwargs read as ``Trigger.kwargs`` reads them
+        (``Trigger._decrypt_kwargs``: Airflow's Fernet key, then its deserializer).
+        """
         trigger, ti = self._trigger, self._ti
+        queue = getattr(trigger, "queue", None)  # 3.2+
         rows: list[ClaimedRow] = []
         others: list[RowRef] = []
         with self._session() as session:
             found = session.execute(
-                self._sa.select(trigger, ti)
+                self._sa.select(
+                    trigger.id,
+                    trigger.created_date,
+                    trigger.classpath,
+                    trigger.encrypted_kwargs,
+                    queue if queue is not None else self._sa.null(),
+                    ti.dag_id,
+                    ti.task_id,
+                    ti.run_id,
+                    ti.map_index,
+                    ti.try_number,
+                    ti.trigger_timeout,
+                    ti.next_method,
+                )
                 .outerjoin(ti, ti.trigger_id == trigger.id)
                 .where(trigger.id.in_(list(ids)))
             ).all()
-            for row, task in found:
-                ref = RowRef.of(row.id, row.created_date)
-                if task is None:
-                    others.append(ref)
-                    continue
-                kwargs: dict[str, Any] | None
-                try:
-                    kwargs, error = dict(row.kwargs), None
-                except Exception as exc:  # Airflow's key or serializer refused them
-                    kwargs, error = None, exc
-                rows.append(
-                    ClaimedRow(
-                        ref=ref,
-                        classpath=row.classpath,
-                        kwargs=kwargs,
-                        kwargs_error=error,
-                        queue=getattr(row, "queue", None),  # 3.2+
-                        dag_id=task.dag_id,
-                        task_id=task.task_id,
-                        run_id=task.run_id,
-                        map_index=task.map_index,
-                        try_number=task.try_number,
-                        trigger_timeout=task.trigger_timeout,
-                        next_method=task.next_method,
-                    )
+        for row_id, created, classpath, encrypted, row_queue, dag_id, *task in found:
+            ref = RowRef.of(row_id, created)
+            if dag_id is None:  # no task instance waits on it
+                others.append(ref)
+                continue
+            kwargs: dict[str, Any] | None
+            try:
+                kwargs, error = dict(trigger._decrypt_kwargs(encrypted)), None
+            except Exception as exc:  # Airflow's key or serializer refused them
+                kwargs, error = None, exc
+            task_id, run_id, map_index, try_number, trigger_timeout, next_method = task
+            rows.append(
+                ClaimedRow(
+                    ref=ref,
+                    classpath=classpath,
+                    kwargs=kwargs,
+                    kwargs_error=error,
+                    queue=row_queue,
+                    dag_id=dag_id,
+                    task_id=task_id,
+                    run_id=run_id,
+                    map_index=map_index,
+                    try_number=try_number,
+                    trigger_timeout=trigger_timeout,
+                    next_method=next_method,
                 )
+            )
         return rows, others
 
     def release(self, refs: Sequence[RowRef]) -> None:
