@@ -274,7 +274,7 @@ class AirflowDatabase:
         no-op it would be, and an event applied again in a later batch changes nothing.
 
         The common events are one bulk ``UPDATE`` each per batch (on PostgreSQL ``UPDATE …
-        FROM (VALUES …)``, elsewhere an ``executemany``; the guard in its ``WHERE``), setting
+        FROM unnest(…)``, elsewhere an ``executemany``; the guard in its ``WHERE``), setting
         the columns Airflow's own functions set: a plain event resuming a task instance
         (``handle_event_submit``; 2.10: ``TriggerEvent.handle_submit``), with its
         ``next_kwargs`` made as that function makes them; a failed trigger
@@ -385,8 +385,9 @@ class AirflowDatabase:
         as ``b_<column>``), each given its ``b_kwargs`` as ``next_kwargs``, moved off their
         trigger to ``scheduled`` (on 3.x, ``scheduled_dttm`` now) with ``values``.
 
-        On PostgreSQL one ``UPDATE … FROM (VALUES …)`` per batch; elsewhere (SQLite, MySQL)
-        one ``executemany`` ``UPDATE``. The integration tests compare both with Airflow's own
+        On PostgreSQL one ``UPDATE … FROM unnest(…)`` per batch, the values bound as one array
+        per column (:func:`_unnest`); elsewhere (SQLite, MySQL) one ``executemany``
+        ``UPDATE``. The integration tests compare both with Airflow's own
         writes, on SQLite and on PostgreSQL.
         """
         if not params:
@@ -412,18 +413,16 @@ class AirflowDatabase:
             return
         columns = [*keys, table.c.next_kwargs]
         names = [f"b_{c.name}" for c in keys] + ["b_kwargs"]
-        per_statement = max(1, _MAX_BOUND // len(columns))
-        for start in range(0, len(params), per_statement):
-            rows = _values(sa, dialect, columns, names, params[start : start + per_statement])
-            statement = (
-                sa.update(table)
-                .where(
-                    *(c == rows.c[f"column{i}"] for i, c in enumerate(keys, 1)),
-                    table.c.state == self._state.DEFERRED,
-                )
-                .values(next_kwargs=rows.c[f"column{len(columns)}"], **values)
+        rows = _unnest(sa, dialect, columns)
+        statement = (
+            sa.update(table)
+            .where(
+                *(c == rows.c[f"c{i}"] for i, c in enumerate(keys)),
+                table.c.state == self._state.DEFERRED,
             )
-            session.execute(statement)
+            .values(next_kwargs=rows.c[f"c{len(keys)}"], **values)
+        )
+        session.execute(statement, _arrays(dialect, columns, names, params))
 
     def _with_assets_or_callbacks(self, session: Any, row_ids: Sequence[int]) -> set[int]:
         trigger = self._trigger
@@ -483,27 +482,29 @@ class AirflowDatabase:
         return lines
 
 
-# Bound values per statement at most (SQLite's default limit is 32,766; PostgreSQL's protocol
-# allows 65,535 per statement).
-_MAX_BOUND = 30_000
+def _unnest(sa: Any, dialect: Any, columns: Sequence[Any]) -> Any:
+    """``(SELECT … FROM unnest(:a0, :a1, …)) AS v``: one row per task instance, from one array
+    per column (bound as ``a<i>``, each a list of the values as the driver takes them), the
+    columns ``c0``, ``c1``… cast to their table column's type. The statement is the same for
+    every batch, so SQLAlchemy compiles it once; the arrays go as bound values."""
+    types = [c.type.compile(dialect=dialect) for c in columns]
+    arrays = ", ".join(f"CAST(:a{i} AS TEXT[])" for i in range(len(columns)))
+    named = ", ".join(f"CAST(c{i} AS {t}) AS c{i}" for i, t in enumerate(types))
+    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
+    text = sa.text(f"SELECT {named} FROM unnest({arrays}) AS u({aliases})")
+    return text.columns(*(sa.column(f"c{i}") for i in range(len(columns)))).subquery("v")
 
 
-def _values(
-    sa: Any, dialect: Any, columns: Sequence[Any], names: Sequence[str], params: Sequence[Any]
-) -> Any:
-    """``(VALUES (…), …) AS v``, one row per item of ``params`` (``names`` in order), each
-    value bound with its column's type. PostgreSQL names the columns ``column1``… and takes
-    their types from the first row, which casts each value to its column's type."""
-    binds: list[Any] = []
-    rows: list[str] = []
-    casts = [c.type.compile(dialect=dialect) for c in columns]
-    for i, item in enumerate(params):
-        cells = []
-        for j, (column, name) in enumerate(zip(columns, names, strict=True)):
-            bound = f"v{i}_{j}"
-            binds.append(sa.bindparam(bound, item[name], type_=column.type))
-            cells.append(f"CAST(:{bound} AS {casts[j]})" if i == 0 else f":{bound}")
-        rows.append(f"({', '.join(cells)})")
-    text = sa.text(f"VALUES {', '.join(rows)}").bindparams(*binds)
-    named = [sa.column(f"column{j}") for j in range(1, len(columns) + 1)]
-    return text.columns(*named).subquery("v")
+def _arrays(
+    dialect: Any, columns: Sequence[Any], names: Sequence[str], params: Sequence[Any]
+) -> dict[str, list[str | None]]:
+    """The bound arrays of :func:`_unnest`: each value made as its column's type binds it
+    (Airflow's JSON serialization for ``next_kwargs``), as text."""
+    arrays: dict[str, list[str | None]] = {}
+    for i, (column, name) in enumerate(zip(columns, names, strict=True)):
+        bind = column.type.dialect_impl(dialect).bind_processor(dialect)
+        values = (item[name] for item in params)
+        if bind is not None:
+            values = (bind(value) for value in values)
+        arrays[f"a{i}"] = [None if value is None else str(value) for value in values]
+    return arrays

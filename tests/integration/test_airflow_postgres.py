@@ -111,10 +111,11 @@ def test_airflow_triggerer_resumes_the_seeded_deferrals(
     assert sorted(map(tuple, resumed)) == [("scheduled", "t", "t", "1")] * n
 
 
+@pytest.mark.timeout(600)
 def test_the_bridge_writes_back_what_airflow_writes_on_postgres(
     postgres: PostgresServer, airflow_home: Path
 ) -> None:
-    """The bridge's write-back on PostgreSQL (one ``UPDATE … FROM (VALUES …)`` per kind and
+    """The bridge's write-back on PostgreSQL (one ``UPDATE … FROM unnest(…)`` per kind and
     batch) writes the rows Airflow's own ``submit_event`` / ``submit_failure`` write, called
     once per event: the same events applied to two copies of one database of seeded
     deferrals, each way, every ``task_instance`` column compared (as the deployment test
