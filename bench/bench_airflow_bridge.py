@@ -14,14 +14,16 @@ writes for that moment), and starts:
 - ``bridge-tansu`` / ``bridge-kafka``: ``deferline airflow bridge`` and one
   ``deferline triggerer`` on a Tansu or Apache Kafka broker;
 - ``baseline-kafka``: the same, from another checkout of deferline (``--baseline DIR``, its
-  packages first on ``PYTHONPATH``, this interpreter), to compare two versions in one run.
+  packages first on ``PYTHONPATH``, this interpreter), to compare versions in one run; with
+  ``--baseline`` given several times, each ``baseline-kafka`` takes the next in turn.
 
 Clock: from the due moment until no task instance is ``deferred`` (polled every 20 ms).
-Reported per contender: that time, the CPU per resumed task of its main process (with its
-children: Airflow's triggerer runs its triggers in a subprocess; the bridge's) and of all its
-processes (the bridge's with the deferline triggerer's), from start to the end, and the peak RSS
-of its main process. Runs on the Airflow line installed in the interpreter
-(``.venv``: Airflow 3; ``.venv-airflow2``: 2.10).
+Reported per contender: that time; how many rows were claimed at the due moment; the CPU per
+resumed task of its main process (with its children: Airflow's triggerer runs its triggers in a
+subprocess; the bridge's) and of all its processes (the bridge's with the deferline
+triggerer's), from start to the end; the peak RSS of its main process; the one-minute load
+average at the end. Runs on the Airflow line installed in the interpreter (``.venv``: Airflow
+3; ``.venv-airflow2``: 2.10).
 
 Run: .venv/bin/python -m bench.bench_airflow_bridge --n 10000 [--contenders airflow bridge-tansu]
      [--keep /var/tmp/bench-airflow]
@@ -34,6 +36,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import importlib.metadata
+import itertools
 import os
 import shutil
 import subprocess
@@ -201,6 +204,7 @@ async def measure(
     workdir.mkdir()
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     query = text("SELECT count(*) FROM task_instance WHERE state = 'deferred'")
+    held = text("SELECT count(*) FROM trigger WHERE triggerer_id IS NOT NULL")
     processes = Processes()
     async with _broker(contender) as bootstrap:
         moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=margin)
@@ -212,6 +216,7 @@ async def measure(
                     processes.check()
                     processes.sample()
                     await asyncio.sleep(min(0.5, max(0.0, moment.timestamp() - time.time())))
+                claimed = int(db.execute(held).scalar_one())
                 left = n
                 while left and time.time() - moment.timestamp() < limit:
                     left = int(db.execute(query).scalar_one())
@@ -223,12 +228,15 @@ async def measure(
             resumed = max(1, n - left)
             figures = {
                 "contender": contender,
+                **({"checkout": str(baseline)} if contender == "baseline-kafka" else {}),
                 "n": n,
                 "due_to_none_deferred_s": round(elapsed, 2),
+                "claimed_at_due": claimed,
                 "left_deferred": left,
                 "main_cpu_ms_per_task": round(1000 * processes.cpu_seconds(0) / resumed, 3),
                 "all_cpu_ms_per_task": round(1000 * processes.cpu_seconds() / resumed, 3),
                 "peak_rss_mb": round(processes.peak_rss_mb(), 1),
+                "load_1min": round(os.getloadavg()[0], 1),
             }
         finally:
             processes.stop()
@@ -239,7 +247,7 @@ async def measure(
 async def run(args: argparse.Namespace) -> None:
     version = importlib.metadata.version("apache-airflow")
     print(machine_line(), f"Airflow {version}, PostgreSQL from {postgres_bin()}")
-    if "baseline-kafka" in args.contenders and args.baseline is None:
+    if "baseline-kafka" in args.contenders and not args.baseline:
         sys.exit("contender baseline-kafka needs --baseline DIR")
     keep = args.keep / f"airflow{version}" if args.keep else None
     with contextlib.ExitStack() as stack:
@@ -261,10 +269,12 @@ async def run(args: argparse.Namespace) -> None:
             # deferred row per task instance.
             server.psql("ANALYZE", seeded)
             margin = args.margin if args.margin is not None else 10 + n / 2000
+            baselines = itertools.cycle(args.baseline or [None])
             for contender in args.contenders:
                 server.psql(f'DROP DATABASE IF EXISTS "{_database(contender)}"')
+                baseline = next(baselines) if contender == "baseline-kafka" else None
                 figures = await measure(
-                    server, home, seeded, contender, n, margin, args.timeout, args.baseline
+                    server, home, seeded, contender, n, margin, args.timeout, baseline
                 )
                 print(figures, flush=True)
 
@@ -287,7 +297,9 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         type=Path,
-        help="a checkout of another deferline version, run as contender baseline-kafka",
+        action="append",
+        help="a checkout of another deferline version, run as contender baseline-kafka "
+        "(several: each baseline-kafka takes the next)",
     )
     parser.add_argument(
         "--keep",
