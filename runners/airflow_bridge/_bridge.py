@@ -28,10 +28,10 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from deferline.engine._watchdog import BlockedLoop, LoopWatchdog
 from deferline.schemas import (
     DeadLetter,
-    EventFields,
     KwargsCipher,
     SchemaError,
-    decode_event,
+    TriggerEventRecord,
+    decode_as,
     encode,
 )
 from deferline.topics import (
@@ -356,11 +356,7 @@ class AirflowBridge(Lifecycle):
 
     async def _read_event(self, message: Any) -> BridgeEvent | None:
         try:
-            record = decode_event(message.value)  # without the model in the usual shape
-            if not isinstance(record, EventFields):
-                raise SchemaError(
-                    f"expected kind 'trigger_event', got {record.kind!r}", field="kind"
-                )
+            record = decode_as(message.value, TriggerEventRecord)
         except SchemaError as exc:
             letter = DeadLetter(
                 topic=message.topic,

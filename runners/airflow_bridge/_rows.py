@@ -17,7 +17,6 @@ from typing import Any, Literal
 from deferline.schemas import (
     DeferlineError,
     DeferRequest,
-    EventFields,
     KwargsCipher,
     SchemaError,
     TaskKey,
@@ -191,7 +190,7 @@ def _aware(moment: dt.datetime | None) -> dt.datetime | None:
     return moment.replace(tzinfo=dt.UTC)
 
 
-def bridge_event(record: TriggerEventRecord | EventFields) -> BridgeEvent | None:
+def bridge_event(record: TriggerEventRecord) -> BridgeEvent | None:
     """What to write back into Airflow for one event; None when there is nothing to write.
 
     A cancelled trigger writes nothing (its cancel came from Airflow itself), nor does an

@@ -18,11 +18,9 @@ from deferline.runners.airflow_bridge._rows import (
 )
 from deferline.schemas import (
     DeferRequest,
-    EventFields,
     KwargsCipher,
     TaskKey,
     TriggerEventRecord,
-    decode_event,
     encode,
     make_event_id,
     open_kwargs,
@@ -146,18 +144,3 @@ def test_events_map_onto_what_airflow_writes() -> None:
     assert bad == BridgeEvent(ref, "failed", traceback=["TriggerImportError: no such class\n"])
     assert bridge_event(event("timed_out")) == BridgeEvent(ref, "timed_out")
     assert bridge_event(event("cancelled", payload={"reason": "cleared"})) is None
-
-
-def test_an_event_read_as_its_fields_maps_as_the_record_does() -> None:
-    """The bridge reads events with ``decode_event`` (no model in the usual shape)."""
-    records = [
-        event("fired", payload={"status": "ok", "at": CREATED}),
-        event("fired", task_outcome="success", xcoms={"k": 1}),
-        event("failed", error="RuntimeError: boom", traceback="Traceback:\n  x\n"),
-        event("timed_out"),
-        event("cancelled"),
-    ]
-    for record in records:
-        fields = decode_event(encode(record))
-        assert isinstance(fields, EventFields)
-        assert bridge_event(fields) == bridge_event(record)
