@@ -12,14 +12,18 @@ writes for that moment), and starts:
 
 - ``airflow``: Airflow's own ``airflow triggerer``, as configured by default;
 - ``bridge-tansu`` / ``bridge-kafka``: ``deferline airflow bridge`` and one
-  ``deferline triggerer`` on a Tansu or Apache Kafka broker.
+  ``deferline triggerer`` on a Tansu or Apache Kafka broker;
+- ``baseline-kafka``: the same, from another checkout of deferline (``--baseline DIR``, its
+  packages first on ``PYTHONPATH``, this interpreter), to compare versions in one run; with
+  ``--baseline`` given several times, each ``baseline-kafka`` takes the next in turn.
 
 Clock: from the due moment until no task instance is ``deferred`` (polled every 20 ms).
-Reported per contender: that time, the CPU per resumed task of its main process (with its
-children: Airflow's triggerer runs its triggers in a subprocess; the bridge's) and of all its
-processes (the bridge's with the deferline triggerer's), from start to the end, and the peak RSS
-of its main process. Runs on the Airflow line installed in the interpreter
-(``.venv``: Airflow 3; ``.venv-airflow2``: 2.10).
+Reported per contender: that time; how many rows were claimed at the due moment; the CPU per
+resumed task of its main process (with its children: Airflow's triggerer runs its triggers in a
+subprocess; the bridge's) and of all its processes (the bridge's with the deferline
+triggerer's), from start to the end; the peak RSS of its main process; the one-minute load
+average at the end. Runs on the Airflow line installed in the interpreter (``.venv``: Airflow
+3; ``.venv-airflow2``: 2.10).
 
 Run: .venv/bin/python -m bench.bench_airflow_bridge --n 10000 [--contenders airflow bridge-tansu]
      [--keep /var/tmp/bench-airflow]
@@ -32,6 +36,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import importlib.metadata
+import itertools
 import os
 import shutil
 import subprocess
@@ -49,7 +54,8 @@ from tests.airflow_line import STANDARD_TRIGGERS
 from tests.integration import _airflow_seed as seeding
 from tests.integration._postgres import PostgresServer, postgres_bin
 
-CONTENDERS = ("airflow", "bridge-tansu", "bridge-kafka")
+CONTENDERS = ("airflow", "bridge-tansu", "bridge-kafka", "baseline-kafka")
+PACKAGES = ("engine", "schemas", "topics", "runners", "replay", "client")
 BIN = Path(sys.executable).parent
 POLL_S = 0.02
 
@@ -119,7 +125,11 @@ def _start_airflow(
 def _start_bridge(processes: Processes, env: dict[str, str], workdir: Path, bootstrap: str) -> None:
     """The bridge first (its main process is the one whose RSS is reported), then one
     triggerer on the bridge's topic prefix; Airflow's DateTimeTrigger allowed in both."""
-    deferline = {**env, "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": STANDARD_TRIGGERS}
+    deferline = {
+        **env,
+        "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": STANDARD_TRIGGERS,
+        "DEFERLINE_COPY_EVENTS_TO_TASKS": "false",  # no deferline scheduler on this prefix
+    }
     connection = ["--bootstrap-servers", bootstrap, "--topic-prefix", f"bench{os.getpid()}."]
     quiet = ["--log-level", "WARNING"]
     bridge = [str(BIN / "deferline"), "airflow", "bridge", *connection, *quiet]
@@ -129,10 +139,23 @@ def _start_bridge(processes: Processes, env: dict[str, str], workdir: Path, boot
     processes.start(triggerer, deferline, workdir / "triggerer.log")
 
 
+def _start_baseline(
+    processes: Processes, env: dict[str, str], workdir: Path, bootstrap: str
+) -> None:
+    """The bridge and triggerer of the ``--baseline`` checkout (``DEFERLINE_BASELINE``)."""
+    shadow = workdir / "baseline"
+    (shadow / "deferline").mkdir(parents=True)
+    for package in PACKAGES:
+        (shadow / "deferline" / package).symlink_to(Path(env["DEFERLINE_BASELINE"]) / package)
+    path = os.pathsep.join(p for p in (str(shadow), env.get("PYTHONPATH")) if p)
+    _start_bridge(processes, {**env, "PYTHONPATH": path}, workdir, bootstrap)
+
+
 STARTERS: dict[str, Callable[[Processes, dict[str, str], Path, str], None]] = {
     "airflow": _start_airflow,
     "bridge-tansu": _start_bridge,
     "bridge-kafka": _start_bridge,
+    "baseline-kafka": _start_baseline,
 }
 
 
@@ -145,7 +168,7 @@ async def _broker(contender: str) -> AsyncIterator[str]:
     if contender == "airflow":
         yield ""
         return
-    async with local_broker(contender.removeprefix("bridge-")) as bootstrap:
+    async with local_broker(contender.split("-")[-1]) as bootstrap:
         yield bootstrap
 
 
@@ -169,15 +192,19 @@ async def measure(
     n: int,
     margin: float,
     limit: float,
+    baseline: Path | None,
 ) -> dict[str, Any]:
     """One contender on a fresh copy of the seeded database."""
     url = server.create_database(_database(contender), template=seeded)
     env = seeding.airflow_env(home, url)
+    if baseline is not None:
+        env["DEFERLINE_BASELINE"] = str(baseline)
     workdir = home / f"run-{contender}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir()
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     query = text("SELECT count(*) FROM task_instance WHERE state = 'deferred'")
+    held = text("SELECT count(*) FROM trigger WHERE triggerer_id IS NOT NULL")
     processes = Processes()
     async with _broker(contender) as bootstrap:
         moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=margin)
@@ -189,6 +216,7 @@ async def measure(
                     processes.check()
                     processes.sample()
                     await asyncio.sleep(min(0.5, max(0.0, moment.timestamp() - time.time())))
+                claimed = int(db.execute(held).scalar_one())
                 left = n
                 while left and time.time() - moment.timestamp() < limit:
                     left = int(db.execute(query).scalar_one())
@@ -200,12 +228,15 @@ async def measure(
             resumed = max(1, n - left)
             figures = {
                 "contender": contender,
+                **({"checkout": str(baseline)} if contender == "baseline-kafka" else {}),
                 "n": n,
                 "due_to_none_deferred_s": round(elapsed, 2),
+                "claimed_at_due": claimed,
                 "left_deferred": left,
                 "main_cpu_ms_per_task": round(1000 * processes.cpu_seconds(0) / resumed, 3),
                 "all_cpu_ms_per_task": round(1000 * processes.cpu_seconds() / resumed, 3),
                 "peak_rss_mb": round(processes.peak_rss_mb(), 1),
+                "load_1min": round(os.getloadavg()[0], 1),
             }
         finally:
             processes.stop()
@@ -216,6 +247,8 @@ async def measure(
 async def run(args: argparse.Namespace) -> None:
     version = importlib.metadata.version("apache-airflow")
     print(machine_line(), f"Airflow {version}, PostgreSQL from {postgres_bin()}")
+    if "baseline-kafka" in args.contenders and not args.baseline:
+        sys.exit("contender baseline-kafka needs --baseline DIR")
     keep = args.keep / f"airflow{version}" if args.keep else None
     with contextlib.ExitStack() as stack:
         temporary = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-airflow-")))
@@ -236,9 +269,13 @@ async def run(args: argparse.Namespace) -> None:
             # deferred row per task instance.
             server.psql("ANALYZE", seeded)
             margin = args.margin if args.margin is not None else 10 + n / 2000
+            baselines = itertools.cycle(args.baseline or [None])
             for contender in args.contenders:
                 server.psql(f'DROP DATABASE IF EXISTS "{_database(contender)}"')
-                figures = await measure(server, home, seeded, contender, n, margin, args.timeout)
+                baseline = next(baselines) if contender == "baseline-kafka" else None
+                figures = await measure(
+                    server, home, seeded, contender, n, margin, args.timeout, baseline
+                )
                 print(figures, flush=True)
 
 
@@ -257,6 +294,13 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds after due")
     parser.add_argument("--seed-workers", type=int, default=2)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        help="a checkout of another deferline version, run as contender baseline-kafka "
+        "(several: each baseline-kafka takes the next)",
+    )
     parser.add_argument(
         "--keep",
         type=Path,

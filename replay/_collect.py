@@ -220,6 +220,7 @@ class ReplaySession:
             live=await self.live_view(),
             cipher=self.cipher,
             bounded=self.bounds.bounded,
+            events_copied=self.settings.copy_events_to_tasks,
         )
 
     async def live_view(self) -> LiveView | None:

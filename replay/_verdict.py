@@ -206,13 +206,16 @@ class ReplayContext:
     ``now`` is the reference time (ages, overdue timers); ``live`` is the consumer-group
     snapshot (None: not read, ownership unknown); ``cipher`` opens sealed kwargs to find a
     timer's due time; ``bounded`` says the read was limited by time or offsets, so an absent
-    record may only be outside the range.
+    record may only be outside the range; ``events_copied`` is the deployment's
+    ``Settings.copy_events_to_tasks`` (off: no event has a copy on tasks.events, and none is
+    missing).
     """
 
     now: dt.datetime
     live: LiveView | None = None
     cipher: KwargsCipher | None = None
     bounded: bool = False
+    events_copied: bool = True
 
 
 def _iso(value: dt.datetime | None) -> str | None:

@@ -48,7 +48,7 @@ def _with_events(case: _Case, history: TriggerHistory, events: list[ReplayRecord
     copies = history.copies.ordered()
     if copies:
         case.add("the event reached the task's partition (tasks.events)", copies[0])
-    elif case.deferred_here and applied is None:
+    elif case.deferred_here and applied is None and case.ctx.events_copied:
         return _not_copied(case, history, first_rec)
     if status == "cancelled":
         cancels = history.cancels.ordered()

@@ -182,6 +182,11 @@ def _consumer_progress(
 def _scheduler_lag(case: _Case, history: TriggerHistory) -> tuple[str, str]:
     """Has the scheduler group read the copy of the trigger's event on tasks.events?"""
     copies = history.copies.ordered()
+    if not copies and not case.ctx.events_copied:
+        return "not_copied_here", (
+            "events are not copied to tasks.events under this prefix "
+            "(DEFERLINE_COPY_EVENTS_TO_TASKS=false): no deferline scheduler applies them"
+        )
     if not copies:
         return "not_copied", "no copy of its event is on tasks.events, where the scheduler reads"
     topic = TopicInfo(copies[0].position.topic, TopicRole.TASK_EVENTS)

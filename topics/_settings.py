@@ -68,6 +68,11 @@ class Settings(BaseSettings):
         default_factory=lambda: ["deferline.engine.examples"]
     )
     """Module prefixes an operator class must live under for a worker to run it."""
+    copy_events_to_tasks: bool = True
+    """Triggerers copy every event to ``tasks.events``, keyed by task, where deferline's
+    scheduler folds it. Off only where no deferline scheduler reads the prefix (the
+    triggerers of ``deferline airflow bridge``): each event is then produced once, not twice,
+    and replay expects no copies."""
 
     @field_validator(
         "kwargs_keys", "allowed_trigger_prefixes", "allowed_operator_prefixes", mode="before"

@@ -91,6 +91,8 @@ class AirflowDatabase:
         elif team_name:
             raise ValueError(f"Airflow {self.version} has no teams (3.3+): drop --team")
         self._refuse_as_airflow_does(queues, team_name)
+        ids_params = inspect.signature(self._trigger.ids_for_triggerer).parameters
+        self._ids_by_triggerer_only = set(ids_params) <= {"triggerer_id", "session"}
         self.job_id: int | None = None
         self.hostname: str = ""
 
@@ -177,52 +179,87 @@ class AirflowDatabase:
 
         ``per_loop`` stands in for ``[triggerer] max_trigger_to_select_per_loop`` (50 in
         Airflow), the most rows one claim takes per kind of trigger.
+
+        Where ``ids_for_triggerer`` filters on nothing but the triggerer (2.10: ``triggerer_id
+        = job``), its query is run as plain SQL and read as the driver's tuples: its ORM
+        reading of 100,000 ids took half a second a loop on the database thread the
+        write-back shares. Where it also filters on
+        queues and teams (3.x), Airflow's own is called.
         """
         trigger = self._trigger
         trigger.max_trigger_to_select_per_loop = per_loop
         trigger.assign_unassigned(
             self.job_id, capacity, self.health_check_threshold, **self._queue_kw
         )
-        return set(trigger.ids_for_triggerer(self.job_id, **self._queue_kw))
+        if not self._ids_by_triggerer_only:
+            return set(trigger.ids_for_triggerer(self.job_id, **self._queue_kw))
+        table = trigger.__table__
+        query = self._sa.select(table.c.id).where(table.c.triggerer_id == self.job_id)
+        with self._session() as session:
+            result = session.connection().execute(query)
+            try:  # the driver's own tuples: no SQLAlchemy row per id
+                return {row_id for (row_id,) in result.cursor.fetchall()}
+            finally:
+                result.close()
 
     def read_rows(self, ids: Collection[int]) -> tuple[list[ClaimedRow], list[RowRef]]:
         """The claimed rows ``ids`` with the task instance waiting on each; and the rows that
-        no task instance waits on (asset watchers, callbacks), which the bridge hands back."""
+        no task instance waits on (asset watchers, callbacks), which the bridge hands back.
+
+        Plain columns, not ORM objects (a claim of thousands of rows shares the database
+        thread with the write-back); the kwargs read as ``Trigger.kwargs`` reads them
+        (``Trigger._decrypt_kwargs``: Airflow's Fernet key, then its deserializer).
+        """
         trigger, ti = self._trigger, self._ti
+        queue = getattr(trigger, "queue", None)  # 3.2+
         rows: list[ClaimedRow] = []
         others: list[RowRef] = []
         with self._session() as session:
             found = session.execute(
-                self._sa.select(trigger, ti)
+                self._sa.select(
+                    trigger.id,
+                    trigger.created_date,
+                    trigger.classpath,
+                    trigger.encrypted_kwargs,
+                    queue if queue is not None else self._sa.null(),
+                    ti.dag_id,
+                    ti.task_id,
+                    ti.run_id,
+                    ti.map_index,
+                    ti.try_number,
+                    ti.trigger_timeout,
+                    ti.next_method,
+                )
                 .outerjoin(ti, ti.trigger_id == trigger.id)
                 .where(trigger.id.in_(list(ids)))
             ).all()
-            for row, task in found:
-                ref = RowRef.of(row.id, row.created_date)
-                if task is None:
-                    others.append(ref)
-                    continue
-                kwargs: dict[str, Any] | None
-                try:
-                    kwargs, error = dict(row.kwargs), None
-                except Exception as exc:  # Airflow's key or serializer refused them
-                    kwargs, error = None, exc
-                rows.append(
-                    ClaimedRow(
-                        ref=ref,
-                        classpath=row.classpath,
-                        kwargs=kwargs,
-                        kwargs_error=error,
-                        queue=getattr(row, "queue", None),  # 3.2+
-                        dag_id=task.dag_id,
-                        task_id=task.task_id,
-                        run_id=task.run_id,
-                        map_index=task.map_index,
-                        try_number=task.try_number,
-                        trigger_timeout=task.trigger_timeout,
-                        next_method=task.next_method,
-                    )
+        for row_id, created, classpath, encrypted, row_queue, dag_id, *task in found:
+            ref = RowRef.of(row_id, created)
+            if dag_id is None:  # no task instance waits on it
+                others.append(ref)
+                continue
+            kwargs: dict[str, Any] | None
+            try:
+                kwargs, error = dict(trigger._decrypt_kwargs(encrypted)), None
+            except Exception as exc:  # Airflow's key or serializer refused them
+                kwargs, error = None, exc
+            task_id, run_id, map_index, try_number, trigger_timeout, next_method = task
+            rows.append(
+                ClaimedRow(
+                    ref=ref,
+                    classpath=classpath,
+                    kwargs=kwargs,
+                    kwargs_error=error,
+                    queue=row_queue,
+                    dag_id=dag_id,
+                    task_id=task_id,
+                    run_id=run_id,
+                    map_index=map_index,
+                    try_number=try_number,
+                    trigger_timeout=trigger_timeout,
+                    next_method=next_method,
                 )
+            )
         return rows, others
 
     def release(self, refs: Sequence[RowRef]) -> None:
@@ -269,16 +306,18 @@ class AirflowDatabase:
         out of ``deferred``, so a later event of the same row in the batch is skipped as the
         no-op it would be, and an event applied again in a later batch changes nothing.
 
-        The common events are one bulk ``UPDATE`` each per batch (an ``executemany``, the
-        guard in its ``WHERE``), setting the columns Airflow's own functions set:
-        a plain event resuming a task instance (``handle_event_submit``; 2.10:
-        ``TriggerEvent.handle_submit``), with its ``next_kwargs`` made as that function makes
-        them; a failed trigger (``Trigger.submit_failure``); a timed-out one (the scheduler's
+        The common events are one bulk ``UPDATE`` each per batch (on PostgreSQL ``UPDATE …
+        FROM unnest(…)``, elsewhere an ``executemany``; the guard in its ``WHERE``), setting
+        the columns Airflow's own functions set: a plain event resuming a task instance
+        (``handle_event_submit``; 2.10: ``TriggerEvent.handle_submit``), with its
+        ``next_kwargs`` made as that function makes them; a failed trigger
+        (``Trigger.submit_failure``); a timed-out one (the scheduler's
         ``check_trigger_timeouts``). A row with assets or a callback takes
         ``Trigger.submit_event`` whole, a task instance whose ``next_kwargs`` cannot be made
         Airflow's per-task-instance function, and an event that ends the task from the
-        trigger ``Trigger.submit_event`` after the batch. The integration test applies the
-        same events both ways on two copies of one database and compares the rows.
+        trigger ``Trigger.submit_event`` after the batch. The integration tests apply the
+        same events both ways on two copies of one database and compare the rows (SQLite and
+        PostgreSQL).
         """
         first: dict[RowRef, BridgeEvent] = {}
         for event in events:
@@ -375,29 +414,48 @@ class AirflowDatabase:
     def _update_waiting(
         self, session: Any, keys: Sequence[Any], values: dict[str, Any], params: list[Any]
     ) -> None:
-        """One ``executemany`` ``UPDATE`` of task instances still ``deferred`` (Airflow's
-        guard), each matched on ``keys`` (bound as ``b_<column>``), given its ``b_kwargs`` as
-        ``next_kwargs``, moved off its trigger to ``scheduled`` (on 3.x, ``scheduled_dttm``
-        now) with ``values``."""
+        """The task instances still ``deferred`` (Airflow's guard) matched on ``keys`` (bound
+        as ``b_<column>``), each given its ``b_kwargs`` as ``next_kwargs``, moved off their
+        trigger to ``scheduled`` (on 3.x, ``scheduled_dttm`` now) with ``values``.
+
+        On PostgreSQL one ``UPDATE … FROM unnest(…)`` per batch, the values bound as one array
+        per column (:func:`_unnest`); elsewhere (SQLite, MySQL) one ``executemany``
+        ``UPDATE``. The integration tests compare both with Airflow's own
+        writes, on SQLite and on PostgreSQL.
+        """
         if not params:
             return
         sa, table = self._sa, self._ti.__table__
         if not self._airflow2:
             values = {**values, "scheduled_dttm": self._utcnow()}
+        values = {"state": self._state.SCHEDULED, "trigger_id": None, **values}
+        dialect = session.get_bind().dialect
+        if dialect.name != "postgresql":
+            statement = (
+                sa.update(table)
+                .where(
+                    *(c == sa.bindparam(f"b_{c.name}") for c in keys),
+                    table.c.state == self._state.DEFERRED,
+                )
+                .values(
+                    next_kwargs=sa.bindparam("b_kwargs", type_=table.c.next_kwargs.type),
+                    **values,
+                )
+            )
+            session.execute(statement, params)
+            return
+        columns = [*keys, table.c.next_kwargs]
+        names = [f"b_{c.name}" for c in keys] + ["b_kwargs"]
+        rows = _unnest(sa, dialect, columns)
         statement = (
             sa.update(table)
             .where(
-                *(c == sa.bindparam(f"b_{c.name}") for c in keys),
+                *(c == rows.c[f"c{i}"] for i, c in enumerate(keys)),
                 table.c.state == self._state.DEFERRED,
             )
-            .values(
-                next_kwargs=sa.bindparam("b_kwargs", type_=table.c.next_kwargs.type),
-                state=self._state.SCHEDULED,
-                trigger_id=None,
-                **values,
-            )
+            .values(next_kwargs=rows.c[f"c{len(keys)}"], **values)
         )
-        session.execute(statement, params)
+        session.execute(statement, _arrays(dialect, columns, names, params))
 
     def _with_assets_or_callbacks(self, session: Any, row_ids: Sequence[int]) -> set[int]:
         trigger = self._trigger
@@ -455,3 +513,31 @@ class AirflowDatabase:
         if self._airflow2:
             return TriggerFailed("".join(lines).rstrip("\n"))
         return lines
+
+
+def _unnest(sa: Any, dialect: Any, columns: Sequence[Any]) -> Any:
+    """``(SELECT … FROM unnest(:a0, :a1, …)) AS v``: one row per task instance, from one array
+    per column (bound as ``a<i>``, each a list of the values as the driver takes them), the
+    columns ``c0``, ``c1``… cast to their table column's type. The statement is the same for
+    every batch, so SQLAlchemy compiles it once; the arrays go as bound values."""
+    types = [c.type.compile(dialect=dialect) for c in columns]
+    arrays = ", ".join(f"CAST(:a{i} AS TEXT[])" for i in range(len(columns)))
+    named = ", ".join(f"CAST(c{i} AS {t}) AS c{i}" for i, t in enumerate(types))
+    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
+    text = sa.text(f"SELECT {named} FROM unnest({arrays}) AS u({aliases})")
+    return text.columns(*(sa.column(f"c{i}") for i in range(len(columns)))).subquery("v")
+
+
+def _arrays(
+    dialect: Any, columns: Sequence[Any], names: Sequence[str], params: Sequence[Any]
+) -> dict[str, list[str | None]]:
+    """The bound arrays of :func:`_unnest`: each value made as its column's type binds it
+    (Airflow's JSON serialization for ``next_kwargs``), as text."""
+    arrays: dict[str, list[str | None]] = {}
+    for i, (column, name) in enumerate(zip(columns, names, strict=True)):
+        bind = column.type.dialect_impl(dialect).bind_processor(dialect)
+        values = (item[name] for item in params)
+        if bind is not None:
+            values = (bind(value) for value in values)
+        arrays[f"a{i}"] = [None if value is None else str(value) for value in values]
+    return arrays

@@ -8,7 +8,9 @@ Three loops share one worker thread for the database (Airflow's models are synch
   prefix's defer topic (or fail its task instance when the row cannot run), cancel in
   deferline the rows Airflow deleted, run ``clean_unused``;
 * the **event loop**: the consumer group ``<prefix>bridge`` on the resume topics, each batch
-  of events written back into Airflow in one transaction, offsets committed after it.
+  of events written back into Airflow in one transaction, offsets committed after it; the
+  next batch is read while one is written, so a batch is what arrived during the write
+  before it (``_write_back``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from deferline.engine._watchdog import BlockedLoop, LoopWatchdog
 from deferline.schemas import (
@@ -50,6 +52,7 @@ from ._book import RowBook
 from ._metrics import BridgeMetrics
 from ._rows import BridgeEvent, RejectedRow, RowRef, bridge_event, to_defer_request
 from ._state import BridgeLifecycle, BridgeState
+from ._write_back import write_back_loop
 
 __all__ = ["AirflowBridge", "BridgeOptions"]
 
@@ -310,29 +313,34 @@ class AirflowBridge(Lifecycle):
     async def _event_loop(self) -> None:
         consumer = self._consumer
         assert consumer is not None
-        while True:
-            batches = await consumer.getmany(timeout_ms=1000, max_records=self.options.max_events)
-            records = [m for messages in batches.values() for m in messages]
-            if not records:
-                continue
-            events: list[BridgeEvent] = []
-            for message in records:
-                event = await self._read_event(message)
-                if event is not None:
-                    events.append(event)
-            while events:
-                try:
-                    await self.apply(events)
-                    break
-                except self._require()[0].transient as exc:  # nothing committed: again
-                    logger.warning("write-back failed, retrying: %s", exc)
-                    await asyncio.sleep(self.options.poll_interval)
+        await write_back_loop(consumer, self._write_back, max_records=self.options.max_events)
+
+    async def _write_back(self, records: list[Any]) -> None:
+        """Write one batch of records back into Airflow, then commit their offsets."""
+        consumer = self._consumer
+        assert consumer is not None
+        events: list[BridgeEvent] = []
+        for message in records:
+            event = await self._read_event(message)
+            if event is not None:
+                events.append(event)
+        while events:
             try:
-                await consumer.commit()
-            except (CommitFailedError, IllegalStateError) as exc:
-                # A rebalance took the partitions: the new owner applies the batch again,
-                # and Airflow's guard keeps the second application from changing anything.
-                logger.warning("offsets not committed: %r", exc)
+                await self.apply(events)
+                break
+            except self._require()[0].transient as exc:  # nothing committed: again
+                logger.warning("write-back failed, retrying: %s", exc)
+                await asyncio.sleep(self.options.poll_interval)
+        offsets: dict[TopicPartition, int] = {}
+        for message in records:
+            tp = TopicPartition(message.topic, message.partition)
+            offsets[tp] = max(offsets.get(tp, 0), message.offset + 1)
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            # A rebalance took the partitions: the new owner applies the batch again,
+            # and Airflow's guard keeps the second application from changing anything.
+            logger.warning("offsets not committed: %r", exc)
 
     async def apply(self, events: Sequence[BridgeEvent]) -> None:
         """Write events back into Airflow in one transaction, and count them."""

@@ -159,8 +159,8 @@ class RecordDispatcher:
         part.table.note_emitting(key)
         part.table.note_event_offset(key, event_offset)
         logger.info(
-            "trigger already emitted; copying its event to tasks.events again and writing "
-            "its missing tombstone",
+            "trigger already emitted; copying its event to tasks.events again (when events "
+            "are copied) and writing its missing tombstone",
             extra=self._log(part.number, trigger_id=key.decode(errors="replace")),
         )
         self._sink.tombstone(part.number, key, event)

@@ -8,7 +8,9 @@ tombstone on the defer topic, a RunTask or a dead letter beside it).
 Every event goes out twice, same bytes: on the trigger queue's resume topic keyed by
 trigger id (the wire contract), and on tasks.events keyed by the task's ``ti_key``, in the
 partition the tasks topic gives that key, where the scheduler owning the task reads it.
-Both are sends of one emission, so the tombstone follows only once both are acked.
+Both are sends of one emission, so the tombstone follows only once both are acked. Where no
+deferline scheduler reads the prefix (``Settings.copy_events_to_tasks`` off, the Airflow
+bridge's triggerers) there is no copy: the event goes out once.
 """
 
 from __future__ import annotations
@@ -95,13 +97,14 @@ class EventSink:
         names: TopicNames,
         queue: str | None,
         member: str,
-        task_partitions: int,
+        task_partitions: int | None,
         direct_resume: bool,
         metrics: TriggererMetrics,
         log: Callable[..., dict[str, Any]],
     ) -> None:
-        """``task_partitions``: the partition count of tasks.events (that of ``tasks``)."""
-        if task_partitions < 1:
+        """``task_partitions``: the partition count of tasks.events (that of ``tasks``); None:
+        events are not copied there."""
+        if task_partitions is not None and task_partitions < 1:
             raise ValueError(f"task_partitions must be at least 1, got {task_partitions}")
         self._emitter = emitter
         self._names = names
@@ -211,8 +214,8 @@ class EventSink:
         before the tombstone may also have died before the copy, and a copy the scheduler
         already has is dropped there as a duplicate. No copy when ``event`` names no task."""
         task = peek_identity(event)[1]
-        sends = () if task is None or event is None else (self._task_send(task.ti_key, event),)
-        if task is None:
+        sends = () if task is None or event is None else self._task_sends(task.ti_key, event)
+        if task is None and self._task_partitions is not None:
             logger.warning(
                 "event on the resume topic names no task: tombstone only, no tasks.events copy",
                 extra=self._log(number, trigger_id=key.decode(errors="replace")),
@@ -221,10 +224,13 @@ class EventSink:
             Emission(sends=sends, tombstone=Send(self._defer_topic, key, None, number))
         )
 
-    def _task_send(self, ti_key: str, value: bytes) -> Send:
-        """The copy of an event on tasks.events: key ``ti_key``, in its tasks partition."""
+    def _task_sends(self, ti_key: str, value: bytes) -> tuple[Send, ...]:
+        """The copy of an event on tasks.events: key ``ti_key``, in its tasks partition; none
+        when events are not copied."""
+        if self._task_partitions is None:
+            return ()
         key = ti_key.encode()
-        return Send(self._task_events, key, value, partition_for(key, self._task_partitions))
+        return (Send(self._task_events, key, value, partition_for(key, self._task_partitions)),)
 
     def dead_letter(
         self, letter: DeadLetter, *, event: tuple[OwnedPartition, bytes, TriggerEventRecord] | None
@@ -258,7 +264,7 @@ class EventSink:
             Emission(
                 sends=(
                     Send(self._resume_topic, key, encoded, number),
-                    self._task_send(ti_key, encoded),
+                    *self._task_sends(ti_key, encoded),
                     *extra,
                 ),
                 tombstone=Send(self._defer_topic, key, None, number) if tombstone else None,

@@ -124,10 +124,11 @@ class TriggerLane:
         cipher: KwargsCipher | None,
         cancel: StopTrigger,
         on_fatal: Callable[[BaseException], None],
-        task_partitions: int,
+        task_partitions: int | None,
     ) -> None:
         """``task_partitions``: the partition count of tasks.events, where every event is
-        copied keyed by its task (see :mod:`._event_sink`)."""
+        copied keyed by its task (see :mod:`._event_sink`); None: no copies
+        (``Settings.copy_events_to_tasks`` off)."""
         self.settings = settings
         self.queue = queue
         self.label = queue or "default"

@@ -257,8 +257,12 @@ class Triggerer(Lifecycle):
         if options.create_topics:
             named = [q for q in self.queues if q is not None]
             await ensure_topics(self.settings, topic_specs(self.settings, queues=named))
-        task_partitions = await _partition_count(
-            self.settings, TopicNames(self.settings.topic_prefix).task_events
+        task_partitions = (
+            await _partition_count(
+                self.settings, TopicNames(self.settings.topic_prefix).task_events
+            )
+            if self.settings.copy_events_to_tasks
+            else None
         )
         cipher = KwargsCipher(self.settings.kwargs_keys) if self.settings.kwargs_keys else None
         self._producer = make_producer(

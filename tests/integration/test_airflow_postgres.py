@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tests.integration._util import KafkaClients
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +109,52 @@ def test_airflow_triggerer_resumes_the_seeded_deferrals(
         "FROM task_instance",
     )
     assert sorted(map(tuple, resumed)) == [("scheduled", "t", "t", "1")] * n
+
+
+@pytest.mark.timeout(600)
+def test_the_bridge_writes_back_what_airflow_writes_on_postgres(
+    postgres: PostgresServer, airflow_home: Path
+) -> None:
+    """The bridge's write-back on PostgreSQL (one ``UPDATE … FROM unnest(…)`` per kind and
+    batch) writes the rows Airflow's own ``submit_event`` / ``submit_failure`` write, called
+    once per event: the same events applied to two copies of one database of seeded
+    deferrals, each way, every ``task_instance`` column compared (as the deployment test
+    does on SQLite)."""
+    env = seeding.airflow_env(airflow_home, postgres.create_database("same_rows", "migrated"))
+    seeding.seed(env, 12, dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
+    out: dict[str, dict[str, list[dict[str, str]]]] = {}
+    for way in ("airflow", "bridge"):
+        url = postgres.create_database(f"same_rows_{way}", "same_rows")
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.integration._bridge_equivalence", way, "seeded"],
+            env={**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url},
+            cwd=ROOT,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        out[way] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    differ = [
+        (mine["map_index"], column, mine[column], theirs[column])
+        for mine, theirs in zip(
+            out["bridge"]["task_instance"], out["airflow"]["task_instance"], strict=True
+        )
+        for column in mine
+        if mine[column] != theirs.get(column)
+    ]
+    assert not differ, differ
+    assert out["bridge"] == out["airflow"]
+    states = [(row["map_index"], row["state"]) for row in out["bridge"]["task_instance"]]
+    assert states == [(str(i), "deferred" if i >= 9 else "scheduled") for i in range(12)]
+    failed = {
+        row["map_index"]
+        for row in out["bridge"]["task_instance"]
+        if "__fail__" in row["next_method"]
+    }
+    assert failed == {"1", "4", "7"}
+    second = next(r for r in out["bridge"]["task_instance"] if r["map_index"] == "2")
+    assert "second" not in second["next_kwargs"]
 
 
 HA_N = 5000

@@ -249,6 +249,18 @@ def test_an_event_not_copied_of_a_tombstoned_trigger_says_to_re_drive():
     assert "redrive --force" in verdict.summary
 
 
+def test_an_event_not_copied_where_events_are_not_copied_is_not_reported_as_missing():
+    """A deployment whose triggerers copy no events (DEFERLINE_COPY_EVENTS_TO_TASKS=false):
+    the copy is not missing, and the verdict says why no scheduler applied the event."""
+    h = History()
+    task, request = deferred_task(h)
+    h.emit(request, 70, copied=False)
+    verdict = why(h, task.ti_key, events_copied=False)
+    assert verdict.kind is VerdictKind.FIRED_NOT_APPLIED
+    assert verdict.cause == "not_copied_here"
+    assert "DEFERLINE_COPY_EVENTS_TO_TASKS=false" in verdict.summary
+
+
 def test_a_copied_event_is_not_reported_as_not_copied():
     h = History()
     task, request = deferred_task(h)

@@ -53,7 +53,7 @@ def fired(ref: TriggerRef) -> TriggerOutcome:
 
 
 def make_lane(
-    emitter: FiringEmitter | Emitter, *, task_partitions: int = 1
+    emitter: FiringEmitter | Emitter, *, task_partitions: int | None = 1
 ) -> tuple[TriggerLane, TriggerRef]:
     """A lane owning partition 0, live, and a trigger of it."""
     lane = TriggerLane(

@@ -1,4 +1,5 @@
-"""Every trigger event is also written to tasks.events, keyed by its task (no broker).
+"""Every trigger event is also written to tasks.events, keyed by its task (no broker), unless
+the deployment turns copies off.
 
 A lane's events go through the real :class:`Emitter` into a fake producer: the copy has the
 event's bytes, the task's ``ti_key`` as key and the partition the tasks topic gives that
@@ -129,6 +130,26 @@ async def test_a_rebuild_tombstones_an_event_that_names_no_task_without_a_copy()
         lane._dispatcher.tombstone_only(ref.part, TID.encode(), 41, b"not json")
         assert await emitter.flush(5)
     assert sent(producer) == [(NAMES.defer(), TID.encode(), 0)]
+
+
+async def test_where_events_are_not_copied_an_event_goes_out_once() -> None:
+    """``Settings.copy_events_to_tasks`` off (the Airflow bridge's triggerers): the event on
+    the resume topic, then the tombstone; a rebuild's missing tombstone comes alone."""
+    event = TriggerEventRecord(
+        event_id="e-1", trigger_id=TID, task=TASK, status="fired", payload={"n": 1}
+    )
+    producer = FakeProducer()
+    async with Emitter(producer) as emitter:
+        lane, ref = release_lane(emitter, task_partitions=None)
+        lane.handle_outcome(ref, TriggerOutcome(TID, "fired", {"n": 1}, "e-1", context=ref))
+        assert await emitter.flush(5)
+        lane._dispatcher.tombstone_only(ref.part, TID.encode(), 41, encode(event))
+        assert await emitter.flush(5)
+    assert sent(producer) == [
+        (NAMES.resume(), TID.encode(), 0),
+        (NAMES.defer(), TID.encode(), 0),
+        (NAMES.defer(), TID.encode(), 0),
+    ]
 
 
 class _Rec:

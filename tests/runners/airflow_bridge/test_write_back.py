@@ -1,0 +1,106 @@
+"""The bridge's event loop batches what arrives during a write, and waits for nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from deferline.runners.airflow_bridge._write_back import write_back_loop
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class FakeSource:
+    """Records put in by the test, handed out by ``getmany`` as aiokafka does (at most
+    ``max_records``, waiting up to ``timeout_ms`` when there are none)."""
+
+    def __init__(self) -> None:
+        self.records: list[int] = []
+        self.arrived = asyncio.Event()
+        self.asked: list[int | None] = []
+
+    def put(self, *records: int) -> None:
+        self.records += records
+        self.arrived.set()
+
+    async def getmany(
+        self, *partitions: Any, timeout_ms: int = 0, max_records: int | None = None
+    ) -> Mapping[Any, Sequence[Any]]:
+        self.asked.append(max_records)
+        if not self.records:
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), timeout_ms / 1000)
+            except TimeoutError:
+                return {}
+        taken = self.records[:max_records]
+        del self.records[: len(taken)]
+        return {"tp": taken}
+
+
+class Writer:
+    """Records each batch; a write ends when the test releases it."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, records: list[int]) -> None:
+        self.batches.append(list(records))
+        self.started.set()
+        await self.release.wait()
+        self.release.clear()
+        self.started.clear()
+
+
+async def until(check: Any, within: float = 5) -> None:
+    """Poll ``check`` until it holds; fail after ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.001)
+
+
+async def test_a_lone_event_is_written_at_once_and_a_burst_in_the_next_batch() -> None:
+    source, write = FakeSource(), Writer()
+    loop = asyncio.create_task(write_back_loop(source, write, max_records=5, timeout_ms=50))
+    try:
+        source.put(1)
+        await asyncio.wait_for(write.started.wait(), 1)
+        assert write.batches == [[1]]
+        # While the first write runs, a burst arrives: all of it (up to max_records) is
+        # the next batch, the rest the one after.
+        source.put(2, 3, 4, 5, 6, 7, 8)
+        await until(lambda: len(source.records) == 2)
+        write.release.set()
+        await until(lambda: len(write.batches) == 2)
+        assert write.batches[1] == [2, 3, 4, 5, 6]
+        write.release.set()
+        await until(lambda: len(write.batches) == 3)
+        assert write.batches[2] == [7, 8]
+        write.release.set()
+        # Never more read than one batch holds while a write runs.
+        assert all(asked is not None and 1 <= asked <= 5 for asked in source.asked)
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+
+
+async def test_a_failed_write_ends_the_loop_with_its_error() -> None:
+    source = FakeSource()
+
+    async def broken(records: list[int]) -> None:
+        raise RuntimeError("database gone")
+
+    source.put(1)
+    with pytest.raises(RuntimeError, match="database gone"):
+        await write_back_loop(source, broken, max_records=5, timeout_ms=50)
+
+
+async def test_max_records_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        await write_back_loop(FakeSource(), Writer(), max_records=0)
