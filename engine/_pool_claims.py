@@ -135,6 +135,15 @@ class PoolClaims:
             self._write(key, current)
         return wanting and grant_matches(self._grants.get(key), current)
 
+    def drop_where(self, belongs: Callable[[str], bool]) -> None:
+        """Forget the wants and grants of every key that ``belongs`` (its partition went
+        to another scheduler; read again from the pools topic if it comes back)."""
+        for book in (self._wants, self._grants, self._unread):
+            for key in [key for key in book if belongs(key)]:
+                del book[key]
+        self.dirty = {key for key in self.dirty if not belongs(key)}
+        self.outbox = [entry for entry in self.outbox if not belongs(entry.ti_key)]
+
     def grant(self, ti_key: str) -> PoolGrant | None:
         """The grant read for a task instance."""
         return self._grants.get(ti_key)

@@ -259,6 +259,8 @@ class TaskTable:
             self._repair.discard(key)
             if self._changed is not None:
                 self._changed.discard(key)
+        if self._claims is not None:
+            self._claims.drop_where(belongs)
         return dropped
 
     def absorb(self, other: TaskTable) -> int:
@@ -287,6 +289,12 @@ class TaskTable:
         self._repair |= other._repair
         self._outbox += other._outbox
         self._clock = max(self._clock, other._clock)
+        if self._claims is not None:
+            # Settled at the next drain, against the pools records read for them by then.
+            self._claims.dirty |= other._views.keys()
+            if other._claims is not None:
+                self._claims.dirty |= other._claims.dirty
+                other._claims.dirty.clear()
         if self._changed is not None:
             self._changed |= other._changed if other._changed is not None else set(other._views)
         taken = len(other._views)

@@ -1,31 +1,37 @@
 """Where pool admission is decided, behind one small interface.
 
-Today the table admits scheduled tasks by its own pool book (:class:`LocalAdmission`): exact
-while one scheduler owns every task partition (one scheduler alone, as before), and a
-per-scheduler bound once several share them (each admits up to a pool's size from the
-tasks it owns). A pool ledger shared through the broker takes its place here: it returns,
-per task partition, the records (``want``/``grant``) that go into that partition's
-transaction beside its decisions (see :class:`PartitionBatch`).
+Tasks of limited pools are admitted through the pool ledger shared through the broker
+(:class:`LedgerPoolAdmission`): after each drain the table's wants (and want tombstones) go
+into the transaction of their task partition, and, on the scheduler that owns task partition
+0 (the ledger owner), the ledger's grants into partition 0's (see :class:`PartitionBatch`).
+Pools are so exact whatever the membership. Tasks of unlimited pools are still admitted by
+the table at once, and a resumed task keeps its slot: neither waits for the ledger.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
-from deferline.engine import Emit
+from deferline.engine import Emit, TaskTable
 from deferline.schemas import DeadLetter
 
 from ._publisher import Outgoing
 
-__all__ = ["Admission", "LocalAdmission", "PartitionBatch"]
+if TYPE_CHECKING:
+    from ._pools import PoolChannel
+
+__all__ = ["LEDGER_PARTITION", "Admission", "LedgerPoolAdmission", "PartitionBatch"]
+
+LEDGER_PARTITION = 0
+"""The task partition whose owner keeps the pool ledger and writes its grants."""
 
 
 @dataclass(slots=True)
 class PartitionBatch:
     """What one task partition writes in one transaction: decisions, dead letters, and the
-    records pool admission asks for (none with :class:`LocalAdmission`)."""
+    records pool admission asks for."""
 
     out: list[Emit] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
@@ -48,16 +54,28 @@ class Admission(Protocol):
         partitions."""
         ...
 
-    def records(self, partition: int, out: Sequence[Emit]) -> list[Outgoing]:
-        """Pool records to write with ``partition``'s decisions ``out``."""
+    def records(self, table: TaskTable) -> dict[int, list[Outgoing]]:
+        """Pool records to write after a drain of ``table``, by task partition."""
         ...
 
 
-class LocalAdmission:
-    """The table's own pool book admits; no records go out."""
+class LedgerPoolAdmission:
+    """The pool ledger admits: the table's wants go to their task partition, the ledger
+    owner's grants to partition 0."""
+
+    def __init__(self, channel: PoolChannel, partition_of: Callable[[str], int]) -> None:
+        self.channel = channel
+        self.partition_of = partition_of
 
     def exact(self, owned: int, total: int) -> bool:
-        return owned == total
+        return True
 
-    def records(self, partition: int, out: Sequence[Emit]) -> list[Outgoing]:
-        return []
+    def records(self, table: TaskTable) -> dict[int, list[Outgoing]]:
+        out: dict[int, list[Outgoing]] = {}
+        for entry in table.take_pool_writes():
+            (record,) = self.channel.want_records([entry])
+            out.setdefault(self.partition_of(entry.ti_key), []).append(cast(Outgoing, record))
+        grants = self.channel.grant_records()
+        if grants:
+            out.setdefault(LEDGER_PARTITION, []).extend(cast(list[Outgoing], grants))
+        return out

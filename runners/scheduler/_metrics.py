@@ -153,6 +153,9 @@ class SchedulerCollector(Collector):
             per_partition.add_metric([str(partition), "applied"], applied)
             per_partition.add_metric([str(partition), "duplicate"], duplicate)
         yield per_partition
+        channel = self.scheduler.pool_channel
+        if channel is not None:
+            yield from pool_ledger_metrics(channel)
 
 
 def pool_ledger_metrics(channel: PoolChannel) -> Iterator[Metric]:

@@ -27,13 +27,16 @@ partitions, no I/O), :class:`~._ownership.Ownership` (each partition's stage),
 :class:`~._checkpoint.Checkpoints` (one database per tasks partition), per owned partition a
 :class:`~._publisher.SchedulerPublisher` and a :class:`~._publishing.DecisionChain`
 (batches sent one after another), :class:`~._publishing.EventOffsets`, and
-:class:`~._admission.Admission` (pools). :class:`Scheduler` is the I/O shell that runs their
-loops and the rebalance listener; its own lifecycle is :class:`~._phase.Phase`.
+:class:`~._admission.Admission` (pools, through the pool ledger), and
+:class:`~._pools.PoolChannel` (the pools topic, followed by a loop of its own).
+:class:`Scheduler` is the I/O shell that runs their loops and the rebalance listener; its
+own lifecycle is :class:`~._phase.Phase`.
 
-One table for every owned partition (rather than one per partition): pool admission needs
-every owned task in one pool book, in priority order, so that a scheduler owning every
-partition admits exactly as before. A partition joins it whole (:meth:`TaskTable.absorb`)
-and leaves it whole (:meth:`TaskTable.drop_where`).
+Pools are exact whatever the membership: tasks of limited pools are admitted through the
+pool ledger (see :mod:`._pools`); the owner of partition 0 keeps the ledger and writes its
+grants in that partition's transaction. One table for every owned partition (rather than
+one per partition); a partition joins it whole (:meth:`TaskTable.absorb`, once the pools
+topic is read to its end) and leaves it whole (:meth:`TaskTable.drop_where`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
-from deferline.engine import Emit, Pools, TableDelta, TaskTable
+from deferline.engine import Emit, LedgerAdmission, Pools, TableDelta, TaskTable
 from deferline.schemas import DeadLetter, EventFields
 from deferline.topics import (
     Lifecycle,
@@ -77,13 +80,14 @@ from .._local_state import CheckpointError
 from .._metrics import MetricsServer
 from ..triggerer import LONG_POLL_MS, answers_fetches_early
 from ..triggerer._sticky_assignor import StickyAssignor
-from ._admission import Admission, LocalAdmission, PartitionBatch
+from ._admission import LEDGER_PARTITION, Admission, LedgerPoolAdmission, PartitionBatch
 from ._checkpoint import Checkpoints
 from ._cli import scheduler_command
 from ._fold import TaskFold
 from ._metrics import SchedulerCollector
 from ._ownership import Hold, Ownership
 from ._phase import Phase, PhaseMachine
+from ._pools import PoolChannel
 from ._publisher import SchedulerFenced, SchedulerPublisher
 from ._publishing import DecisionChain, EventOffsets, SchedulerError
 from ._records import dead_letter, orphan_letter
@@ -146,8 +150,6 @@ class Scheduler(Lifecycle):
         checkpoint_interval: seconds between checkpoints (and one at a clean stop).
         checkpoint_max_age: an older checkpoint is discarded: compaction may have removed
             tombstones written since (keep it below the tasks topic's delete.retention.ms).
-        admission: pool admission (default: the table's own pool book, see
-            :mod:`._admission`).
     """
 
     def __init__(
@@ -169,7 +171,6 @@ class Scheduler(Lifecycle):
         state_dir: str | Path | None = None,
         checkpoint_interval: float = 10.0,
         checkpoint_max_age: float = 12 * 3600.0,
-        admission: Admission | None = None,
     ) -> None:
         if isinstance(pools, Mapping):
             pools = Pools(slots=dict(pools))
@@ -183,8 +184,10 @@ class Scheduler(Lifecycle):
         self.session_timeout = session_timeout
         self.transactions = transactions
         self.finished_retention = finished_retention
-        self.admission: Admission = admission if admission is not None else LocalAdmission()
-        self.fold = TaskFold(pools)
+        self.router = PartitionRouter()
+        self.pool_channel: PoolChannel | None = None  # made at start (it needs the partitions)
+        self._admission: Admission | None = None
+        self.fold = TaskFold(pools, ledger=LedgerAdmission(partition_of=self.router.partition_of))
         self.checkpoints = (
             Checkpoints(state_dir, interval=checkpoint_interval, max_age=checkpoint_max_age)
             if state_dir is not None
@@ -203,7 +206,7 @@ class Scheduler(Lifecycle):
         self._worker_queues = {"default", *worker_queues}
         self._ensured_queues: set[str] = set()
         self._parts: dict[int, OwnedPartition] = {}
-        self.router = PartitionRouter()
+        self._pool_reads = asyncio.Lock()  # one read of the pools topic at a time
         self._reader: TasksReader | None = None
         self._events: AIOKafkaConsumer | None = None
         self._assignor = StickyAssignor()
@@ -234,6 +237,14 @@ class Scheduler(Lifecycle):
     @property
     def table(self) -> TaskTable:
         return self.fold.table
+
+    @property
+    def admission(self) -> Admission:
+        """Pool admission (the pool ledger once started)."""
+        if self._admission is None:
+            assert self.pool_channel is not None, "start the scheduler first"
+            self._admission = LedgerPoolAdmission(self.pool_channel, self.router.partition_of)
+        return self._admission
 
     @property
     def bad_records(self) -> int:
@@ -345,6 +356,15 @@ class Scheduler(Lifecycle):
             )
             await tasks.start()
             self.router.partitions = len(await self._tasks_partitions(tasks))
+            self.pool_channel = PoolChannel(
+                self.settings,
+                pools=self.table.pools,
+                partitions=self.router.partitions,
+                consumer=make_consumer(
+                    self.settings, group_id=None, fetch_max_wait_ms=self._fetch_wait_ms
+                ),
+            )
+            await self.pool_channel.start()
             self._events = self._member()
             await self._events.start()
             leave_from_generation_zero(self._events)
@@ -408,6 +428,9 @@ class Scheduler(Lifecycle):
         reader, self._reader = self._reader, None
         if reader is not None:
             await stop_client(reader.consumer, grace=5.0, name="scheduler tasks reader")
+        if self.pool_channel is not None:
+            self.pool_channel.resign()
+            await self.pool_channel.stop()
         if self._metrics is not None:
             await self._metrics.stop()
         if self.checkpoints is not None:
@@ -443,6 +466,7 @@ class Scheduler(Lifecycle):
                 group.create_task(self._events_loop(events), name="scheduler-events")
                 group.create_task(self._tasks_loop(reader), name="scheduler-tasks")
                 group.create_task(self._housekeeping_loop(), name="scheduler-housekeeping")
+                group.create_task(self._pools_loop(), name="scheduler-pools")
                 logger.info(
                     "scheduler joining group",
                     extra={
@@ -472,6 +496,19 @@ class Scheduler(Lifecycle):
                     handed = self._publish(self.fold.drain(), dead)
                 await self._await_batches(handed)
             reader.moved.set()
+
+    async def _pools_loop(self) -> None:
+        """Follow the pools topic: grants start the owned tasks they admit; as ledger owner,
+        the wants read are granted in partition 0's transaction."""
+        channel = self.pool_channel
+        assert channel is not None
+        while True:
+            async with self._pool_reads:
+                touched = await channel.poll(self._fetch_wait_ms)
+            if touched or channel.leading:
+                async with self._publish_lock:
+                    handed = self._publish(self.fold.drain(), [])
+                await self._await_batches(handed)
 
     async def _events_loop(self, events: AIOKafkaConsumer) -> None:
         last_commit = time.monotonic()
@@ -553,15 +590,17 @@ class Scheduler(Lifecycle):
         them. Synchronous; call with the publish lock. Returns the batches started (also
         kept to be awaited by the events loop)."""
         batches = self.router.route(out, dead)
+        pool = self.admission.records(self.table)
         started: list[asyncio.Task[None]] = []
-        for p in sorted({*batches, *offsets}):
+        unsent = {p for p, part in self._parts.items() if part.held and self.ownership.writable(p)}
+        for p in sorted({*batches, *offsets, *pool, *unsent}):
             batch = batches.get(p, PartitionBatch())
+            batch.pool = pool.get(p, [])
             part = self._parts.get(p)
             if part is None:
                 if batch:  # a bug: decisions for a partition not owned are not written
                     logger.error("decisions for a partition not owned dropped", extra={"p": p})
                 continue
-            batch.pool = self.admission.records(p, batch.out)
             if not self.ownership.writable(p):
                 part.held.extend(batch)
                 continue
@@ -706,7 +745,6 @@ class Scheduler(Lifecycle):
                 "kept": list(change.kept),
                 "acquired": list(change.acquired),
                 "lost": list(change.released),
-                "pools_exact": self.admission.exact(len(mine), self.router.partitions),
             },
         )
         if change.acquired and self._group is not None and not self._closing:
@@ -763,7 +801,11 @@ class Scheduler(Lifecycle):
             await asyncio.gather(
                 *(part.publisher.start(transactions=self._transactional) for part in rest)
             )
-            fold = TaskFold(self.table.pools)
+            channel = self.pool_channel
+            assert channel is not None
+            if LEDGER_PARTITION in numbers:
+                await channel.lead()  # its producer fenced the previous ledger owner's grants
+            fold = TaskFold(self.table.pools, ledger=self.table.ledger)
             if self.checkpoints is not None:
                 fold.table.track_changes()
             consumer = self._consumer()
@@ -785,6 +827,8 @@ class Scheduler(Lifecycle):
             events_tps = [part.events_tp for part in parts]
             committed = {tp: await events.committed(tp) for tp in events_tps}
             ends = await events.end_offsets(events_tps) if not self._transactional else {}
+            async with self._pool_reads:
+                await channel.catch_up(self._fetch_wait_ms)  # no want published twice
         except CheckpointError as exc:
             raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
         except KafkaError as exc:
@@ -795,6 +839,7 @@ class Scheduler(Lifecycle):
                 self.table.absorb(fold.table)
                 await reader.take(positions)
                 for part in parts:
+                    channel.own(part.number, self.table)
                     self.ownership.acquired(part.number)
                     offset = committed[part.events_tp]
                     if offset is not None:
@@ -834,6 +879,10 @@ class Scheduler(Lifecycle):
         """Drop partition ``p`` without writing: its tasks, offsets, reader position,
         checkpoint database and producer."""
         part = self._parts.pop(p, None)
+        if self.pool_channel is not None:
+            self.pool_channel.disown(p)
+            if p == LEDGER_PARTITION:
+                self.pool_channel.resign()
         self.table.drop_where(lambda key: self.router.partition_of(key) == p)
         self.router.forget(p)
         if part is None:

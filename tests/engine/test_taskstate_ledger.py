@@ -200,3 +200,34 @@ def test_the_run_task_is_the_one_local_admission_sends() -> None:
     by_ledger = runs(ledger.drain())
     assert by_ledger == by_local
     assert all(isinstance(r, RunTask) for r in by_ledger)
+
+
+def test_an_absorbed_partition_publishes_its_wants_and_a_dropped_one_forgets_them() -> None:
+    """A partition folded on its own (no drain) and joined to the table wants its slots at
+    the next drain; dropped, its wants and grants are forgotten, so when it comes back the
+    ones read again from the pools topic decide."""
+    t, side, task = table(), table(), key(1)
+    side.apply(scheduled(task, 3, resume=target(pool="p")))
+    t.absorb(side)
+    assert t.drain() == []
+    [(ti_key, want)] = wants(t.take_pool_writes())
+    assert ti_key == task.ti_key
+    assert want is not None
+    t.apply_pool(PoolEntry("want", ti_key, want))
+    t.apply_pool(grant(ti_key))
+    claims = t.pool_claims
+    assert claims is not None
+    assert claims.grant(ti_key) is not None
+    t.drop_where(lambda k: k == ti_key)
+    assert len(t) == 0
+    assert claims.want(ti_key) is None
+    assert claims.grant(ti_key) is None
+    assert claims.wanting() == 0
+    # Back again, with the pools records read again: the grant starts it, no new want.
+    again = table()
+    again.apply(scheduled(task, 3, resume=target(pool="p")))
+    t.absorb(again)
+    t.apply_pool(PoolEntry("want", ti_key, want))
+    t.apply_pool(grant(ti_key))
+    assert [s.state for s in states(t.drain())] == ["queued"]
+    assert t.take_pool_writes() == []

@@ -9,13 +9,14 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 from click.testing import CliRunner
-from deferline.engine import Emit, Pools
+from deferline.engine import Emit, PoolLedger, Pools
 from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
 from deferline.runners.scheduler import _cli as _scheduler_cli
 from deferline.runners.scheduler import _fold as fold_module
 from deferline.runners.scheduler import _publishing as publishing_module
 from deferline.runners.scheduler import _scheduler as scheduler_module
 from deferline.runners.scheduler._phase import Phase
+from deferline.runners.scheduler._pools import PoolChannel
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,
@@ -116,11 +117,33 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
 
 def own_partition_zero(scheduler: Scheduler) -> None:
     """Make ``scheduler`` the owner of partition 0 of a one-partition layout, as an
-    acquisition leaves it (without a broker)."""
+    acquisition leaves it (without a broker; its pools channel never reads)."""
     scheduler.router.partitions = 1
+    scheduler.pool_channel = PoolChannel(
+        scheduler.settings,
+        pools=scheduler.table.pools,
+        partitions=1,
+        consumer=object(),  # never started: nothing is read
+    )
     scheduler._parts[0] = scheduler._owned_partition(0)
     scheduler.ownership.assign({0})
     scheduler.ownership.acquired(0)
+    scheduler.pool_channel.own(0, scheduler.table)
+
+
+def admitted(scheduler: Scheduler) -> list[Emit]:
+    """Drain the table, then grant the wants it published as the pool ledger would, and
+    drain again: the decisions a scheduler takes once its wants are granted."""
+    out = scheduler.table.drain()
+    channel = scheduler.pool_channel
+    assert channel is not None
+    ledger = PoolLedger(scheduler.table.pools)
+    for entry in scheduler.table.take_pool_writes():
+        ledger.apply(entry)
+        scheduler.table.apply_pool(entry)  # read back
+    for entry in ledger.decide():
+        scheduler.table.apply_pool(entry)
+    return out + scheduler.table.drain()
 
 
 def state(record_state: Any = "scheduled", **fields: Any) -> TaskStateRecord:
@@ -169,7 +192,7 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
 
 async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> None:
     assert sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True) is None
-    await sched._parts[0].chain.publish(sched.table.drain())
+    await sched._parts[0].chain.publish(admitted(sched))
     log = sched._parts[0].publisher._producer.log  # type: ignore[union-attr]
     sends = [(topic, key) for kind, topic, key in log if kind == "send"]
     assert sends == [("p.tasks", TASK.ti_key.encode()), ("p.queue.gpu", TASK.ti_key.encode())]
@@ -236,7 +259,7 @@ async def test_own_writes_read_back_are_folded_without_decoding(
     sched: Scheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
-    await sched._parts[0].chain.publish(sched.table.drain())
+    await sched._parts[0].chain.publish(admitted(sched))
     [(value, queued)] = sched.fold.written.items()
     assert queued.state == "queued"
 
@@ -252,7 +275,7 @@ async def test_own_writes_read_back_are_folded_without_decoding(
 
 async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> None:
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
-    await sched._parts[0].chain.publish(sched.table.drain())
+    await sched._parts[0].chain.publish(admitted(sched))
     [value] = sched.fold.written
     publisher = sched._parts[0].publisher
     producer = publisher._producer
@@ -288,7 +311,7 @@ def test_bad_events_are_reported_and_never_folded(sched: Scheduler) -> None:
 
 def test_tombstone_forgets_the_task_and_frees_its_slot(sched: Scheduler) -> None:
     sched.fold.task(b"k", encode(state()), live=False)
-    sched.table.drain()
+    admitted(sched)
     assert sched.table.pool_usage()["default_pool"] == (1, 1)
     sched.fold.task(TASK.ti_key.encode(), None, live=False)
     assert TASK.ti_key not in sched.table
@@ -314,7 +337,7 @@ def test_commits_stop_at_the_first_pending_event(sched: Scheduler) -> None:
 
 def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     sched.fold.task(b"k", encode(state()), live=True)
-    sched.table.drain()
+    admitted(sched)
     sched.lag["events"] = 7
     sched.events_lag = {0: 3, 1: 4}
     text = generate_latest(sched.registry).decode()
@@ -328,6 +351,8 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     assert "deferline_scheduler_duplicates_dropped_total 0.0" in text
     assert "deferline_scheduler_active 1.0" in text, "it owns partition 0"
     assert "deferline_scheduler_takeovers_total 0.0" in text
+    assert 'deferline_scheduler_pool_ledger_slots{pool="default_pool"} 1.0' in text
+    assert "deferline_scheduler_pool_ledger_owner 0.0" in text, "it has not led yet"
     assert 'deferline_scheduler_partition_events_total{partition="0",verdict="applied"} 0.0' in text
     sched.ownership.revoke()
     text = generate_latest(sched.registry).decode()
@@ -503,3 +528,58 @@ async def wait_for_condition(condition: Any, within: float = 5.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.001)
+
+
+async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
+    sched: Scheduler,
+) -> None:
+    """A want is written in its task's partition's batch, the ledger owner's grant in
+    partition 0's; read back, the grant starts the task in its own partition."""
+    sched.router.partitions = 2
+    channel = sched.pool_channel
+    assert channel is not None
+    channel.partitions = 2
+    sched._parts[1] = sched._owned_partition(1)
+    sched._parts[1].publisher._producer = FakeProducer()
+    sched.ownership.revoke()
+    sched.ownership.assign({0, 1})
+    sched.ownership.acquired(1)
+    channel.own(1, sched.table)
+    channel.ledger = PoolLedger(sched.table.pools)  # leading, as lead() leaves it
+    channel._ledger_from = 0
+    task = next(
+        key
+        for key in (TaskKey(dag_id="d", task_id=f"t{n}", run_id="r") for n in range(100))
+        if partition_for(key.ti_key.encode(), 2) == 1
+    )
+    key = task.ti_key.encode()
+    scheduled = TaskStateRecord(
+        task=task,
+        state="scheduled",
+        source="client",
+        resume=ResumeTarget(operator="x.Op", worker_queue="gpu"),
+    )
+    sched.fold.task(key, encode(scheduled), live=True)
+    await sched._await_batches(sched._publish(sched.fold.drain(), []))
+    logs = {p: sched._parts[p].publisher._producer.log for p in (0, 1)}  # type: ignore[union-attr]
+    pools = "p.scheduler.pools"
+    assert ("send", pools, b"want/" + key) in logs[1]
+    assert ("send", pools, b"want/" + key) not in logs[0]
+    assert not any(entry[1] == pools for entry in logs[0]), "nothing granted before it is read"
+    # The want read back from the pools topic: the ledger owner grants it in partition 0.
+    claims = sched.table.pool_claims
+    assert claims is not None
+    want = claims.want(task.ti_key)
+    assert want is not None
+    assert channel.fold(0, b"want/" + key, encode(want)) == 1, "partition 1's table"
+    await sched._await_batches(sched._publish(sched.fold.drain(), []))
+    assert ("send", pools, b"grant/" + key) in logs[0], "granted by the ledger owner"
+    assert ("send", pools, b"grant/" + key) not in logs[1]
+    assert [entry for entry in logs[1] if entry[1] == "p.queue.gpu"] == [], "not started yet"
+    # The grant read back: the task starts, in partition 1.
+    grant = channel.ledger.grant(task.ti_key)
+    assert grant is not None
+    assert channel.fold(1, b"grant/" + key, encode(grant)) == 1
+    await sched._await_batches(sched._publish(sched.fold.drain(), []))
+    assert ("send", "p.queue.gpu", key) in logs[1]
+    assert sched.table.get(task.ti_key).state == "queued"  # type: ignore[union-attr]
