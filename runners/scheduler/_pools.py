@@ -13,13 +13,19 @@ owner is fenced together with partition 0 and needs no election of its own.
 from __future__ import annotations
 
 import logging
-from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from deferline.engine import PoolEntry, PoolLedger, Pools, TaskTable
 from deferline.schemas import SchemaError
-from deferline.topics import Settings, TopicNames, make_consumer, partition_for, stop_client
+from deferline.topics import (
+    Lifecycle,
+    Settings,
+    TopicNames,
+    make_consumer,
+    partition_for,
+    stop_client,
+)
 
 from ._publishing import SchedulerError
 
@@ -31,7 +37,7 @@ PoolRecord = tuple[str, bytes, bytes | None]
 """(topic, key, value) of a pools-topic write; value None is a tombstone."""
 
 
-class PoolChannel:
+class PoolChannel(Lifecycle):
     """Reads the pools topic into the owned partitions' tables and, as ledger owner, into the
     ledger; gives back the records to write. Not safe to share between event loops.
 
@@ -95,18 +101,6 @@ class PoolChannel:
         if self._started:
             self._started = False
             await stop_client(self.consumer, grace=5.0, name="pools consumer")
-
-    async def __aenter__(self) -> PoolChannel:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # -- membership ------------------------------------------------------------------------
 
