@@ -75,11 +75,13 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
 )
 @click.option(
     "--session-timeout",
+    "--lease-timeout",  # its name when one scheduler held a lease: the same group session
+    "session_timeout",
     type=click.FloatRange(min=1.0),
     default=10.0,
     show_default=True,
     help="Seconds without a heartbeat after which the other schedulers take this one's "
-    "partitions over (group session).",
+    "partitions over (group session; --lease-timeout is its former name).",
 )
 @click.option(
     "--transactions",

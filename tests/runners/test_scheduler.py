@@ -457,6 +457,26 @@ def test_command_line() -> None:
     assert _scheduler_cli._parse_pools(["a=1", "b=20"]) == {"a": 1, "b": 20}
 
 
+@pytest.mark.parametrize("flag", ["--session-timeout", "--lease-timeout"])
+def test_the_lease_timeout_flag_still_sets_the_session(
+    flag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deployments started with the lease's flag keep starting: it is the same group session."""
+    seen: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(settings: Settings, **options: object) -> None:
+        seen.update(options)
+        raise Stop
+
+    monkeypatch.setattr(scheduler_module, "Scheduler", capture)
+    result = CliRunner().invoke(scheduler_command, [flag, "7", "--no-checkpoint"])
+    assert isinstance(result.exception, Stop), result.output
+    assert seen["session_timeout"] == 7.0
+
+
 class GatedProducer(FakeTransactionalProducer):
     """A transactional producer whose transactions wait at ``gate`` (a broker still
     completing the previous transaction)."""
