@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING
 
 from deferline.engine import Emit, TaskTable
 from deferline.schemas import DeadLetter
@@ -22,7 +22,7 @@ from ._publisher import Outgoing
 if TYPE_CHECKING:
     from ._pools import PoolChannel
 
-__all__ = ["LEDGER_PARTITION", "Admission", "LedgerPoolAdmission", "PartitionBatch"]
+__all__ = ["LEDGER_PARTITION", "LedgerPoolAdmission", "PartitionBatch"]
 
 LEDGER_PARTITION = 0
 """The task partition whose owner keeps the pool ledger and writes its grants."""
@@ -46,19 +46,6 @@ class PartitionBatch:
         self.pool += other.pool
 
 
-class Admission(Protocol):
-    """Pool admission as the shell sees it."""
-
-    def exact(self, owned: int, total: int) -> bool:
-        """Whether pools are exact while this scheduler owns ``owned`` of ``total``
-        partitions."""
-        ...
-
-    def records(self, table: TaskTable) -> dict[int, list[Outgoing]]:
-        """Pool records to write after a drain of ``table``, by task partition."""
-        ...
-
-
 class LedgerPoolAdmission:
     """The pool ledger admits: the table's wants go to their task partition, the ledger
     owner's grants to partition 0."""
@@ -67,15 +54,13 @@ class LedgerPoolAdmission:
         self.channel = channel
         self.partition_of = partition_of
 
-    def exact(self, owned: int, total: int) -> bool:
-        return True
-
     def records(self, table: TaskTable) -> dict[int, list[Outgoing]]:
+        """Pool records to write after a drain of ``table``, by task partition."""
+        entries = table.take_pool_writes()
         out: dict[int, list[Outgoing]] = {}
-        for entry in table.take_pool_writes():
-            (record,) = self.channel.want_records([entry])
-            out.setdefault(self.partition_of(entry.ti_key), []).append(cast(Outgoing, record))
+        for entry, record in zip(entries, self.channel.want_records(entries), strict=True):
+            out.setdefault(self.partition_of(entry.ti_key), []).append(record)
         grants = self.channel.grant_records()
         if grants:
-            out.setdefault(LEDGER_PARTITION, []).extend(cast(list[Outgoing], grants))
+            out.setdefault(LEDGER_PARTITION, []).extend(grants)
         return out

@@ -13,6 +13,7 @@ owner is fenced together with partition 0 and needs no election of its own.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -27,13 +28,14 @@ from deferline.topics import (
     stop_client,
 )
 
+from ._publisher import Outgoing
 from ._publishing import SchedulerError
 
 __all__ = ["PoolChannel", "PoolRecord"]
 
 logger = logging.getLogger(__name__)
 
-PoolRecord = tuple[str, bytes, bytes | None]
+PoolRecord = Outgoing
 """(topic, key, value) of a pools-topic write; value None is a tombstone."""
 
 
@@ -65,13 +67,17 @@ class PoolChannel(Lifecycle):
         partitions: int,
         consumer: AIOKafkaConsumer | None = None,
         max_records: int = 5000,
+        partition_of: Callable[[str], int] | None = None,
     ) -> None:
         """``partitions``: the tasks topic's partition count (a task's partition is Kafka's
         default partitioner over it). ``consumer``: for tests; by default one with no group,
-        ``read_committed``, assigned the pools topic's partition 0 by hand."""
+        ``read_committed``, assigned the pools topic's partition 0 by hand.
+        ``partition_of``: the task partition of a key (the scheduler passes its router's,
+        which remembers them); by default Kafka's partitioner each time."""
         self.settings = settings
         self.pools = pools
         self.partitions = partitions
+        self._partition_of = partition_of
         self.topic = TopicNames(settings.topic_prefix).scheduler_pools
         self.tp = TopicPartition(self.topic, 0)
         self.max_records = max_records
@@ -106,6 +112,8 @@ class PoolChannel(Lifecycle):
 
     def partition_of(self, ti_key: str) -> int:
         """The task partition of a task instance key."""
+        if self._partition_of is not None:
+            return self._partition_of(ti_key)
         return partition_for(ti_key.encode(), self.partitions)
 
     def own(self, partition: int, table: TaskTable) -> None:

@@ -33,7 +33,7 @@ __all__ = ["Outgoing", "SchedulerFenced", "SchedulerPublisher"]
 
 logger = logging.getLogger(__name__)
 
-Outgoing = tuple[str, bytes | None, bytes]  # topic, key, value
+Outgoing = tuple[str, bytes | None, bytes | None]  # topic, key, value (None: a tombstone)
 
 
 class SchedulerFenced(DeferlineError):
@@ -108,8 +108,8 @@ class SchedulerPublisher:
         record); returns the futures of the batches.
 
         ``chosen`` keeps each key's partition across the waves of one publish: a task's
-        state and its RunTask share the key, and murmur2 is pure Python."""
-        by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
+        state and its RunTask share the key, so it is hashed once."""
+        by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
         partitions: dict[str, list[int]] = {}
         for topic, key, value in wave:
             ids = partitions.get(topic)

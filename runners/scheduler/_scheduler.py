@@ -27,7 +27,7 @@ partitions, no I/O), :class:`~._ownership.Ownership` (each partition's stage),
 :class:`~._checkpoint.Checkpoints` (one database per tasks partition), per owned partition a
 :class:`~._publisher.SchedulerPublisher` and a :class:`~._publishing.DecisionChain`
 (batches sent one after another), :class:`~._publishing.EventOffsets`, and
-:class:`~._admission.Admission` (pools, through the pool ledger), and
+:class:`~._admission.LedgerPoolAdmission` (pools, through the pool ledger), and
 :class:`~._pools.PoolChannel` (the pools topic, followed by a loop of its own).
 :class:`Scheduler` is the I/O shell that runs their loops and the rebalance listener; its
 own lifecycle is :class:`~._phase.Phase`.
@@ -80,7 +80,7 @@ from .._local_state import CheckpointError
 from .._metrics import MetricsServer
 from ..triggerer import LONG_POLL_MS, answers_fetches_early
 from ..triggerer._sticky_assignor import StickyAssignor
-from ._admission import LEDGER_PARTITION, Admission, LedgerPoolAdmission, PartitionBatch
+from ._admission import LEDGER_PARTITION, LedgerPoolAdmission, PartitionBatch
 from ._checkpoint import Checkpoints
 from ._cli import scheduler_command
 from ._fold import TaskFold
@@ -186,7 +186,6 @@ class Scheduler(Lifecycle):
         self.finished_retention = finished_retention
         self.router = PartitionRouter()
         self.pool_channel: PoolChannel | None = None  # made at start (it needs the partitions)
-        self._admission: Admission | None = None
         self.fold = TaskFold(pools, ledger=LedgerAdmission(partition_of=self.router.partition_of))
         self.checkpoints = (
             Checkpoints(state_dir, interval=checkpoint_interval, max_age=checkpoint_max_age)
@@ -239,12 +238,10 @@ class Scheduler(Lifecycle):
         return self.fold.table
 
     @property
-    def admission(self) -> Admission:
-        """Pool admission (the pool ledger once started)."""
-        if self._admission is None:
-            assert self.pool_channel is not None, "start the scheduler first"
-            self._admission = LedgerPoolAdmission(self.pool_channel, self.router.partition_of)
-        return self._admission
+    def admission(self) -> LedgerPoolAdmission:
+        """Pool admission through the pool ledger (once started)."""
+        assert self.pool_channel is not None, "start the scheduler first"
+        return LedgerPoolAdmission(self.pool_channel, self.router.partition_of)
 
     @property
     def bad_records(self) -> int:
@@ -360,6 +357,7 @@ class Scheduler(Lifecycle):
                 self.settings,
                 pools=self.table.pools,
                 partitions=self.router.partitions,
+                partition_of=self.router.partition_of,
                 consumer=make_consumer(
                     self.settings, group_id=None, fetch_max_wait_ms=self._fetch_wait_ms
                 ),

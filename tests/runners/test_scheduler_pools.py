@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.engine import LedgerAdmission, PoolEntry, Pools, TaskTable
-from deferline.runners.scheduler import PoolChannel
+from deferline.runners.scheduler import PoolChannel, PoolRecord
 from deferline.runners.scheduler._metrics import pool_ledger_metrics
 from deferline.schemas import PoolGrant, PoolWant, ResumeTarget, TaskKey, TaskStateRecord
 from deferline.topics import Settings, partition_for
@@ -34,7 +34,7 @@ class FakeConsumer:
         self.log: list[tuple[bytes | None, bytes | None]] = []
         self.at = 0
 
-    def append(self, records: list[tuple[str, bytes, bytes | None]]) -> None:
+    def append(self, records: list[PoolRecord]) -> None:
         self.log += [(key, value) for _, key, value in records]
 
     async def start(self) -> None:
