@@ -330,13 +330,15 @@ def _disk_bytes(path: Path) -> int:
 async def _published_and_read_back(sched: Scheduler) -> None:
     """Wait until every decision taken is handed to the producer, acknowledged and read
     back from the tasks topic (through this checkout's internals or the older ones)."""
-    async with sched._publish_lock:  # the last batch is handed to the producer
-        pass
-    chain: Any = getattr(sched, "chain", None)
-    settle = chain.settle if chain is not None else getattr(sched, "_settle", None)
-    if settle is not None:
-        await settle()  # and acknowledged (batches overlap)
     old: Any = sched
+    if hasattr(sched, "settle"):
+        await sched.settle()  # handed to the producers and acknowledged
+    else:
+        async with old._publish_lock:  # older checkouts: the last batch is handed over
+            pass
+        chain: Any = getattr(sched, "chain", None)
+        if chain is not None:
+            await chain.settle()  # and acknowledged (batches overlap)
     reader: Any = getattr(sched, "_reader", None)
     caught_up = reader.caught_up if reader is not None else old._tasks_caught_up
     await caught_up()  # and read back

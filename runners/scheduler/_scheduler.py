@@ -652,6 +652,12 @@ class Scheduler(Lifecycle):
             if self._events is not None:
                 request_rejoin(self._events)
 
+    async def settle(self) -> None:
+        """Wait until every batch handed to the producers is acknowledged (or fenced)."""
+        async with self._publish_lock:  # a fold in progress hands its batches over first
+            pass
+        await self._settle(list(self._parts))
+
     async def _settle(self, partitions: Iterable[int]) -> None:
         """Wait for the batches in flight of ``partitions`` (fenced ones drop theirs)."""
         batches: list[asyncio.Task[None]] = []
