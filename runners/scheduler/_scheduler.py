@@ -24,9 +24,9 @@ dropped at once, and the member rejoins.
 The parts, each owning its state: :class:`~._fold.TaskFold` (the table of the owned
 partitions, no I/O), :class:`~._ownership.Ownership` (each partition's stage),
 :class:`~._tasks_topic.TasksReader` (the tasks consumer and its positions),
-:class:`~._checkpoint.Checkpoints` (one database per tasks partition), per owned partition a
-:class:`~._publisher.SchedulerPublisher` and a :class:`~._publishing.DecisionChain`
-(batches sent one after another), :class:`~._publishing.EventOffsets`, and
+:class:`~._checkpoint.Checkpoints` (one database per tasks partition),
+:class:`~._writers.PartitionWriters` (per owned partition a producer and a chain of batches
+sent one after another; the publish lock), :class:`~._publishing.EventOffsets`, and
 :class:`~._admission.LedgerPoolAdmission` (pools, through the pool ledger), and
 :class:`~._pools.PoolChannel` (the pools topic, followed by a loop of its own).
 :class:`Scheduler` is the I/O shell that runs their loops and the rebalance listener; its
@@ -45,16 +45,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
-from deferline.engine import Emit, LedgerAdmission, Pools, TableDelta, TaskTable
+from deferline.engine import LedgerAdmission, Pools, TableDelta, TaskTable
 from deferline.schemas import DeadLetter, EventFields
 from deferline.topics import (
     Lifecycle,
@@ -80,7 +78,7 @@ from .._local_state import CheckpointError
 from .._metrics import MetricsServer
 from ..triggerer import LONG_POLL_MS, answers_fetches_early
 from ..triggerer._sticky_assignor import StickyAssignor
-from ._admission import LEDGER_PARTITION, LedgerPoolAdmission, PartitionBatch
+from ._admission import LEDGER_PARTITION, LedgerPoolAdmission
 from ._checkpoint import Checkpoints
 from ._cli import scheduler_command
 from ._fold import TaskFold
@@ -88,32 +86,16 @@ from ._metrics import SchedulerCollector
 from ._ownership import Hold, Ownership
 from ._phase import Phase, PhaseMachine
 from ._pools import PoolChannel
-from ._publisher import SchedulerFenced, SchedulerPublisher
-from ._publishing import DecisionChain, EventOffsets, SchedulerError
+from ._publisher import Outgoing, SchedulerFenced
+from ._publishing import EventOffsets, SchedulerError
 from ._records import dead_letter, orphan_letter
 from ._routing import PartitionRouter
 from ._tasks_topic import TasksReader
+from ._writers import PartitionWriters
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
 
 logger = logging.getLogger(__name__)
-
-_BATCHES_AHEAD = 3
-"""Folds whose batches are handed to the producers and unsent before the fold waits."""
-
-
-@dataclass(eq=False)
-class OwnedPartition:
-    """A task partition this scheduler owns: its producer, its chain of batches, and the
-    decisions taken while it could not write (sent if it is kept, dropped if it goes)."""
-
-    number: int
-    events_tp: TopicPartition
-    publisher: SchedulerPublisher
-    chain: DecisionChain
-    held: PartitionBatch = field(default_factory=PartitionBatch)
-    applied: int = 0
-    duplicates: int = 0
 
 
 class Scheduler(Lifecycle):
@@ -182,7 +164,6 @@ class Scheduler(Lifecycle):
         self.commit_interval = commit_interval
         self.max_records = max_records
         self.session_timeout = session_timeout
-        self.transactions = transactions
         self.finished_retention = finished_retention
         self.router = PartitionRouter()
         self.pool_channel: PoolChannel | None = None  # made at start (it needs the partitions)
@@ -195,6 +176,17 @@ class Scheduler(Lifecycle):
         self.offsets = EventOffsets()
         self.ownership = Ownership()
         self.phase = PhaseMachine()
+        self.writers = PartitionWriters(
+            settings,
+            group_id=self.group_id,
+            fold=self.fold,
+            offsets=self.offsets,
+            router=self.router,
+            transactions=transactions,
+            writable=self.ownership.writable,
+            pool_records=self._pool_records,
+            on_fenced=self._drop_fenced,
+        )
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(self))
         self._metrics = (
@@ -203,13 +195,10 @@ class Scheduler(Lifecycle):
             else None
         )
         self._worker_queues = {"default", *worker_queues}
-        self._ensured_queues: set[str] = set()
-        self._parts: dict[int, OwnedPartition] = {}
         self._pool_reads = asyncio.Lock()  # one read of the pools topic at a time
         self._reader: TasksReader | None = None
         self._events: AIOKafkaConsumer | None = None
         self._assignor = StickyAssignor()
-        self._publish_lock = asyncio.Lock()
         # Apache Kafka answers a fetch once data arrives: a long wait only saves idle CPU.
         # Tansu holds every fetch for the whole wait: there it bounds the latency the
         # scheduler adds, so it stays short. Chosen at start from the brokers' API versions.
@@ -219,10 +208,7 @@ class Scheduler(Lifecycle):
         self._acquisition: asyncio.Task[None] | None = None
         self._absorbing = False
         self._closing = False
-        self._handed: deque[list[asyncio.Task[None]]] = deque()
         self._owner_moved = asyncio.Event()
-        self._transactional: bool | None = None
-        self._published_gone = 0
         self._recovered_records = 0
         self.recovery_seconds: float | None = None  # the last acquisition's
         self.takeovers = 0  # partitions acquired
@@ -249,7 +235,7 @@ class Scheduler(Lifecycle):
 
     @property
     def published(self) -> int:
-        return self._published_gone + sum(p.chain.published for p in self._parts.values())
+        return self.writers.published
 
     @property
     def recovered_records(self) -> int:
@@ -274,7 +260,7 @@ class Scheduler(Lifecycle):
 
     def partition_counts(self) -> dict[int, tuple[int, int]]:
         """Per owned partition: events applied and duplicates dropped since it was acquired."""
-        return {p: (part.applied, part.duplicates) for p, part in sorted(self._parts.items())}
+        return self.writers.counts()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -296,7 +282,7 @@ class Scheduler(Lifecycle):
     @property
     def transactional(self) -> bool:
         """True when the scheduler writes in Kafka transactions (known once it owns one)."""
-        return bool(self._transactional)
+        return bool(self.writers.transactional)
 
     async def wait_ready(self) -> None:
         """Wait until :attr:`ready`; raises if the scheduler failed first."""
@@ -342,7 +328,7 @@ class Scheduler(Lifecycle):
             await ensure_topics(
                 self.settings, topic_specs(self.settings, worker_queues=self._worker_queues)
             )
-            self._ensured_queues |= self._worker_queues
+            self.writers.ensured_queues |= self._worker_queues
             if self._metrics is not None:
                 await self._metrics.start()
             if await answers_fetches_early(self.settings):
@@ -420,9 +406,7 @@ class Scheduler(Lifecycle):
         events, self._events = self._events, None
         if events is not None:
             await stop_client(events, grace=5.0, name="scheduler group member")
-        for part in list(self._parts.values()):
-            await part.publisher.stop()
-        self._parts.clear()
+        await self.writers.close_all()
         reader, self._reader = self._reader, None
         if reader is not None:
             await stop_client(reader.consumer, grace=5.0, name="scheduler tasks reader")
@@ -490,9 +474,9 @@ class Scheduler(Lifecycle):
             await self._maybe_checkpoint(reader)
             moved, dead = await reader.fetch()
             if moved:
-                async with self._publish_lock:
-                    handed = self._publish(self.fold.drain(), dead)
-                await self._await_batches(handed)
+                async with self.writers.lock:
+                    handed = self.writers.publish(self.fold.drain(), dead)
+                await self.writers.await_batches(handed)
             reader.moved.set()
 
     async def _pools_loop(self) -> None:
@@ -504,11 +488,12 @@ class Scheduler(Lifecycle):
             async with self._pool_reads:
                 touched = await channel.poll(self._fetch_wait_ms)
             if touched or channel.leading:
-                async with self._publish_lock:
-                    handed = self._publish(self.fold.drain(), [])
-                await self._await_batches(handed)
+                async with self.writers.lock:
+                    handed = self.writers.publish(self.fold.drain(), [])
+                await self.writers.await_batches(handed)
 
     async def _events_loop(self, events: AIOKafkaConsumer) -> None:
+        writers = self.writers
         last_commit = time.monotonic()
         counters = self.table.counters
         while True:
@@ -522,11 +507,11 @@ class Scheduler(Lifecycle):
                 continue
             if batches:
                 began = time.monotonic()
-                async with self._publish_lock:
+                async with writers.lock:
                     dead: list[DeadLetter] = []
                     read: dict[TopicPartition, int] = {}
                     for tp, messages in batches.items():
-                        part = self._parts.get(tp.partition)
+                        part = writers.get(tp.partition)
                         if not (messages and part and self.ownership.writable(tp.partition)):
                             continue  # not this member's to apply now: read again by its owner
                         reread = self.offsets.reread.get(tp, 0)
@@ -545,8 +530,8 @@ class Scheduler(Lifecycle):
                         read[tp] = messages[-1].offset + 1
                     self.offsets.done.update(read)
                     out = self.fold.drain()
-                    self._publish(out, dead, offsets={tp.partition for tp in read})
-                if self._transactional:
+                    writers.publish(out, dead, offsets={tp.partition for tp in read})
+                if writers.transactional:
                     last_commit = time.monotonic()  # the batches' transactions carry offsets
                 logger.debug(
                     "events batch folded",
@@ -558,87 +543,30 @@ class Scheduler(Lifecycle):
                 )
             # The next batches are fetched and folded while these are sent (each partition's
             # after the one before it): the fold, not the broker's time to complete a
-            # transaction, sets the pace. At most _BATCHES_AHEAD folds are handed over and
+            # transaction, sets the pace. At most BATCHES_AHEAD folds are handed over and
             # unsent; a failed batch's error stops us (a fenced one drops its partition).
-            while self._handed and (
-                len(self._handed) > _BATCHES_AHEAD or all(t.done() for t in self._handed[0])
-            ):
-                await self._await_batches(self._handed.popleft())
+            await writers.await_handed()
             now = time.monotonic()
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
-                async with self._publish_lock:
-                    if self._transactional:
-                        self._publish([], [], offsets=set(self.owned))
+                async with writers.lock:
+                    if writers.transactional:
+                        writers.publish([], [], offsets=set(self.owned))
                     else:
-                        await self._commit(self.owned)
+                        await writers.commit(events, self.owned)
                 last_commit = now
 
     # -- publishing -----------------------------------------------------------------------------
 
-    def _publish(
-        self,
-        out: Iterable[Emit],
-        dead: Iterable[DeadLetter],
-        *,
-        offsets: Iterable[int] = (),
-    ) -> list[asyncio.Task[None]]:
-        """Hand each partition's share of ``out`` and ``dead`` (and its event offsets, for
-        the ``offsets`` partitions) to its chain; a partition that cannot write now holds
-        them. Synchronous; call with the publish lock. Returns the batches started (also
-        kept to be awaited by the events loop)."""
-        batches = self.router.route(out, dead)
-        pool = self.admission.records(self.table)
-        started: list[asyncio.Task[None]] = []
-        unsent = {p for p, part in self._parts.items() if part.held and self.ownership.writable(p)}
-        for p in sorted({*batches, *offsets, *pool, *unsent}):
-            batch = batches.get(p, PartitionBatch())
-            batch.pool = pool.get(p, [])
-            part = self._parts.get(p)
-            if part is None:
-                if batch:  # a bug: decisions for a partition not owned are not written
-                    logger.error("decisions for a partition not owned dropped", extra={"p": p})
-                continue
-            if not self.ownership.writable(p):
-                part.held.extend(batch)
-                continue
-            if part.held:
-                held, part.held = part.held, PartitionBatch()
-                held.extend(batch)
-                batch = held
-            task = part.chain.start(batch.out, batch.dead, offsets=True, extra=batch.pool)
-            if task is not None:
-                started.append(task)
-        if started:
-            self._handed.append(started)
-        return started
-
-    async def _await_batches(self, batches: Iterable[asyncio.Task[None]]) -> None:
-        """Wait for batches handed over; a fenced one drops its partition (another
-        scheduler owns it now), any other failure is raised."""
-        fenced = False
-        for batch in batches:
-            try:
-                await asyncio.shield(batch)  # cancelled or not, the batch goes out
-            except SchedulerFenced:
-                fenced = True
-        if fenced:
-            await self._drop_fenced()
+    def _pool_records(self) -> dict[int, list[Outgoing]]:
+        return self.admission.records(self.table)
 
     async def _drop_fenced(self) -> None:
         """Drop every partition whose producer was fenced, without writing, and rejoin."""
-        lost = []
-        async with self._publish_lock:
-            for p, part in sorted(self._parts.items()):
-                batch = part.chain.in_flight
-                if (
-                    batch is not None
-                    and batch.done()
-                    and not batch.cancelled()
-                    and isinstance(batch.exception(), SchedulerFenced)
-                ):
-                    self.ownership.lose(p)
-                    lost.append(p)
+        async with self.writers.lock:
+            lost = self.writers.fenced()
+            for p in lost:
+                self.ownership.lose(p)
         for p in lost:
             if self._events is not None:
                 self._events.pause(TopicPartition(self.names.task_events, p))
@@ -654,39 +582,9 @@ class Scheduler(Lifecycle):
 
     async def settle(self) -> None:
         """Wait until every batch handed to the producers is acknowledged (or fenced)."""
-        async with self._publish_lock:  # a fold in progress hands its batches over first
+        async with self.writers.lock:  # a fold in progress hands its batches over first
             pass
-        await self._settle(list(self._parts))
-
-    async def _settle(self, partitions: Iterable[int]) -> None:
-        """Wait for the batches in flight of ``partitions`` (fenced ones drop theirs)."""
-        batches: list[asyncio.Task[None]] = []
-        for p in partitions:
-            part = self._parts.get(p)
-            if part is not None and part.chain.in_flight is not None:
-                batches.append(part.chain.in_flight)
-        if batches:
-            await asyncio.wait(batches)
-            await self._await_batches(batches)
-
-    async def _commit(self, partitions: Iterable[int]) -> None:
-        """Commit event offsets of ``partitions`` through the group (brokers without
-        transactions), once what they caused is sent."""
-        events = self._events
-        wanted = {TopicPartition(self.names.task_events, p) for p in partitions}
-        offsets = {
-            tp: offset
-            for tp, offset in self.offsets.committable(self.table.pending_refs()).items()
-            if tp in wanted
-        }
-        for p in partitions:
-            part = self._parts.get(p)
-            if part is not None:
-                await part.chain.settle()  # what is folded is sent before it is committed
-        if not offsets or events is None:
-            return
-        await events.commit(offsets)
-        self.offsets.committed.update(offsets)
+        await self.writers.settle()
 
     # -- rebalances -------------------------------------------------------------------------------
 
@@ -698,7 +596,7 @@ class Scheduler(Lifecycle):
         acquisition = self._acquisition
         if acquisition is not None and not acquisition.done() and not self._absorbing:
             acquisition.cancel()  # one joining its partitions to the table finishes that first
-        async with self._publish_lock:  # free unless a fold or that join is under way
+        async with self.writers.lock:  # free unless a fold or that join is under way
             quiesced, abandoned = self.ownership.revoke()
         if acquisition is not None:
             await asyncio.wait({acquisition})  # its reader is closed before its databases
@@ -706,10 +604,10 @@ class Scheduler(Lifecycle):
         self._moved()
         for p in abandoned:
             await self._release(p)
-        await self._settle(quiesced)
-        if not self._transactional and quiesced:
+        await self.writers.settle(quiesced)
+        if not self.writers.transactional and quiesced:
             try:
-                await self._commit(self.ownership.owned(Hold.QUIESCED))
+                await self.writers.commit(self._events, self.ownership.owned(Hold.QUIESCED))
             except KafkaError as exc:  # the generation is over: the next owner reads again
                 logger.warning("event offsets not committed at revocation: %s", exc)
         if self._reader is not None:
@@ -725,16 +623,16 @@ class Scheduler(Lifecycle):
         self._assignor.note_generation(generation)
         self.rebalances += 1
         mine = {tp.partition for tp in assigned if tp.topic == self.names.task_events}
-        async with self._publish_lock:
+        async with self.writers.lock:
             change = self.ownership.assign(mine)
             for p in change.kept:
-                part = self._parts[p]
+                part = self.writers[p]
                 done = self.offsets.done.get(part.events_tp)
                 if done is not None:
                     events.seek(part.events_tp, done)
-                self._publish([], [], offsets=(p,))  # sends what was held while quiesced
+                self.writers.publish([], [], offsets=(p,))  # sends what was held while quiesced
             for p in change.acquired:
-                self._parts[p] = self._owned_partition(p)
+                self.writers.add(p)
         if change.acquired:
             events.pause(*(TopicPartition(self.names.task_events, p) for p in change.acquired))
         for p in change.released:
@@ -767,21 +665,6 @@ class Scheduler(Lifecycle):
             )
         self._moved()
 
-    def _owned_partition(self, p: int) -> OwnedPartition:
-        events_tp = TopicPartition(self.names.task_events, p)
-        publisher = SchedulerPublisher(
-            self.settings, transactional_id=f"{self.group_id}.{p}", group_id=self.group_id
-        )
-        chain = DecisionChain(
-            self.settings,
-            publisher,
-            self.fold,
-            self.offsets,
-            events_tp,
-            ensured_queues=self._ensured_queues,
-        )
-        return OwnedPartition(p, events_tp, publisher, chain)
-
     async def _acquire(self, numbers: tuple[int, ...]) -> None:
         """Take partitions over: fence their old owner, fold them to their end, join them to
         the table, publish what they call for, then read their events."""
@@ -789,22 +672,11 @@ class Scheduler(Lifecycle):
         reader, events = self._reader, self._events
         assert reader is not None
         assert events is not None
-        parts = [self._parts[p] for p in numbers]
+        parts = [self.writers[p] for p in numbers]
         try:
             # The producers first: each fences the partition's previous owner (its open
             # transaction is aborted), so the ends read next hold all it managed to commit.
-            first, *rest = parts
-            await first.publisher.start(transactions=self._transactions_wanted())
-            if self._transactional is None:
-                self._transactional = first.publisher.transactional
-                if self._transactional:
-                    logger.info(
-                        "scheduler writes in transactions",
-                        extra={"transactional_ids": f"{self.group_id}.<partition>"},
-                    )
-            await asyncio.gather(
-                *(part.publisher.start(transactions=self._transactional) for part in rest)
-            )
+            await self.writers.start_publishers(parts)
             channel = self.pool_channel
             assert channel is not None
             if LEDGER_PARTITION in numbers:
@@ -830,14 +702,14 @@ class Scheduler(Lifecycle):
             self._recovered_records += side.recovered_records
             events_tps = [part.events_tp for part in parts]
             committed = {tp: await events.committed(tp) for tp in events_tps}
-            ends = await events.end_offsets(events_tps) if not self._transactional else {}
+            ends = await events.end_offsets(events_tps) if not self.writers.transactional else {}
             async with self._pool_reads:
                 await channel.catch_up(self._fetch_wait_ms)  # no want published twice
         except CheckpointError as exc:
             raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
         except KafkaError as exc:
             raise SchedulerError(f"scheduler could not take over {numbers}: {exc}") from exc
-        async with self._publish_lock:
+        async with self.writers.lock:
             self._absorbing = True  # a revocation now waits for the end of this
             try:
                 self.table.absorb(fold.table)
@@ -854,11 +726,11 @@ class Scheduler(Lifecycle):
                         # folding them again re-sends the RunTask of a task still queued
                         # on one of them (see TaskTable.apply(resend=...)).
                         self.offsets.reread[part.events_tp] = ends[part.events_tp]
-                handed = self._publish(self.fold.drain(), [])
+                handed = self.writers.publish(self.fold.drain(), [])
                 events.resume(*events_tps)
             finally:
                 self._absorbing = False
-        await self._await_batches(handed)
+        await self.writers.await_batches(handed)
         self.takeovers += len(numbers)
         self.takeover_seconds = time.monotonic() - began
         self.recovery_seconds = self.takeover_seconds
@@ -867,22 +739,17 @@ class Scheduler(Lifecycle):
             extra={
                 "group_id": self.group_id,
                 "partitions": list(numbers),
-                "transactional": self._transactional,
+                "transactional": self.writers.transactional,
                 "takeover_seconds": round(self.takeover_seconds, 3),
                 "tasks": len(self.table),
             },
         )
         self._running()
 
-    def _transactions_wanted(self) -> bool | None:
-        if self._transactional is not None:
-            return self._transactional
-        return self.transactions
-
     async def _release(self, p: int) -> None:
         """Drop partition ``p`` without writing: its tasks, offsets, reader position,
         checkpoint database and producer."""
-        part = self._parts.pop(p, None)
+        part = self.writers.pop(p)
         if self.pool_channel is not None:
             self.pool_channel.disown(p)
             if p == LEDGER_PARTITION:
@@ -891,7 +758,6 @@ class Scheduler(Lifecycle):
         self.router.forget(p)
         if part is None:
             return
-        self._published_gone += part.chain.published
         self.fold.forget_unread_writes()  # those of the partition are no longer awaited
         self.offsets.forget(part.events_tp)
         self.events_lag.pop(p, None)
@@ -899,9 +765,7 @@ class Scheduler(Lifecycle):
             await self._reader.drop({p})
         if self.checkpoints is not None:
             await self.checkpoints.close_partition(p)
-        if part.chain.in_flight is not None:
-            await asyncio.wait({part.chain.in_flight})
-        await part.publisher.stop()
+        await self.writers.close(part)
 
     # -- housekeeping -------------------------------------------------------------------------
 
@@ -915,7 +779,7 @@ class Scheduler(Lifecycle):
             generation = self.table.mark_generation()
             await reader.caught_up()
             self.lag["tasks"] = 0  # just caught up with the end read before the wait
-            async with self._publish_lock:
+            async with self.writers.lock:
                 self._dead_letter_orphans(generation)
             self.table.forget_finished(self.finished_retention)
             self.router.trim(2 * len(self.table) + 10_000)
@@ -933,7 +797,7 @@ class Scheduler(Lifecycle):
             orphan_letter(event, ref, now=self._task_now(event), member=self.group_id)
             for event, ref in orphans
         ]
-        self._publish([], letters)
+        self.writers.publish([], letters)
         for event, _ in orphans:
             logger.info(
                 "event without a deferral on the tasks topic dead-lettered",
@@ -957,7 +821,7 @@ class Scheduler(Lifecycle):
 
     async def _refresh_events_lag(self) -> None:
         events = self._events
-        assigned = [part.events_tp for part in self._parts.values()]
+        assigned = [part.events_tp for part in self.writers.parts()]
         if events is None or not assigned:
             self.events_lag = {}
             self.lag["events"] = 0
@@ -980,9 +844,9 @@ class Scheduler(Lifecycle):
         if (
             self.checkpoints is None
             or not reader.tps
-            or self._publish_lock.locked()
+            or self.writers.lock.locked()
             or self.table.unpublished
-            or any(part.held or not part.chain.sent for part in self._parts.values())
+            or not self.writers.settled
         ):
             return None
         return self.checkpoints.capture(self.table, reader.partition_positions())
@@ -991,9 +855,9 @@ class Scheduler(Lifecycle):
         """Checkpoint if the interval has passed (called by the tasks loop between fetches)."""
         if self.checkpoints is None or not self.checkpoints.due():
             return
-        async with self._publish_lock:
+        async with self.writers.lock:
             pass  # let a fold in progress finish
-        in_flight = [p.chain.in_flight for p in self._parts.values() if p.chain.in_flight]
+        in_flight = self.writers.in_flight()
         if in_flight:
             await asyncio.wait(in_flight)  # and the batches it handed over; the capture
             # below does not yield, and skips this turn if another batch went out meanwhile
@@ -1029,13 +893,13 @@ class Scheduler(Lifecycle):
         if acquisition is not None:
             await asyncio.wait({acquisition})
         with contextlib.suppress(SchedulerError, SchedulerFenced):
-            await self._settle(list(self._parts))
+            await self.writers.settle()
         if main.done() and not main.cancelled() and main.exception() is not None:
             if self.checkpoints is not None:
                 self.checkpoints.off = True  # a publish may have failed halfway
-        elif not self._transactional:
+        elif not self.writers.transactional:
             with contextlib.suppress(KafkaError, SchedulerError):
-                await self._commit(self.owned)
+                await self.writers.commit(self._events, self.owned)
         if self.checkpoints is None or not await self.checkpoints.settle():
             return
         if captured is not None:

@@ -160,7 +160,7 @@ def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore, A
     sched.checkpoints._topic, sched.checkpoints._partitions = "p.tasks", 1
     sched.fold.table = _table(2)
     sched.router.partitions = 1
-    sched._parts[0] = sched._owned_partition(0)
+    sched.writers.add(0)
     sched.ownership.assign({0})
     sched.ownership.acquired(0)
     return sched, store, StillReader()
@@ -187,12 +187,12 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
     sched.table._outbox.append(Emit(state_record()))
     assert sched._capture(reader) is None, "decided, not yet published"
     sched.table._outbox.clear()
-    sched._parts[0].held.out.append(Emit(state_record()))
+    sched.writers[0].held.out.append(Emit(state_record()))
     assert sched._capture(reader) is None, "decided, held while the partition is quiesced"
-    sched._parts[0].held.out.clear()
+    sched.writers[0].held.out.clear()
 
     async def while_publishing() -> object:
-        async with sched._publish_lock:
+        async with sched.writers.lock:
             return sched._capture(reader)
 
     assert asyncio.run(while_publishing()) is None, "a batch is being published"
@@ -203,7 +203,7 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
         async def send() -> None:
             await sent
 
-        sched._parts[0].chain.in_flight = in_flight = asyncio.create_task(send())
+        sched.writers[0].chain.in_flight = in_flight = asyncio.create_task(send())
         on_its_way = sched._capture(reader)
         if outcome is None:
             sent.set_result(None)
@@ -219,7 +219,7 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
     on_its_way, failed = asyncio.run(while_sending(OSError("broker gone")))
     assert on_its_way is None
     assert failed is None, "a batch that failed may have left the table ahead of the topic"
-    sched._parts[0].chain.in_flight = None
+    sched.writers[0].chain.in_flight = None
     checkpoints.off = True
     assert sched._capture(reader) is None
     checkpoints.off = False
