@@ -24,7 +24,10 @@ dropped at once, and the member rejoins.
 The parts, each owning its state: :class:`~._fold.TaskFold` (the table of the owned
 partitions, no I/O), :class:`~._ownership.Ownership` (each partition's stage),
 :class:`~._tasks_topic.TasksReader` (the tasks consumer and its positions),
-:class:`~._checkpoint.Checkpoints` (one database per tasks partition),
+:class:`~._checkpoint.Checkpoints` (one database per tasks partition) and
+:class:`~._checkpointer.Checkpointer` (when the table may be checkpointed),
+:class:`~._intake.EventIntake` (the events fetched, folded),
+:class:`~._housekeeping.Housekeeping` (orphans, retention, lag),
 :class:`~._writers.PartitionWriters` (per owned partition a producer and a chain of batches
 sent one after another; the publish lock), :class:`~._publishing.EventOffsets`, and
 :class:`~._admission.LedgerPoolAdmission` (pools, through the pool ledger), and
@@ -52,8 +55,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
-from deferline.engine import LedgerAdmission, Pools, TableDelta, TaskTable
-from deferline.schemas import DeadLetter, EventFields
+from deferline.engine import LedgerAdmission, Pools, TaskTable
+from deferline.schemas import DeadLetter
 from deferline.topics import (
     Lifecycle,
     Settings,
@@ -63,7 +66,6 @@ from deferline.topics import (
     make_consumer,
     stop_client,
     topic_specs,
-    trace_receive,
 )
 from prometheus_client import CollectorRegistry
 
@@ -80,15 +82,18 @@ from ..triggerer import LONG_POLL_MS, answers_fetches_early
 from ..triggerer._sticky_assignor import StickyAssignor
 from ._admission import LEDGER_PARTITION, LedgerPoolAdmission
 from ._checkpoint import Checkpoints
+from ._checkpointer import Checkpointer
 from ._cli import scheduler_command
 from ._fold import TaskFold
+from ._housekeeping import Housekeeping
+from ._intake import EventIntake
 from ._metrics import SchedulerCollector
 from ._ownership import Hold, Ownership
 from ._phase import Phase, PhaseMachine
 from ._pools import PoolChannel
 from ._publisher import Outgoing, SchedulerFenced
 from ._publishing import EventOffsets, SchedulerError
-from ._records import dead_letter, orphan_letter
+from ._records import dead_letter
 from ._routing import PartitionRouter
 from ._tasks_topic import TasksReader
 from ._writers import PartitionWriters
@@ -160,11 +165,8 @@ class Scheduler(Lifecycle):
         self.names = TopicNames(settings.topic_prefix)
         self.group_id = group_id or f"{settings.topic_prefix}scheduler"
         self.group_instance_id = group_instance_id
-        self.orphan_check_interval = orphan_check_interval
-        self.commit_interval = commit_interval
         self.max_records = max_records
         self.session_timeout = session_timeout
-        self.finished_retention = finished_retention
         self.router = PartitionRouter()
         self.pool_channel: PoolChannel | None = None  # made at start (it needs the partitions)
         self.fold = TaskFold(pools, ledger=LedgerAdmission(partition_of=self.router.partition_of))
@@ -186,6 +188,26 @@ class Scheduler(Lifecycle):
             writable=self.ownership.writable,
             pool_records=self._pool_records,
             on_fenced=self._drop_fenced,
+        )
+        self.checkpointer = Checkpointer(self.checkpoints, fold=self.fold, writers=self.writers)
+        self.housekeeping = Housekeeping(
+            fold=self.fold,
+            router=self.router,
+            offsets=self.offsets,
+            writers=self.writers,
+            group_id=self.group_id,
+            interval=orphan_check_interval,
+            finished_retention=finished_retention,
+        )
+        self.intake = EventIntake(
+            self.names.task_events,
+            fold=self.fold,
+            writers=self.writers,
+            ownership=self.ownership,
+            offsets=self.offsets,
+            max_records=max_records,
+            commit_interval=commit_interval,
+            dead=self._dead,
         )
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(self))
@@ -214,8 +236,6 @@ class Scheduler(Lifecycle):
         self.takeovers = 0  # partitions acquired
         self.takeover_seconds: float | None = None  # the last acquisition's
         self.rebalances = 0
-        self.lag: dict[str, int] = {"tasks": 0, "events": 0}
-        self.events_lag: dict[int, int] = {}  # per owned tasks.events partition
 
     # -- figures ----------------------------------------------------------------------------
 
@@ -240,6 +260,16 @@ class Scheduler(Lifecycle):
     @property
     def recovered_records(self) -> int:
         return self._recovered_records
+
+    @property
+    def lag(self) -> dict[str, int]:
+        """Records not yet read, per input."""
+        return self.housekeeping.lag
+
+    @property
+    def events_lag(self) -> dict[int, int]:
+        """Events not yet folded, per owned tasks.events partition."""
+        return self.housekeeping.events_lag
 
     @property
     def restore_seconds(self) -> float | None:
@@ -445,9 +475,11 @@ class Scheduler(Lifecycle):
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 events.subscribe([self.names.task_events], listener=_Listener(self))
-                group.create_task(self._events_loop(events), name="scheduler-events")
+                group.create_task(self.intake.run(events), name="scheduler-events")
                 group.create_task(self._tasks_loop(reader), name="scheduler-tasks")
-                group.create_task(self._housekeeping_loop(), name="scheduler-housekeeping")
+                group.create_task(
+                    self.housekeeping.run(reader, events), name="scheduler-housekeeping"
+                )
                 group.create_task(self._pools_loop(), name="scheduler-pools")
                 logger.info(
                     "scheduler joining group",
@@ -471,7 +503,7 @@ class Scheduler(Lifecycle):
     async def _tasks_loop(self, reader: TasksReader) -> None:
         """Fold the owned tasks partitions; publish what they call for."""
         while True:
-            await self._maybe_checkpoint(reader)
+            await self.checkpointer.maybe(reader)
             moved, dead = await reader.fetch()
             if moved:
                 async with self.writers.lock:
@@ -491,70 +523,6 @@ class Scheduler(Lifecycle):
                 async with self.writers.lock:
                     handed = self.writers.publish(self.fold.drain(), [])
                 await self.writers.await_batches(handed)
-
-    async def _events_loop(self, events: AIOKafkaConsumer) -> None:
-        writers = self.writers
-        last_commit = time.monotonic()
-        counters = self.table.counters
-        while True:
-            try:
-                batches = await events.getmany(timeout_ms=1000, max_records=self.max_records)
-            except KafkaError as exc:
-                if not getattr(exc, "retriable", False):
-                    raise SchedulerError(f"cannot read {self.names.task_events}: {exc}") from exc
-                logger.warning("events fetch failed; retrying", extra={"error": repr(exc)})
-                await asyncio.sleep(0.5)
-                continue
-            if batches:
-                began = time.monotonic()
-                async with writers.lock:
-                    dead: list[DeadLetter] = []
-                    read: dict[TopicPartition, int] = {}
-                    for tp, messages in batches.items():
-                        part = writers.get(tp.partition)
-                        if not (messages and part and self.ownership.writable(tp.partition)):
-                            continue  # not this member's to apply now: read again by its owner
-                        reread = self.offsets.reread.get(tp, 0)
-                        applied, duplicates = counters.events_applied, counters.events_duplicate
-                        for message in messages:
-                            trace_receive(tp.topic, message.value, message.headers)
-                            bad = self.fold.event(
-                                message.value,
-                                ref=(tp, message.offset),
-                                resend=message.offset < reread,
-                            )
-                            if bad is not None:
-                                dead.append(self._dead(message, bad))
-                        part.applied += counters.events_applied - applied
-                        part.duplicates += counters.events_duplicate - duplicates
-                        read[tp] = messages[-1].offset + 1
-                    self.offsets.done.update(read)
-                    out = self.fold.drain()
-                    writers.publish(out, dead, offsets={tp.partition for tp in read})
-                if writers.transactional:
-                    last_commit = time.monotonic()  # the batches' transactions carry offsets
-                logger.debug(
-                    "events batch folded",
-                    extra={
-                        "events": sum(len(messages) for messages in batches.values()),
-                        "out": len(out),
-                        "fold_seconds": round(time.monotonic() - began, 4),
-                    },
-                )
-            # The next batches are fetched and folded while these are sent (each partition's
-            # after the one before it): the fold, not the broker's time to complete a
-            # transaction, sets the pace. At most BATCHES_AHEAD folds are handed over and
-            # unsent; a failed batch's error stops us (a fenced one drops its partition).
-            await writers.await_handed()
-            now = time.monotonic()
-            if now - last_commit >= self.commit_interval:
-                # Offsets that moved without output (orphans dropped, pending resolved).
-                async with writers.lock:
-                    if writers.transactional:
-                        writers.publish([], [], offsets=set(self.owned))
-                    else:
-                        await writers.commit(events, self.owned)
-                last_commit = now
 
     # -- publishing -----------------------------------------------------------------------------
 
@@ -611,7 +579,7 @@ class Scheduler(Lifecycle):
             except KafkaError as exc:  # the generation is over: the next owner reads again
                 logger.warning("event offsets not committed at revocation: %s", exc)
         if self._reader is not None:
-            await self._checkpoint_now(self._reader)
+            await self.checkpointer.now(self._reader)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         """Kept partitions write again at once, gone ones are dropped, new ones are taken
@@ -760,120 +728,12 @@ class Scheduler(Lifecycle):
             return
         self.fold.forget_unread_writes()  # those of the partition are no longer awaited
         self.offsets.forget(part.events_tp)
-        self.events_lag.pop(p, None)
+        self.housekeeping.forget(p)
         if self._reader is not None:
             await self._reader.drop({p})
         if self.checkpoints is not None:
             await self.checkpoints.close_partition(p)
         await self.writers.close(part)
-
-    # -- housekeeping -------------------------------------------------------------------------
-
-    async def _housekeeping_loop(self) -> None:
-        """Dead-letter events that can never apply, forget finished tasks past retention,
-        refresh lag."""
-        reader = self._reader
-        assert reader is not None
-        while True:
-            await asyncio.sleep(self.orphan_check_interval)
-            generation = self.table.mark_generation()
-            await reader.caught_up()
-            self.lag["tasks"] = 0  # just caught up with the end read before the wait
-            async with self.writers.lock:
-                self._dead_letter_orphans(generation)
-            self.table.forget_finished(self.finished_retention)
-            self.router.trim(2 * len(self.table) + 10_000)
-            await self._refresh_events_lag()
-
-    def _dead_letter_orphans(self, generation: int) -> None:
-        """Events held since before ``generation`` closed still have no deferral, though the
-        tasks topic is now folded past the end it had after them: dead-letter them, each
-        with the reason (their offsets are committed only after the dead letters are sent;
-        a partition that cannot write now holds them). Call with the publish lock."""
-        orphans = self.table.expire_pending(generation)
-        if not orphans:
-            return
-        letters = [
-            orphan_letter(event, ref, now=self._task_now(event), member=self.group_id)
-            for event, ref in orphans
-        ]
-        self.writers.publish([], letters)
-        for event, _ in orphans:
-            logger.info(
-                "event without a deferral on the tasks topic dead-lettered",
-                extra={
-                    "trigger_id": event.trigger_id,
-                    "task": str(event.task),
-                    "event_id": event.event_id,
-                },
-            )
-        logger.warning(
-            "events without a deferral on the tasks topic dead-lettered",
-            extra={"count": len(orphans)},
-        )
-
-    def _task_now(self, event: EventFields) -> str:
-        record = self.table.get(event.task.ti_key)
-        if record is None:
-            return "not on the tasks topic"
-        on = f" on trigger {record.trigger_id}" if record.trigger_id else ""
-        return f"{record.state}{on}"
-
-    async def _refresh_events_lag(self) -> None:
-        events = self._events
-        assigned = [part.events_tp for part in self.writers.parts()]
-        if events is None or not assigned:
-            self.events_lag = {}
-            self.lag["events"] = 0
-            return
-        ends = await events.end_offsets(assigned)
-        done, committed = self.offsets.done, self.offsets.committed
-        self.events_lag = {
-            tp.partition: max(0, ends[tp] - done.get(tp, committed.get(tp, ends[tp])))
-            for tp in assigned
-            if tp in ends
-        }
-        self.lag["events"] = sum(self.events_lag.values())
-
-    # -- checkpoints --------------------------------------------------------------------------
-
-    def _capture(self, reader: TasksReader) -> tuple[TableDelta, dict[int, int]] | None:
-        """The checkpoint to write if now is a consistent point (see :mod:`._checkpoint`):
-        between two fetches, no fold in progress, nothing drained and unsent or held, no
-        batch on its way to the broker, and no failed batch. Does not yield."""
-        if (
-            self.checkpoints is None
-            or not reader.tps
-            or self.writers.lock.locked()
-            or self.table.unpublished
-            or not self.writers.settled
-        ):
-            return None
-        return self.checkpoints.capture(self.table, reader.partition_positions())
-
-    async def _maybe_checkpoint(self, reader: TasksReader) -> None:
-        """Checkpoint if the interval has passed (called by the tasks loop between fetches)."""
-        if self.checkpoints is None or not self.checkpoints.due():
-            return
-        async with self.writers.lock:
-            pass  # let a fold in progress finish
-        in_flight = self.writers.in_flight()
-        if in_flight:
-            await asyncio.wait(in_flight)  # and the batches it handed over; the capture
-            # below does not yield, and skips this turn if another batch went out meanwhile
-        captured = self._capture(reader)
-        self.checkpoints.tried()
-        if captured is not None:
-            await self.checkpoints.write(self.table, *captured)
-
-    async def _checkpoint_now(self, reader: TasksReader) -> None:
-        """Checkpoint now if this is a consistent point with the tasks loop between fetches
-        (a revocation); otherwise the last periodic checkpoint stands."""
-        if self.checkpoints is None or not reader.idle:
-            return
-        captured = self._capture(reader)
-        if captured is not None:
-            await self.checkpoints.write(self.table, *captured)
 
     async def _leave(self, main: asyncio.Task[None]) -> None:
         """At stop: capture a checkpoint now if the tasks loop waits between fetches
@@ -881,7 +741,7 @@ class Scheduler(Lifecycle):
         batch settle, commit, and write the checkpoint; the group is left after this."""
         reader = self._reader
         captured = (
-            self._capture(reader)
+            self.checkpointer.capture(reader)
             if reader is not None and reader.idle and not main.done()
             else None
         )
@@ -895,15 +755,11 @@ class Scheduler(Lifecycle):
         with contextlib.suppress(SchedulerError, SchedulerFenced):
             await self.writers.settle()
         if main.done() and not main.cancelled() and main.exception() is not None:
-            if self.checkpoints is not None:
-                self.checkpoints.off = True  # a publish may have failed halfway
+            self.checkpointer.abandon()  # a publish may have failed halfway
         elif not self.writers.transactional:
             with contextlib.suppress(KafkaError, SchedulerError):
                 await self.writers.commit(self._events, self.owned)
-        if self.checkpoints is None or not await self.checkpoints.settle():
-            return
-        if captured is not None:
-            await self.checkpoints.write(self.table, *captured)
+        await self.checkpointer.last(captured)
 
     # -- records ------------------------------------------------------------------------------
 

@@ -340,7 +340,7 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     sched.fold.task(b"k", encode(state()), live=True)
     admitted(sched)
     sched.lag["events"] = 7
-    sched.events_lag = {0: 3, 1: 4}
+    sched.housekeeping.events_lag = {0: 3, 1: 4}
     text = generate_latest(sched.registry).decode()
     assert 'deferline_scheduler_runs_enqueued_total{mode="start"} 1.0' in text
     assert 'deferline_scheduler_pool_slots_used{pool="default_pool"} 1.0' in text
@@ -524,7 +524,7 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
     for phase in (Phase.JOINING, Phase.RUNNING):
         sched.phase.move(phase)
     events = FakeEvents(batches=6)
-    loop = asyncio.create_task(sched._events_loop(events))
+    loop = asyncio.create_task(sched.intake.run(events))
     try:
         ahead = writers_module.BATCHES_AHEAD
         await wait_for_condition(lambda: events.fetched == ahead + 1)
