@@ -339,7 +339,8 @@ async def _published_and_read_back(sched: Scheduler) -> None:
         chain: Any = getattr(sched, "chain", None)
         if chain is not None:
             await chain.settle()  # and acknowledged (batches overlap)
-    reader: Any = getattr(sched, "_reader", None)
+    clients: Any = getattr(sched, "clients", None)
+    reader: Any = clients.reader if clients is not None else getattr(sched, "_reader", None)
     caught_up = reader.caught_up if reader is not None else old._tasks_caught_up
     await caught_up()  # and read back
 

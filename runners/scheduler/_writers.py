@@ -9,7 +9,7 @@ them for a partition that may not write now, waits for batches, and settles and 
 
 Which partitions are owned, and in which stage, is :class:`~._ownership.Ownership`'s: this
 object only asks it (``writable``). A fenced batch is reported to ``on_fenced``: dropping the
-partition is the scheduler's.
+partition is the takeover's (:class:`~._membership.Membership`).
 """
 
 from __future__ import annotations

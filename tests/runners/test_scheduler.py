@@ -120,7 +120,7 @@ def own_partition_zero(scheduler: Scheduler) -> None:
     """Make ``scheduler`` the owner of partition 0 of a one-partition layout, as an
     acquisition leaves it (without a broker; its pools channel never reads)."""
     scheduler.router.partitions = 1
-    scheduler.pool_channel = PoolChannel(
+    scheduler.clients.pool_channel = PoolChannel(
         scheduler.settings,
         pools=scheduler.table.pools,
         partitions=1,
@@ -129,7 +129,7 @@ def own_partition_zero(scheduler: Scheduler) -> None:
     scheduler.writers.add(0)
     scheduler.ownership.assign({0})
     scheduler.ownership.acquired(0)
-    scheduler.pool_channel.own(0, scheduler.table)
+    scheduler.clients.pool_channel.own(0, scheduler.table)
 
 
 def admitted(scheduler: Scheduler) -> list[Emit]:
@@ -280,7 +280,7 @@ async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> N
     [value] = sched.fold.written
     publisher = sched.writers[0].publisher
     producer = publisher._producer
-    await sched._release(0)
+    await sched.membership.release(0)
     assert sched.fold.written == {}
     assert len(sched.table) == 0, "its tasks are dropped"
     assert sched.table.pool_usage()["default_pool"] == (0, 1), "and their slots freed"
