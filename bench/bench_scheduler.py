@@ -168,7 +168,7 @@ async def bench_broker(n: int, backend: str) -> None:
                     if sched.table.counters.resumes >= n:
                         break
                     await asyncio.sleep(0.01)
-                async with sched._publish_lock:  # the last batch's records are acked
+                async with _publish_lock(sched):  # the last batch's records are handed over
                     pass
                 applied = time.perf_counter() - began
                 print(
@@ -334,14 +334,23 @@ async def _published_and_read_back(sched: Scheduler) -> None:
     if hasattr(sched, "settle"):
         await sched.settle()  # handed to the producers and acknowledged
     else:
-        async with old._publish_lock:  # older checkouts: the last batch is handed over
+        async with _publish_lock(sched):  # older checkouts: the last batch is handed over
             pass
         chain: Any = getattr(sched, "chain", None)
         if chain is not None:
             await chain.settle()  # and acknowledged (batches overlap)
-    reader: Any = getattr(sched, "_reader", None)
+    clients: Any = getattr(sched, "clients", None)
+    reader: Any = clients.reader if clients is not None else getattr(sched, "_reader", None)
     caught_up = reader.caught_up if reader is not None else old._tasks_caught_up
     await caught_up()  # and read back
+
+
+def _publish_lock(sched: Scheduler) -> asyncio.Lock:
+    """The lock a fold holds while it hands its batches over (this checkout's or older)."""
+    old: Any = sched
+    writers: Any = getattr(sched, "writers", None)
+    lock: asyncio.Lock = writers.lock if writers is not None else old._publish_lock
+    return lock
 
 
 def _checkpointed(sched: Scheduler) -> bool:

@@ -1,10 +1,14 @@
 """The scheduler process's lifecycle: one explicit state machine (each partition's is
-:mod:`._ownership`)."""
+:mod:`._ownership`), and the waiting for a condition on it."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
+from typing import Any
+
+from ._publishing import SchedulerError
 
 __all__ = ["Phase", "PhaseMachine"]
 
@@ -27,7 +31,7 @@ _MOVES: dict[Phase, frozenset[Phase]] = {
 
 
 class PhaseMachine:
-    """The current phase, its allowed moves, and a way to wait for one."""
+    """The current phase, its allowed moves, and ways to wait for one or for a condition."""
 
     __slots__ = ("_changed", "phase")
 
@@ -43,6 +47,11 @@ class PhaseMachine:
         if to not in _MOVES[self.phase]:
             raise ValueError(f"scheduler cannot go from {self.phase.value} to {to.value}")
         self.phase = to
+        self.changed()
+
+    def changed(self) -> None:
+        """Wake the waiters: the phase, or something they wait for, changed (what the
+        scheduler owns)."""
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -53,3 +62,26 @@ class PhaseMachine:
         """Wait until the phase is one of ``phases``."""
         while self.phase not in phases:
             await self._changed.wait()
+
+    async def wait_until(
+        self, done: Callable[[], bool], main: Callable[[], asyncio.Task[None] | None]
+    ) -> None:
+        """Wait until ``done()`` (checked at each change, and every second); raises the
+        error of the scheduler's ``main`` task if it ended first, SchedulerError if the
+        scheduler failed or stopped first."""
+        while not done():
+            task = main()
+            if self.phase in (Phase.FAILED, Phase.STOPPED) or (task is not None and task.done()):
+                if task is not None and task.done():
+                    await task  # raises its error
+                raise SchedulerError("the scheduler stopped first")
+            changed = self._changed
+            watch: set[asyncio.Future[Any]] = {asyncio.ensure_future(changed.wait())}
+            if task is not None:
+                watch.add(task)
+            try:
+                await asyncio.wait(watch, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in watch:
+                    if waiter is not task:
+                        waiter.cancel()

@@ -21,22 +21,34 @@ kept (writing again at once) and which are gone (dropped without writing; their 
 closed). A partition whose producer is fenced (this member was paused past its session) is
 dropped at once, and the member rejoins.
 
-The parts, each owning its state: :class:`~._fold.TaskFold` (the table of the owned
-partitions, no I/O), :class:`~._ownership.Ownership` (each partition's stage),
-:class:`~._tasks_topic.TasksReader` (the tasks consumer and its positions),
-:class:`~._checkpoint.Checkpoints` (one database per tasks partition), per owned partition a
-:class:`~._publisher.SchedulerPublisher` and a :class:`~._publishing.DecisionChain`
-(batches sent one after another), :class:`~._publishing.EventOffsets`, and
-:class:`~._admission.LedgerPoolAdmission` (pools, through the pool ledger), and
-:class:`~._pools.PoolChannel` (the pools topic, followed by a loop of its own).
-:class:`Scheduler` is the I/O shell that runs their loops and the rebalance listener; its
-own lifecycle is :class:`~._phase.Phase`.
-
 Pools are exact whatever the membership: tasks of limited pools are admitted through the
 pool ledger (see :mod:`._pools`); the owner of partition 0 keeps the ledger and writes its
 grants in that partition's transaction. One table for every owned partition (rather than
 one per partition); a partition joins it whole (:meth:`TaskTable.absorb`, once the pools
 topic is read to its end) and leaves it whole (:meth:`TaskTable.drop_where`).
+
+:class:`Scheduler` is a thin shell: it connects the clients, runs the loops in one task
+group and wires parts that each own their state. Who writes what:
+
+=================================  ======================================================
+state                              written by
+=================================  ======================================================
+the task table, own writes         :class:`~._fold.TaskFold` (no I/O)
+each partition's stage             :class:`~._ownership.Ownership` (moved by Membership)
+tasks-topic positions              :class:`~._tasks_topic.TasksReader`
+event offsets (read, committed)    :class:`~._publishing.EventOffsets`
+owned partitions' producers,       :class:`~._writers.PartitionWriters`
+chains, held decisions, counts;
+the publish lock; transactional
+assignor, acquisition, takeover    :class:`~._membership.Membership` (the rebalance
+figures                            listener)
+consistent-point checkpoints       :class:`~._checkpointer.Checkpointer` (databases:
+                                   :class:`~._checkpoint.Checkpoints`)
+folding fetched events             :class:`~._intake.EventIntake`
+orphans, retention, lag figures    :class:`~._housekeeping.Housekeeping`
+pools topic, the pool ledger       :class:`~._pools.PoolChannel`
+clients, loops, phase, metrics     :class:`Scheduler` (its lifecycle: :class:`~._phase.Phase`)
+=================================  ======================================================
 """
 
 from __future__ import annotations
@@ -44,76 +56,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
-from deferline.engine import Emit, LedgerAdmission, Pools, TableDelta, TaskTable
-from deferline.schemas import DeadLetter, EventFields
+from deferline.engine import LedgerAdmission, Pools, TaskTable
+from deferline.schemas import DeadLetter
 from deferline.topics import (
     Lifecycle,
     Settings,
     TopicNames,
     describe_topics,
     ensure_topics,
-    make_consumer,
-    stop_client,
     topic_specs,
-    trace_receive,
 )
 from prometheus_client import CollectorRegistry
 
-from .._aiokafka import (
-    client_of,
-    group_generation,
-    join_once,
-    leave_from_generation_zero,
-    request_rejoin,
-)
-from .._local_state import CheckpointError
 from .._metrics import MetricsServer
-from ..triggerer import LONG_POLL_MS, answers_fetches_early
 from ..triggerer._sticky_assignor import StickyAssignor
-from ._admission import LEDGER_PARTITION, LedgerPoolAdmission, PartitionBatch
+from ._admission import LedgerPoolAdmission
 from ._checkpoint import Checkpoints
+from ._checkpointer import Checkpointer
 from ._cli import scheduler_command
+from ._clients import SchedulerClients
 from ._fold import TaskFold
+from ._housekeeping import Housekeeping
+from ._intake import EventIntake
+from ._membership import Membership
 from ._metrics import SchedulerCollector
 from ._ownership import Hold, Ownership
 from ._phase import Phase, PhaseMachine
 from ._pools import PoolChannel
-from ._publisher import SchedulerFenced, SchedulerPublisher
-from ._publishing import DecisionChain, EventOffsets, SchedulerError
-from ._records import dead_letter, orphan_letter
+from ._publisher import Outgoing, SchedulerFenced
+from ._publishing import EventOffsets, SchedulerError
+from ._records import dead_letter
 from ._routing import PartitionRouter
 from ._tasks_topic import TasksReader
+from ._writers import PartitionWriters
 
 __all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
 
 logger = logging.getLogger(__name__)
-
-_BATCHES_AHEAD = 3
-"""Folds whose batches are handed to the producers and unsent before the fold waits."""
-
-
-@dataclass(eq=False)
-class OwnedPartition:
-    """A task partition this scheduler owns: its producer, its chain of batches, and the
-    decisions taken while it could not write (sent if it is kept, dropped if it goes)."""
-
-    number: int
-    events_tp: TopicPartition
-    publisher: SchedulerPublisher
-    chain: DecisionChain
-    held: PartitionBatch = field(default_factory=PartitionBatch)
-    applied: int = 0
-    duplicates: int = 0
 
 
 class Scheduler(Lifecycle):
@@ -178,14 +162,7 @@ class Scheduler(Lifecycle):
         self.names = TopicNames(settings.topic_prefix)
         self.group_id = group_id or f"{settings.topic_prefix}scheduler"
         self.group_instance_id = group_instance_id
-        self.orphan_check_interval = orphan_check_interval
-        self.commit_interval = commit_interval
-        self.max_records = max_records
-        self.session_timeout = session_timeout
-        self.transactions = transactions
-        self.finished_retention = finished_retention
         self.router = PartitionRouter()
-        self.pool_channel: PoolChannel | None = None  # made at start (it needs the partitions)
         self.fold = TaskFold(pools, ledger=LedgerAdmission(partition_of=self.router.partition_of))
         self.checkpoints = (
             Checkpoints(state_dir, interval=checkpoint_interval, max_age=checkpoint_max_age)
@@ -195,6 +172,67 @@ class Scheduler(Lifecycle):
         self.offsets = EventOffsets()
         self.ownership = Ownership()
         self.phase = PhaseMachine()
+        self.writers = PartitionWriters(
+            settings,
+            group_id=self.group_id,
+            fold=self.fold,
+            offsets=self.offsets,
+            router=self.router,
+            transactions=transactions,
+            writable=self.ownership.writable,
+            pool_records=self._pool_records,
+            on_fenced=self._drop_fenced,
+        )
+        self.checkpointer = Checkpointer(self.checkpoints, fold=self.fold, writers=self.writers)
+        self.housekeeping = Housekeeping(
+            fold=self.fold,
+            router=self.router,
+            offsets=self.offsets,
+            writers=self.writers,
+            group_id=self.group_id,
+            interval=orphan_check_interval,
+            finished_retention=finished_retention,
+        )
+        assignor = StickyAssignor()
+        self.clients = SchedulerClients(
+            settings,
+            group_id=self.group_id,
+            group_instance_id=group_instance_id,
+            session_timeout=session_timeout,
+            max_records=max_records,
+            fold=self.fold,
+            router=self.router,
+            assignor=assignor,
+            dead=self._dead,
+        )
+        self.membership = Membership(
+            settings,
+            group_id=self.group_id,
+            fold=self.fold,
+            router=self.router,
+            offsets=self.offsets,
+            ownership=self.ownership,
+            writers=self.writers,
+            checkpoints=self.checkpoints,
+            checkpointer=self.checkpointer,
+            clients=self.clients,
+            assignor=assignor,
+            max_records=max_records,
+            dead=self._dead,
+            moved=self.phase.changed,
+            running=self._running,
+            forget_lag=self.housekeeping.forget,
+        )
+        self.intake = EventIntake(
+            self.names.task_events,
+            fold=self.fold,
+            writers=self.writers,
+            ownership=self.ownership,
+            offsets=self.offsets,
+            max_records=max_records,
+            commit_interval=commit_interval,
+            dead=self._dead,
+        )
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(self))
         self._metrics = (
@@ -203,39 +241,18 @@ class Scheduler(Lifecycle):
             else None
         )
         self._worker_queues = {"default", *worker_queues}
-        self._ensured_queues: set[str] = set()
-        self._parts: dict[int, OwnedPartition] = {}
-        self._pool_reads = asyncio.Lock()  # one read of the pools topic at a time
-        self._reader: TasksReader | None = None
-        self._events: AIOKafkaConsumer | None = None
-        self._assignor = StickyAssignor()
-        self._publish_lock = asyncio.Lock()
-        # Apache Kafka answers a fetch once data arrives: a long wait only saves idle CPU.
-        # Tansu holds every fetch for the whole wait: there it bounds the latency the
-        # scheduler adds, so it stays short. Chosen at start from the brokers' API versions.
-        self._fetch_wait_ms = 100
         self._main: asyncio.Task[None] | None = None
-        self._group: asyncio.TaskGroup | None = None
-        self._acquisition: asyncio.Task[None] | None = None
-        self._absorbing = False
-        self._closing = False
-        self._handed: deque[list[asyncio.Task[None]]] = deque()
-        self._owner_moved = asyncio.Event()
-        self._transactional: bool | None = None
-        self._published_gone = 0
-        self._recovered_records = 0
-        self.recovery_seconds: float | None = None  # the last acquisition's
-        self.takeovers = 0  # partitions acquired
-        self.takeover_seconds: float | None = None  # the last acquisition's
-        self.rebalances = 0
-        self.lag: dict[str, int] = {"tasks": 0, "events": 0}
-        self.events_lag: dict[int, int] = {}  # per owned tasks.events partition
 
     # -- figures ----------------------------------------------------------------------------
 
     @property
     def table(self) -> TaskTable:
         return self.fold.table
+
+    @property
+    def pool_channel(self) -> PoolChannel | None:
+        """The pools topic and the pool ledger (once started)."""
+        return self.clients.pool_channel
 
     @property
     def admission(self) -> LedgerPoolAdmission:
@@ -249,11 +266,37 @@ class Scheduler(Lifecycle):
 
     @property
     def published(self) -> int:
-        return self._published_gone + sum(p.chain.published for p in self._parts.values())
+        return self.writers.published
 
     @property
     def recovered_records(self) -> int:
-        return self._recovered_records
+        return self.membership.recovered_records
+
+    @property
+    def takeovers(self) -> int:
+        """Partitions acquired."""
+        return self.membership.takeovers
+
+    @property
+    def takeover_seconds(self) -> float | None:
+        """The last acquisition's duration."""
+        return self.membership.takeover_seconds
+
+    recovery_seconds = takeover_seconds
+
+    @property
+    def rebalances(self) -> int:
+        return self.membership.rebalances
+
+    @property
+    def lag(self) -> dict[str, int]:
+        """Records not yet read, per input."""
+        return self.housekeeping.lag
+
+    @property
+    def events_lag(self) -> dict[int, int]:
+        """Events not yet folded, per owned tasks.events partition."""
+        return self.housekeeping.events_lag
 
     @property
     def restore_seconds(self) -> float | None:
@@ -274,7 +317,7 @@ class Scheduler(Lifecycle):
 
     def partition_counts(self) -> dict[int, tuple[int, int]]:
         """Per owned partition: events applied and duplicates dropped since it was acquired."""
-        return {p: (part.applied, part.duplicates) for p, part in sorted(self._parts.items())}
+        return self.writers.counts()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -296,7 +339,7 @@ class Scheduler(Lifecycle):
     @property
     def transactional(self) -> bool:
         """True when the scheduler writes in Kafka transactions (known once it owns one)."""
-        return bool(self._transactional)
+        return bool(self.writers.transactional)
 
     async def wait_ready(self) -> None:
         """Wait until :attr:`ready`; raises if the scheduler failed first."""
@@ -310,28 +353,17 @@ class Scheduler(Lifecycle):
         """Wait until this scheduler writes for ``count`` partitions (and is ready)."""
         await self._wait_until(lambda: self.ready and len(self.owned) == count)
 
-    async def _wait_until(self, done: Any) -> None:
-        while not done():
-            if self.phase.is_(Phase.FAILED, Phase.STOPPED) or (
-                self._main is not None and self._main.done()
-            ):
-                if self._main is not None and self._main.done():
-                    await self._main  # raises its error
-                raise SchedulerError("the scheduler stopped first")
-            moved = self._owner_moved
-            watch: set[asyncio.Future[Any]] = {asyncio.ensure_future(moved.wait())}
-            if self._main is not None:
-                watch.add(self._main)
-            try:
-                await asyncio.wait(watch, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in watch:
-                    if waiter is not self._main:
-                        waiter.cancel()
+    async def _wait_until(self, done: Callable[[], bool]) -> None:
+        await self.phase.wait_until(done, lambda: self._main)
 
-    def _moved(self) -> None:
-        self._owner_moved.set()
-        self._owner_moved = asyncio.Event()
+    def _running(self) -> None:
+        if self.phase.is_(Phase.JOINING):
+            self.phase.move(Phase.RUNNING)
+            logger.info(
+                "scheduler ready",
+                extra={"group_id": self.group_id, "partitions": self.owned},
+            )
+        self.phase.changed()
 
     async def start(self) -> None:
         """Create missing topics, connect, and join the group (returns before any
@@ -342,31 +374,10 @@ class Scheduler(Lifecycle):
             await ensure_topics(
                 self.settings, topic_specs(self.settings, worker_queues=self._worker_queues)
             )
-            self._ensured_queues |= self._worker_queues
+            self.writers.ensured_queues |= self._worker_queues
             if self._metrics is not None:
                 await self._metrics.start()
-            if await answers_fetches_early(self.settings):
-                self._fetch_wait_ms = LONG_POLL_MS
-            tasks = self._consumer()
-            self._reader = TasksReader(
-                tasks, self.fold, max_records=self.max_records, dead=self._dead
-            )
-            await tasks.start()
-            self.router.partitions = len(await self._tasks_partitions(tasks))
-            self.pool_channel = PoolChannel(
-                self.settings,
-                pools=self.table.pools,
-                partitions=self.router.partitions,
-                partition_of=self.router.partition_of,
-                consumer=make_consumer(
-                    self.settings, group_id=None, fetch_max_wait_ms=self._fetch_wait_ms
-                ),
-            )
-            await self.pool_channel.start()
-            self._events = self._member()
-            await self._events.start()
-            leave_from_generation_zero(self._events)
-            join_once(self._events)
+            await self.clients.connect()
         except KafkaError as exc:
             await self._close()
             raise SchedulerError(f"cannot connect the scheduler: {exc}") from exc
@@ -393,64 +404,55 @@ class Scheduler(Lifecycle):
         if self._main is not None:
             await self._main
 
-    def _consumer(self) -> AIOKafkaConsumer:
-        return make_consumer(
-            self.settings,
-            group_id=None,
-            max_poll_records=None,
-            fetch_max_wait_ms=self._fetch_wait_ms,
-        )
-
-    def _member(self) -> AIOKafkaConsumer:
-        session_ms = int(self.session_timeout * 1000)
-        return make_consumer(
-            self.settings,
-            group_id=self.group_id,
-            max_poll_records=None,
-            fetch_max_wait_ms=self._fetch_wait_ms,
-            session_timeout_ms=session_ms,
-            heartbeat_interval_ms=max(100, session_ms // 10),  # a rebalance is seen sooner
-            rebalance_timeout_ms=max(session_ms, 30_000),
-            partition_assignment_strategy=(self._assignor, RoundRobinPartitionAssignor),
-            group_instance_id=self.group_instance_id,
-        )
+    async def settle(self) -> None:
+        """Wait until every batch handed to the producers is acknowledged (or fenced)."""
+        async with self.writers.lock:  # a fold in progress hands its batches over first
+            pass
+        await self.writers.settle()
 
     async def _close(self) -> None:
-        self._closing = True
-        events, self._events = self._events, None
-        if events is not None:
-            await stop_client(events, grace=5.0, name="scheduler group member")
-        for part in list(self._parts.values()):
-            await part.publisher.stop()
-        self._parts.clear()
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            await stop_client(reader.consumer, grace=5.0, name="scheduler tasks reader")
-        if self.pool_channel is not None:
-            self.pool_channel.resign()
-            await self.pool_channel.stop()
+        self.membership.closing = True
+        await self.clients.stop_member()
+        await self.writers.close_all()
+        await self.clients.stop_readers()
         if self._metrics is not None:
             await self._metrics.stop()
         if self.checkpoints is not None:
             await self.checkpoints.settle()
             self.checkpoints.close()
         self.phase.move(Phase.STOPPED)
-        self._moved()
+        self.phase.changed()
 
-    async def _tasks_partitions(self, consumer: AIOKafkaConsumer) -> set[int]:
-        deadline = time.monotonic() + 30.0
-        while True:
-            partitions = consumer.partitions_for_topic(self.names.tasks)
-            if partitions:
-                return set(partitions)
-            if time.monotonic() > deadline:
-                raise SchedulerError(f"topic {self.names.tasks} has no partitions")
-            await client_of(consumer).force_metadata_update()
+    async def _leave(self, main: asyncio.Task[None]) -> None:
+        """At stop: capture a checkpoint now if the tasks loop waits between fetches
+        (otherwise the last periodic one stands), stop the loops and writing, let every
+        batch settle, commit, and write the checkpoint; the group is left after this."""
+        reader = self.clients.reader
+        captured = (
+            self.checkpointer.capture(reader)
+            if reader is not None and reader.idle and not main.done()
+            else None
+        )
+        acquisition = self.membership.acquisition
+        main.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await main
+        self.membership.closing = True
+        if acquisition is not None:
+            await asyncio.wait({acquisition})
+        with contextlib.suppress(SchedulerError, SchedulerFenced):
+            await self.writers.settle()
+        if main.done() and not main.cancelled() and main.exception() is not None:
+            self.checkpointer.abandon()  # a publish may have failed halfway
+        elif not self.writers.transactional:
+            with contextlib.suppress(KafkaError, SchedulerError):
+                await self.writers.commit(self.clients.events, self.owned)
+        await self.checkpointer.last(captured)
 
     # -- loops ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        reader, events = self._reader, self._events
+        reader, events = self.clients.reader, self.clients.events
         assert reader is not None
         assert events is not None
         try:
@@ -459,11 +461,13 @@ class Scheduler(Lifecycle):
             # a missing ACL is named (AuthorizationError) instead.
             await describe_topics(self.settings, [self.names.task_events], configs=False)
             async with asyncio.TaskGroup() as group:
-                self._group = group
-                events.subscribe([self.names.task_events], listener=_Listener(self))
-                group.create_task(self._events_loop(events), name="scheduler-events")
+                self.membership.supervise(group)
+                events.subscribe([self.names.task_events], listener=self.membership)
+                group.create_task(self.intake.run(events), name="scheduler-events")
                 group.create_task(self._tasks_loop(reader), name="scheduler-tasks")
-                group.create_task(self._housekeeping_loop(), name="scheduler-housekeeping")
+                group.create_task(
+                    self.housekeeping.run(reader, events), name="scheduler-housekeeping"
+                )
                 group.create_task(self._pools_loop(), name="scheduler-pools")
                 logger.info(
                     "scheduler joining group",
@@ -475,573 +479,48 @@ class Scheduler(Lifecycle):
                 )
         except ExceptionGroup as group_error:
             self.phase.move(Phase.FAILED)
-            self._moved()
+            self.phase.changed()
             raise _first(group_error) from None
         except Exception:
             self.phase.move(Phase.FAILED)
-            self._moved()
+            self.phase.changed()
             raise
         finally:
-            self._group = None
+            self.membership.supervise(None)
 
     async def _tasks_loop(self, reader: TasksReader) -> None:
         """Fold the owned tasks partitions; publish what they call for."""
+        writers = self.writers
         while True:
-            await self._maybe_checkpoint(reader)
+            await self.checkpointer.maybe(reader)
             moved, dead = await reader.fetch()
             if moved:
-                async with self._publish_lock:
-                    handed = self._publish(self.fold.drain(), dead)
-                await self._await_batches(handed)
+                async with writers.lock:
+                    handed = writers.publish(self.fold.drain(), dead)
+                await writers.await_batches(handed)
             reader.moved.set()
 
     async def _pools_loop(self) -> None:
         """Follow the pools topic: grants start the owned tasks they admit; as ledger owner,
         the wants read are granted in partition 0's transaction."""
-        channel = self.pool_channel
+        clients, writers = self.clients, self.writers
+        channel = clients.pool_channel
         assert channel is not None
         while True:
-            async with self._pool_reads:
-                touched = await channel.poll(self._fetch_wait_ms)
+            async with clients.pool_reads:
+                touched = await channel.poll(clients.fetch_wait_ms)
             if touched or channel.leading:
-                async with self._publish_lock:
-                    handed = self._publish(self.fold.drain(), [])
-                await self._await_batches(handed)
+                async with writers.lock:
+                    handed = writers.publish(self.fold.drain(), [])
+                await writers.await_batches(handed)
 
-    async def _events_loop(self, events: AIOKafkaConsumer) -> None:
-        last_commit = time.monotonic()
-        counters = self.table.counters
-        while True:
-            try:
-                batches = await events.getmany(timeout_ms=1000, max_records=self.max_records)
-            except KafkaError as exc:
-                if not getattr(exc, "retriable", False):
-                    raise SchedulerError(f"cannot read {self.names.task_events}: {exc}") from exc
-                logger.warning("events fetch failed; retrying", extra={"error": repr(exc)})
-                await asyncio.sleep(0.5)
-                continue
-            if batches:
-                began = time.monotonic()
-                async with self._publish_lock:
-                    dead: list[DeadLetter] = []
-                    read: dict[TopicPartition, int] = {}
-                    for tp, messages in batches.items():
-                        part = self._parts.get(tp.partition)
-                        if not (messages and part and self.ownership.writable(tp.partition)):
-                            continue  # not this member's to apply now: read again by its owner
-                        reread = self.offsets.reread.get(tp, 0)
-                        applied, duplicates = counters.events_applied, counters.events_duplicate
-                        for message in messages:
-                            trace_receive(tp.topic, message.value, message.headers)
-                            bad = self.fold.event(
-                                message.value,
-                                ref=(tp, message.offset),
-                                resend=message.offset < reread,
-                            )
-                            if bad is not None:
-                                dead.append(self._dead(message, bad))
-                        part.applied += counters.events_applied - applied
-                        part.duplicates += counters.events_duplicate - duplicates
-                        read[tp] = messages[-1].offset + 1
-                    self.offsets.done.update(read)
-                    out = self.fold.drain()
-                    self._publish(out, dead, offsets={tp.partition for tp in read})
-                if self._transactional:
-                    last_commit = time.monotonic()  # the batches' transactions carry offsets
-                logger.debug(
-                    "events batch folded",
-                    extra={
-                        "events": sum(len(messages) for messages in batches.values()),
-                        "out": len(out),
-                        "fold_seconds": round(time.monotonic() - began, 4),
-                    },
-                )
-            # The next batches are fetched and folded while these are sent (each partition's
-            # after the one before it): the fold, not the broker's time to complete a
-            # transaction, sets the pace. At most _BATCHES_AHEAD folds are handed over and
-            # unsent; a failed batch's error stops us (a fenced one drops its partition).
-            while self._handed and (
-                len(self._handed) > _BATCHES_AHEAD or all(t.done() for t in self._handed[0])
-            ):
-                await self._await_batches(self._handed.popleft())
-            now = time.monotonic()
-            if now - last_commit >= self.commit_interval:
-                # Offsets that moved without output (orphans dropped, pending resolved).
-                async with self._publish_lock:
-                    if self._transactional:
-                        self._publish([], [], offsets=set(self.owned))
-                    else:
-                        await self._commit(self.owned)
-                last_commit = now
+    # -- wiring -----------------------------------------------------------------------------
 
-    # -- publishing -----------------------------------------------------------------------------
-
-    def _publish(
-        self,
-        out: Iterable[Emit],
-        dead: Iterable[DeadLetter],
-        *,
-        offsets: Iterable[int] = (),
-    ) -> list[asyncio.Task[None]]:
-        """Hand each partition's share of ``out`` and ``dead`` (and its event offsets, for
-        the ``offsets`` partitions) to its chain; a partition that cannot write now holds
-        them. Synchronous; call with the publish lock. Returns the batches started (also
-        kept to be awaited by the events loop)."""
-        batches = self.router.route(out, dead)
-        pool = self.admission.records(self.table)
-        started: list[asyncio.Task[None]] = []
-        unsent = {p for p, part in self._parts.items() if part.held and self.ownership.writable(p)}
-        for p in sorted({*batches, *offsets, *pool, *unsent}):
-            batch = batches.get(p, PartitionBatch())
-            batch.pool = pool.get(p, [])
-            part = self._parts.get(p)
-            if part is None:
-                if batch:  # a bug: decisions for a partition not owned are not written
-                    logger.error("decisions for a partition not owned dropped", extra={"p": p})
-                continue
-            if not self.ownership.writable(p):
-                part.held.extend(batch)
-                continue
-            if part.held:
-                held, part.held = part.held, PartitionBatch()
-                held.extend(batch)
-                batch = held
-            task = part.chain.start(batch.out, batch.dead, offsets=True, extra=batch.pool)
-            if task is not None:
-                started.append(task)
-        if started:
-            self._handed.append(started)
-        return started
-
-    async def _await_batches(self, batches: Iterable[asyncio.Task[None]]) -> None:
-        """Wait for batches handed over; a fenced one drops its partition (another
-        scheduler owns it now), any other failure is raised."""
-        fenced = False
-        for batch in batches:
-            try:
-                await asyncio.shield(batch)  # cancelled or not, the batch goes out
-            except SchedulerFenced:
-                fenced = True
-        if fenced:
-            await self._drop_fenced()
+    def _pool_records(self) -> dict[int, list[Outgoing]]:
+        return self.admission.records(self.table)
 
     async def _drop_fenced(self) -> None:
-        """Drop every partition whose producer was fenced, without writing, and rejoin."""
-        lost = []
-        async with self._publish_lock:
-            for p, part in sorted(self._parts.items()):
-                batch = part.chain.in_flight
-                if (
-                    batch is not None
-                    and batch.done()
-                    and not batch.cancelled()
-                    and isinstance(batch.exception(), SchedulerFenced)
-                ):
-                    self.ownership.lose(p)
-                    lost.append(p)
-        for p in lost:
-            if self._events is not None:
-                self._events.pause(TopicPartition(self.names.task_events, p))
-            await self._release(p)
-        if lost:
-            self._moved()
-            logger.warning(
-                "scheduler fenced: partitions taken over by another member dropped",
-                extra={"group_id": self.group_id, "partitions": lost},
-            )
-            if self._events is not None:
-                request_rejoin(self._events)
-
-    async def settle(self) -> None:
-        """Wait until every batch handed to the producers is acknowledged (or fenced)."""
-        async with self._publish_lock:  # a fold in progress hands its batches over first
-            pass
-        await self._settle(list(self._parts))
-
-    async def _settle(self, partitions: Iterable[int]) -> None:
-        """Wait for the batches in flight of ``partitions`` (fenced ones drop theirs)."""
-        batches: list[asyncio.Task[None]] = []
-        for p in partitions:
-            part = self._parts.get(p)
-            if part is not None and part.chain.in_flight is not None:
-                batches.append(part.chain.in_flight)
-        if batches:
-            await asyncio.wait(batches)
-            await self._await_batches(batches)
-
-    async def _commit(self, partitions: Iterable[int]) -> None:
-        """Commit event offsets of ``partitions`` through the group (brokers without
-        transactions), once what they caused is sent."""
-        events = self._events
-        wanted = {TopicPartition(self.names.task_events, p) for p in partitions}
-        offsets = {
-            tp: offset
-            for tp, offset in self.offsets.committable(self.table.pending_refs()).items()
-            if tp in wanted
-        }
-        for p in partitions:
-            part = self._parts.get(p)
-            if part is not None:
-                await part.chain.settle()  # what is folded is sent before it is committed
-        if not offsets or events is None:
-            return
-        await events.commit(offsets)
-        self.offsets.committed.update(offsets)
-
-    # -- rebalances -------------------------------------------------------------------------------
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Stop writing for every partition (before anything awaits), abandon an acquisition
-        in progress, let the batches in flight settle, commit, checkpoint."""
-        if self._closing:
-            return
-        acquisition = self._acquisition
-        if acquisition is not None and not acquisition.done() and not self._absorbing:
-            acquisition.cancel()  # one joining its partitions to the table finishes that first
-        async with self._publish_lock:  # free unless a fold or that join is under way
-            quiesced, abandoned = self.ownership.revoke()
-        if acquisition is not None:
-            await asyncio.wait({acquisition})  # its reader is closed before its databases
-        self._acquisition = None
-        self._moved()
-        for p in abandoned:
-            await self._release(p)
-        await self._settle(quiesced)
-        if not self._transactional and quiesced:
-            try:
-                await self._commit(self.ownership.owned(Hold.QUIESCED))
-            except KafkaError as exc:  # the generation is over: the next owner reads again
-                logger.warning("event offsets not committed at revocation: %s", exc)
-        if self._reader is not None:
-            await self._checkpoint_now(self._reader)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Kept partitions write again at once, gone ones are dropped, new ones are taken
-        over in the background (paused until then)."""
-        events = self._events
-        if events is None or self._closing:
-            return
-        generation = group_generation(events)
-        self._assignor.note_generation(generation)
-        self.rebalances += 1
-        mine = {tp.partition for tp in assigned if tp.topic == self.names.task_events}
-        async with self._publish_lock:
-            change = self.ownership.assign(mine)
-            for p in change.kept:
-                part = self._parts[p]
-                done = self.offsets.done.get(part.events_tp)
-                if done is not None:
-                    events.seek(part.events_tp, done)
-                self._publish([], [], offsets=(p,))  # sends what was held while quiesced
-            for p in change.acquired:
-                self._parts[p] = self._owned_partition(p)
-        if change.acquired:
-            events.pause(*(TopicPartition(self.names.task_events, p) for p in change.acquired))
-        for p in change.released:
-            await self._release(p)
-        self._moved()
-        logger.info(
-            "scheduler partitions assigned",
-            extra={
-                "group_id": self.group_id,
-                "generation": generation,
-                "partitions": sorted(mine),
-                "kept": list(change.kept),
-                "acquired": list(change.acquired),
-                "lost": list(change.released),
-            },
-        )
-        if change.acquired and self._group is not None and not self._closing:
-            self._acquisition = self._group.create_task(
-                self._acquire(change.acquired), name="scheduler-acquire"
-            )
-        elif not change.acquired:
-            self._running()
-
-    def _running(self) -> None:
-        if self.phase.is_(Phase.JOINING):
-            self.phase.move(Phase.RUNNING)
-            logger.info(
-                "scheduler ready",
-                extra={"group_id": self.group_id, "partitions": self.owned},
-            )
-        self._moved()
-
-    def _owned_partition(self, p: int) -> OwnedPartition:
-        events_tp = TopicPartition(self.names.task_events, p)
-        publisher = SchedulerPublisher(
-            self.settings, transactional_id=f"{self.group_id}.{p}", group_id=self.group_id
-        )
-        chain = DecisionChain(
-            self.settings,
-            publisher,
-            self.fold,
-            self.offsets,
-            events_tp,
-            ensured_queues=self._ensured_queues,
-        )
-        return OwnedPartition(p, events_tp, publisher, chain)
-
-    async def _acquire(self, numbers: tuple[int, ...]) -> None:
-        """Take partitions over: fence their old owner, fold them to their end, join them to
-        the table, publish what they call for, then read their events."""
-        began = time.monotonic()
-        reader, events = self._reader, self._events
-        assert reader is not None
-        assert events is not None
-        parts = [self._parts[p] for p in numbers]
-        try:
-            # The producers first: each fences the partition's previous owner (its open
-            # transaction is aborted), so the ends read next hold all it managed to commit.
-            first, *rest = parts
-            await first.publisher.start(transactions=self._transactions_wanted())
-            if self._transactional is None:
-                self._transactional = first.publisher.transactional
-                if self._transactional:
-                    logger.info(
-                        "scheduler writes in transactions",
-                        extra={"transactional_ids": f"{self.group_id}.<partition>"},
-                    )
-            await asyncio.gather(
-                *(part.publisher.start(transactions=self._transactional) for part in rest)
-            )
-            channel = self.pool_channel
-            assert channel is not None
-            if LEDGER_PARTITION in numbers:
-                await channel.lead()  # its producer fenced the previous ledger owner's grants
-            fold = TaskFold(self.table.pools, ledger=self.table.ledger)
-            if self.checkpoints is not None:
-                fold.table.track_changes()
-            consumer = self._consumer()
-            await consumer.start()
-            try:
-                side = TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
-                await side.recover(
-                    self.names.tasks,
-                    set(numbers),
-                    self.checkpoints,
-                    prefix=self.settings.topic_prefix,
-                    group=self.group_id,
-                    total=self.router.partitions,
-                )
-                positions = dict(side.positions)
-            finally:
-                await stop_client(consumer, grace=5.0, name="scheduler partition reader")
-            self._recovered_records += side.recovered_records
-            events_tps = [part.events_tp for part in parts]
-            committed = {tp: await events.committed(tp) for tp in events_tps}
-            ends = await events.end_offsets(events_tps) if not self._transactional else {}
-            async with self._pool_reads:
-                await channel.catch_up(self._fetch_wait_ms)  # no want published twice
-        except CheckpointError as exc:
-            raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
-        except KafkaError as exc:
-            raise SchedulerError(f"scheduler could not take over {numbers}: {exc}") from exc
-        async with self._publish_lock:
-            self._absorbing = True  # a revocation now waits for the end of this
-            try:
-                self.table.absorb(fold.table)
-                await reader.take(positions)
-                for part in parts:
-                    channel.own(part.number, self.table)
-                    self.ownership.acquired(part.number)
-                    offset = committed[part.events_tp]
-                    if offset is not None:
-                        self.offsets.committed[part.events_tp] = offset
-                    if part.events_tp in ends:
-                        # Events below were read before, by a predecessor that may have died
-                        # between a batch's task states and its RunTasks (no transactions):
-                        # folding them again re-sends the RunTask of a task still queued
-                        # on one of them (see TaskTable.apply(resend=...)).
-                        self.offsets.reread[part.events_tp] = ends[part.events_tp]
-                handed = self._publish(self.fold.drain(), [])
-                events.resume(*events_tps)
-            finally:
-                self._absorbing = False
-        await self._await_batches(handed)
-        self.takeovers += len(numbers)
-        self.takeover_seconds = time.monotonic() - began
-        self.recovery_seconds = self.takeover_seconds
-        logger.info(
-            "scheduler partitions acquired",
-            extra={
-                "group_id": self.group_id,
-                "partitions": list(numbers),
-                "transactional": self._transactional,
-                "takeover_seconds": round(self.takeover_seconds, 3),
-                "tasks": len(self.table),
-            },
-        )
-        self._running()
-
-    def _transactions_wanted(self) -> bool | None:
-        if self._transactional is not None:
-            return self._transactional
-        return self.transactions
-
-    async def _release(self, p: int) -> None:
-        """Drop partition ``p`` without writing: its tasks, offsets, reader position,
-        checkpoint database and producer."""
-        part = self._parts.pop(p, None)
-        if self.pool_channel is not None:
-            self.pool_channel.disown(p)
-            if p == LEDGER_PARTITION:
-                self.pool_channel.resign()
-        self.table.drop_where(lambda key: self.router.partition_of(key) == p)
-        self.router.forget(p)
-        if part is None:
-            return
-        self._published_gone += part.chain.published
-        self.fold.forget_unread_writes()  # those of the partition are no longer awaited
-        self.offsets.forget(part.events_tp)
-        self.events_lag.pop(p, None)
-        if self._reader is not None:
-            await self._reader.drop({p})
-        if self.checkpoints is not None:
-            await self.checkpoints.close_partition(p)
-        if part.chain.in_flight is not None:
-            await asyncio.wait({part.chain.in_flight})
-        await part.publisher.stop()
-
-    # -- housekeeping -------------------------------------------------------------------------
-
-    async def _housekeeping_loop(self) -> None:
-        """Dead-letter events that can never apply, forget finished tasks past retention,
-        refresh lag."""
-        reader = self._reader
-        assert reader is not None
-        while True:
-            await asyncio.sleep(self.orphan_check_interval)
-            generation = self.table.mark_generation()
-            await reader.caught_up()
-            self.lag["tasks"] = 0  # just caught up with the end read before the wait
-            async with self._publish_lock:
-                self._dead_letter_orphans(generation)
-            self.table.forget_finished(self.finished_retention)
-            self.router.trim(2 * len(self.table) + 10_000)
-            await self._refresh_events_lag()
-
-    def _dead_letter_orphans(self, generation: int) -> None:
-        """Events held since before ``generation`` closed still have no deferral, though the
-        tasks topic is now folded past the end it had after them: dead-letter them, each
-        with the reason (their offsets are committed only after the dead letters are sent;
-        a partition that cannot write now holds them). Call with the publish lock."""
-        orphans = self.table.expire_pending(generation)
-        if not orphans:
-            return
-        letters = [
-            orphan_letter(event, ref, now=self._task_now(event), member=self.group_id)
-            for event, ref in orphans
-        ]
-        self._publish([], letters)
-        for event, _ in orphans:
-            logger.info(
-                "event without a deferral on the tasks topic dead-lettered",
-                extra={
-                    "trigger_id": event.trigger_id,
-                    "task": str(event.task),
-                    "event_id": event.event_id,
-                },
-            )
-        logger.warning(
-            "events without a deferral on the tasks topic dead-lettered",
-            extra={"count": len(orphans)},
-        )
-
-    def _task_now(self, event: EventFields) -> str:
-        record = self.table.get(event.task.ti_key)
-        if record is None:
-            return "not on the tasks topic"
-        on = f" on trigger {record.trigger_id}" if record.trigger_id else ""
-        return f"{record.state}{on}"
-
-    async def _refresh_events_lag(self) -> None:
-        events = self._events
-        assigned = [part.events_tp for part in self._parts.values()]
-        if events is None or not assigned:
-            self.events_lag = {}
-            self.lag["events"] = 0
-            return
-        ends = await events.end_offsets(assigned)
-        done, committed = self.offsets.done, self.offsets.committed
-        self.events_lag = {
-            tp.partition: max(0, ends[tp] - done.get(tp, committed.get(tp, ends[tp])))
-            for tp in assigned
-            if tp in ends
-        }
-        self.lag["events"] = sum(self.events_lag.values())
-
-    # -- checkpoints --------------------------------------------------------------------------
-
-    def _capture(self, reader: TasksReader) -> tuple[TableDelta, dict[int, int]] | None:
-        """The checkpoint to write if now is a consistent point (see :mod:`._checkpoint`):
-        between two fetches, no fold in progress, nothing drained and unsent or held, no
-        batch on its way to the broker, and no failed batch. Does not yield."""
-        if (
-            self.checkpoints is None
-            or not reader.tps
-            or self._publish_lock.locked()
-            or self.table.unpublished
-            or any(part.held or not part.chain.sent for part in self._parts.values())
-        ):
-            return None
-        return self.checkpoints.capture(self.table, reader.partition_positions())
-
-    async def _maybe_checkpoint(self, reader: TasksReader) -> None:
-        """Checkpoint if the interval has passed (called by the tasks loop between fetches)."""
-        if self.checkpoints is None or not self.checkpoints.due():
-            return
-        async with self._publish_lock:
-            pass  # let a fold in progress finish
-        in_flight = [p.chain.in_flight for p in self._parts.values() if p.chain.in_flight]
-        if in_flight:
-            await asyncio.wait(in_flight)  # and the batches it handed over; the capture
-            # below does not yield, and skips this turn if another batch went out meanwhile
-        captured = self._capture(reader)
-        self.checkpoints.tried()
-        if captured is not None:
-            await self.checkpoints.write(self.table, *captured)
-
-    async def _checkpoint_now(self, reader: TasksReader) -> None:
-        """Checkpoint now if this is a consistent point with the tasks loop between fetches
-        (a revocation); otherwise the last periodic checkpoint stands."""
-        if self.checkpoints is None or not reader.idle:
-            return
-        captured = self._capture(reader)
-        if captured is not None:
-            await self.checkpoints.write(self.table, *captured)
-
-    async def _leave(self, main: asyncio.Task[None]) -> None:
-        """At stop: capture a checkpoint now if the tasks loop waits between fetches
-        (otherwise the last periodic one stands), stop the loops and writing, let every
-        batch settle, commit, and write the checkpoint; the group is left after this."""
-        reader = self._reader
-        captured = (
-            self._capture(reader)
-            if reader is not None and reader.idle and not main.done()
-            else None
-        )
-        acquisition = self._acquisition
-        main.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await main
-        self._closing = True
-        if acquisition is not None:
-            await asyncio.wait({acquisition})
-        with contextlib.suppress(SchedulerError, SchedulerFenced):
-            await self._settle(list(self._parts))
-        if main.done() and not main.cancelled() and main.exception() is not None:
-            if self.checkpoints is not None:
-                self.checkpoints.off = True  # a publish may have failed halfway
-        elif not self._transactional:
-            with contextlib.suppress(KafkaError, SchedulerError):
-                await self._commit(self.owned)
-        if self.checkpoints is None or not await self.checkpoints.settle():
-            return
-        if captured is not None:
-            await self.checkpoints.write(self.table, *captured)
-
-    # -- records ------------------------------------------------------------------------------
+        await self.membership.drop_fenced()
 
     def _dead(self, message: Any, error: str) -> DeadLetter:
         return dead_letter(message, error, member=self.group_id)
@@ -1055,14 +534,3 @@ def _first(group: ExceptionGroup[Any]) -> BaseException:
     if isinstance(error, KafkaError):
         return SchedulerError(f"scheduler lost the broker: {error}")
     return error
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.scheduler.on_partitions_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.scheduler.on_partitions_assigned(assigned)

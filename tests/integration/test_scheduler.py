@@ -408,11 +408,11 @@ async def test_a_static_member_restarted_in_time_keeps_its_partitions(
                 lambda: b.ready and a.owned and b.owned and sorted(a.owned + b.owned) == everything,
                 within=60,
             )
-            owned, generation = b.owned, group_generation(b._events)
+            owned, generation = b.owned, group_generation(b.clients.events)
             kept = a.owned
         again = Scheduler(settings, group_instance_id="b", **static)
         async with again:
             await until(lambda: again.owned == owned, within=30)
-            assert group_generation(again._events) == generation, "no rebalance"
+            assert group_generation(again.clients.events) == generation, "no rebalance"
             assert a.owned == kept
-            assert group_generation(a._events) == generation
+            assert group_generation(a.clients.events) == generation

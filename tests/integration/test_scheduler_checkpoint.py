@@ -253,7 +253,7 @@ async def test_two_schedulers_share_one_state_directory(
 
 def _checkpointed_at_reader(scheduler: Scheduler) -> bool:
     """Has a checkpoint been written at the tasks reader's current positions?"""
-    reader, checkpoints = scheduler._reader, scheduler.checkpoints
+    reader, checkpoints = scheduler.clients.reader, scheduler.checkpoints
     return (
         reader is not None
         and checkpoints is not None

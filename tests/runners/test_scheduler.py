@@ -15,6 +15,7 @@ from deferline.runners.scheduler import _cli as _scheduler_cli
 from deferline.runners.scheduler import _fold as fold_module
 from deferline.runners.scheduler import _publishing as publishing_module
 from deferline.runners.scheduler import _scheduler as scheduler_module
+from deferline.runners.scheduler import _writers as writers_module
 from deferline.runners.scheduler._phase import Phase
 from deferline.runners.scheduler._pools import PoolChannel
 from deferline.schemas import (
@@ -110,7 +111,7 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
     monkeypatch.setattr(publishing_module, "ensure_topics", fake_ensure)
     scheduler = Scheduler(Settings(topic_prefix="p."), pools=Pools(slots={"default_pool": 1}))
     own_partition_zero(scheduler)
-    scheduler._parts[0].publisher._producer = FakeProducer()
+    scheduler.writers[0].publisher._producer = FakeProducer()
     scheduler.ensured = ensured  # type: ignore[attr-defined]
     return scheduler
 
@@ -119,16 +120,16 @@ def own_partition_zero(scheduler: Scheduler) -> None:
     """Make ``scheduler`` the owner of partition 0 of a one-partition layout, as an
     acquisition leaves it (without a broker; its pools channel never reads)."""
     scheduler.router.partitions = 1
-    scheduler.pool_channel = PoolChannel(
+    scheduler.clients.pool_channel = PoolChannel(
         scheduler.settings,
         pools=scheduler.table.pools,
         partitions=1,
         consumer=object(),  # never started: nothing is read
     )
-    scheduler._parts[0] = scheduler._owned_partition(0)
+    scheduler.writers.add(0)
     scheduler.ownership.assign({0})
     scheduler.ownership.acquired(0)
-    scheduler.pool_channel.own(0, scheduler.table)
+    scheduler.clients.pool_channel.own(0, scheduler.table)
 
 
 def admitted(scheduler: Scheduler) -> list[Emit]:
@@ -168,10 +169,10 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
     start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
     resume = RunTask(task=TASK, mode="resume", operator="x.Op")
     letter = DeadLetter(topic="p.tasks", partition=0, offset=3, error="bad", error_type="E")
-    await sched._parts[0].chain.publish(
+    await sched.writers[0].chain.publish(
         [Emit(state("queued")), Emit(start), Emit(resume), Emit(cancel, queue="slow")], [letter]
     )
-    log = sched._parts[0].publisher._producer.log  # type: ignore[union-attr]
+    log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
     ti = TASK.ti_key.encode()
     assert log[:2] == [("send", "p.defer.slow", b"tid"), ("ack", "p.defer.slow", b"tid")]
     assert log[2:6] == [
@@ -185,24 +186,24 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
         ("send", "p.queue.resumes", ti),
     ]
     assert sched.published == 5
-    await sched._parts[0].chain.publish([Emit(start)])
+    await sched.writers[0].chain.publish([Emit(start)])
     ensured = [name for names in sched.ensured for name in names]  # type: ignore[attr-defined]
     assert ensured.count("p.queue.gpu") == 1, "a new worker queue's topics are created once"
 
 
 async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> None:
     assert sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True) is None
-    await sched._parts[0].chain.publish(admitted(sched))
-    log = sched._parts[0].publisher._producer.log  # type: ignore[union-attr]
+    await sched.writers[0].chain.publish(admitted(sched))
+    log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
     sends = [(topic, key) for kind, topic, key in log if kind == "send"]
     assert sends == [("p.tasks", TASK.ti_key.encode()), ("p.queue.gpu", TASK.ti_key.encode())]
 
 
 async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> None:
     producer = FakeProducer(partitions=3, room=2)
-    sched._parts[0].publisher._producer = producer
+    sched.writers[0].publisher._producer = producer
     tasks = [TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(7)]
-    chain = sched._parts[0].chain
+    chain = sched.writers[0].chain
     await chain.publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
     expected: dict[int, int] = {}
     for task in tasks:
@@ -221,10 +222,10 @@ async def test_batches_handed_over_back_to_back_go_out_one_after_another(
     sched: Scheduler,
 ) -> None:
     first, second = (TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(2))
-    sched._parts[0].chain.start([Emit(TaskStateRecord(task=first, state="queued"))])
-    sched._parts[0].chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
-    await sched._parts[0].chain.settle()
-    log = sched._parts[0].publisher._producer.log  # type: ignore[union-attr]
+    sched.writers[0].chain.start([Emit(TaskStateRecord(task=first, state="queued"))])
+    sched.writers[0].chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
+    await sched.writers[0].chain.settle()
+    log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
     assert log == [
         ("send", "p.tasks", first.ti_key.encode()),
         ("ack", "p.tasks", first.ti_key.encode()),
@@ -243,9 +244,9 @@ async def test_nothing_goes_out_after_a_batch_that_failed(
         calls.append(len(calls))
         raise KafkaConnectionError("broker gone")
 
-    monkeypatch.setattr(sched._parts[0].publisher, "publish", refused)
-    failed = sched._parts[0].chain.start([Emit(TaskStateRecord(task=TASK, state="queued"))])
-    after = sched._parts[0].chain.start([Emit(TaskStateRecord(task=TASK, state="running"))])
+    monkeypatch.setattr(sched.writers[0].publisher, "publish", refused)
+    failed = sched.writers[0].chain.start([Emit(TaskStateRecord(task=TASK, state="queued"))])
+    after = sched.writers[0].chain.start([Emit(TaskStateRecord(task=TASK, state="running"))])
     assert failed is not None
     assert after is not None
     with pytest.raises(SchedulerError, match="broker gone"):
@@ -259,7 +260,7 @@ async def test_own_writes_read_back_are_folded_without_decoding(
     sched: Scheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
-    await sched._parts[0].chain.publish(admitted(sched))
+    await sched.writers[0].chain.publish(admitted(sched))
     [(value, queued)] = sched.fold.written.items()
     assert queued.state == "queued"
 
@@ -275,11 +276,11 @@ async def test_own_writes_read_back_are_folded_without_decoding(
 
 async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> None:
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
-    await sched._parts[0].chain.publish(admitted(sched))
+    await sched.writers[0].chain.publish(admitted(sched))
     [value] = sched.fold.written
-    publisher = sched._parts[0].publisher
+    publisher = sched.writers[0].publisher
     producer = publisher._producer
-    await sched._release(0)
+    await sched.membership.release(0)
     assert sched.fold.written == {}
     assert len(sched.table) == 0, "its tasks are dropped"
     assert sched.table.pool_usage()["default_pool"] == (0, 1), "and their slots freed"
@@ -339,7 +340,7 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     sched.fold.task(b"k", encode(state()), live=True)
     admitted(sched)
     sched.lag["events"] = 7
-    sched.events_lag = {0: 3, 1: 4}
+    sched.housekeeping.events_lag = {0: 3, 1: 4}
     text = generate_latest(sched.registry).decode()
     assert 'deferline_scheduler_runs_enqueued_total{mode="start"} 1.0' in text
     assert 'deferline_scheduler_pool_slots_used{pool="default_pool"} 1.0' in text
@@ -387,36 +388,36 @@ async def test_a_transaction_carries_the_batch_and_the_offsets_it_consumed(
     sched: Scheduler,
 ) -> None:
     producer = FakeTransactionalProducer()
-    sched._parts[0].publisher._producer = producer
-    sched._parts[0].publisher.transactional = True
+    sched.writers[0].publisher._producer = producer
+    sched.writers[0].publisher.transactional = True
     sched.offsets.done = {TPS: 8}
     start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
-    await sched._parts[0].chain.publish([Emit(state("queued")), Emit(start)], offsets=True)
+    await sched.writers[0].chain.publish([Emit(state("queued")), Emit(start)], offsets=True)
     kinds = [kind for kind, _, _ in producer.log if kind != "ack"]
     assert kinds == ["begin", "send", "send", "commit"]
     assert producer.offsets == [{TPS: 8}]
     assert sched.offsets.committed == {TPS: 8}
-    await sched._parts[0].chain.publish([], offsets=True)
+    await sched.writers[0].chain.publish([], offsets=True)
     assert producer.offsets == [{TPS: 8}], "nothing new to commit: no empty transaction"
 
 
 async def test_a_fenced_transaction_drops_its_partition_without_writing(
     sched: Scheduler,
 ) -> None:
-    sched._parts[0].publisher._producer = FakeTransactionalProducer(fenced=True)
-    sched._parts[0].publisher.transactional = True
+    sched.writers[0].publisher._producer = FakeTransactionalProducer(fenced=True)
+    sched.writers[0].publisher.transactional = True
     sched.offsets.done = {TPS: 3}
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
-    chain = sched._parts[0].chain
+    chain = sched.writers[0].chain
     with pytest.raises(scheduler_module.SchedulerFenced, match="fenced"):
         await chain.publish(sched.table.drain(), offsets=True)
     assert sched.offsets.committed == {}, (
         "offsets of a fenced transaction are not taken as committed"
     )
     assert chain.in_flight is not None
-    await sched._await_batches([chain.in_flight])
+    await sched.writers.await_batches([chain.in_flight])
     assert sched.ownership.hold(0) is None, "another scheduler owns it now"
-    assert 0 not in sched._parts
+    assert 0 not in sched.writers
     assert len(sched.table) == 0
     assert sched.offsets.done == {}
 
@@ -517,15 +518,15 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
     sched: Scheduler,
 ) -> None:
     producer = GatedProducer()
-    sched._parts[0].publisher._producer = producer
-    sched._parts[0].publisher.transactional = True
-    sched._transactional = True
+    sched.writers[0].publisher._producer = producer
+    sched.writers[0].publisher.transactional = True
+    sched.writers.transactional = True
     for phase in (Phase.JOINING, Phase.RUNNING):
         sched.phase.move(phase)
     events = FakeEvents(batches=6)
-    loop = asyncio.create_task(sched._events_loop(events))
+    loop = asyncio.create_task(sched.intake.run(events))
     try:
-        ahead = scheduler_module._BATCHES_AHEAD
+        ahead = writers_module.BATCHES_AHEAD
         await wait_for_condition(lambda: events.fetched == ahead + 1)
         for _ in range(50):
             await asyncio.sleep(0)
@@ -533,7 +534,7 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
         assert events.fetched == ahead + 1, "one waiting to be sent, ahead more, then it waits"
         producer.gate.set()
         await asyncio.wait_for(events.drained.wait(), 5)
-        await sched._parts[0].chain.settle()
+        await sched.writers[0].chain.settle()
     finally:
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -559,8 +560,8 @@ async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
     channel = sched.pool_channel
     assert channel is not None
     channel.partitions = 2
-    sched._parts[1] = sched._owned_partition(1)
-    sched._parts[1].publisher._producer = FakeProducer()
+    sched.writers.add(1)
+    sched.writers[1].publisher._producer = FakeProducer()
     sched.ownership.revoke()
     sched.ownership.assign({0, 1})
     sched.ownership.acquired(1)
@@ -580,8 +581,8 @@ async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
         resume=ResumeTarget(operator="x.Op", worker_queue="gpu"),
     )
     sched.fold.task(key, encode(scheduled), live=True)
-    await sched._await_batches(sched._publish(sched.fold.drain(), []))
-    logs = {p: sched._parts[p].publisher._producer.log for p in (0, 1)}  # type: ignore[union-attr]
+    await sched.writers.await_batches(sched.writers.publish(sched.fold.drain(), []))
+    logs = {p: sched.writers[p].publisher._producer.log for p in (0, 1)}  # type: ignore[union-attr]
     pools = "p.scheduler.pools"
     assert ("send", pools, b"want/" + key) in logs[1]
     assert ("send", pools, b"want/" + key) not in logs[0]
@@ -592,7 +593,7 @@ async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
     want = claims.want(task.ti_key)
     assert want is not None
     assert channel.fold(0, b"want/" + key, encode(want)) == 1, "partition 1's table"
-    await sched._await_batches(sched._publish(sched.fold.drain(), []))
+    await sched.writers.await_batches(sched.writers.publish(sched.fold.drain(), []))
     assert ("send", pools, b"grant/" + key) in logs[0], "granted by the ledger owner"
     assert ("send", pools, b"grant/" + key) not in logs[1]
     assert [entry for entry in logs[1] if entry[1] == "p.queue.gpu"] == [], "not started yet"
@@ -600,6 +601,6 @@ async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
     grant = channel.ledger.grant(task.ti_key)
     assert grant is not None
     assert channel.fold(1, b"grant/" + key, encode(grant)) == 1
-    await sched._await_batches(sched._publish(sched.fold.drain(), []))
+    await sched.writers.await_batches(sched.writers.publish(sched.fold.drain(), []))
     assert ("send", "p.queue.gpu", key) in logs[1]
     assert sched.table.get(task.ti_key).state == "queued"  # type: ignore[union-attr]

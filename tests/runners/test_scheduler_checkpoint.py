@@ -160,7 +160,7 @@ def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore, A
     sched.checkpoints._topic, sched.checkpoints._partitions = "p.tasks", 1
     sched.fold.table = _table(2)
     sched.router.partitions = 1
-    sched._parts[0] = sched._owned_partition(0)
+    sched.writers.add(0)
     sched.ownership.assign({0})
     sched.ownership.acquired(0)
     return sched, store, StillReader()
@@ -168,12 +168,12 @@ def _scheduler_between_fetches(tmp_path: Path) -> tuple[Scheduler, FlakyStore, A
 
 def test_a_failed_write_is_retried_with_the_next_checkpoint(tmp_path: Path) -> None:
     sched, store, reader = _scheduler_between_fetches(tmp_path)
-    asyncio.run(sched._maybe_checkpoint(reader))
+    asyncio.run(sched.checkpointer.maybe(reader))
     assert store.written == []
     store.fail = False
-    asyncio.run(sched._maybe_checkpoint(reader))
+    asyncio.run(sched.checkpointer.maybe(reader))
     assert store.written == [({0: 3}, 2)], "the failed write's tasks go with the next one"
-    asyncio.run(sched._maybe_checkpoint(reader))
+    asyncio.run(sched.checkpointer.maybe(reader))
     assert len(store.written) == 1, "nothing changed, nothing written"
 
 
@@ -185,15 +185,17 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
     assert checkpoints is not None
     store.fail = False
     sched.table._outbox.append(Emit(state_record()))
-    assert sched._capture(reader) is None, "decided, not yet published"
+    assert sched.checkpointer.capture(reader) is None, "decided, not yet published"
     sched.table._outbox.clear()
-    sched._parts[0].held.out.append(Emit(state_record()))
-    assert sched._capture(reader) is None, "decided, held while the partition is quiesced"
-    sched._parts[0].held.out.clear()
+    sched.writers[0].held.out.append(Emit(state_record()))
+    assert sched.checkpointer.capture(reader) is None, (
+        "decided, held while the partition is quiesced"
+    )
+    sched.writers[0].held.out.clear()
 
     async def while_publishing() -> object:
-        async with sched._publish_lock:
-            return sched._capture(reader)
+        async with sched.writers.lock:
+            return sched.checkpointer.capture(reader)
 
     assert asyncio.run(while_publishing()) is None, "a batch is being published"
 
@@ -203,14 +205,14 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
         async def send() -> None:
             await sent
 
-        sched._parts[0].chain.in_flight = in_flight = asyncio.create_task(send())
-        on_its_way = sched._capture(reader)
+        sched.writers[0].chain.in_flight = in_flight = asyncio.create_task(send())
+        on_its_way = sched.checkpointer.capture(reader)
         if outcome is None:
             sent.set_result(None)
         else:
             sent.set_exception(outcome)
         await asyncio.wait({in_flight})
-        return on_its_way, sched._capture(reader)
+        return on_its_way, sched.checkpointer.capture(reader)
 
     on_its_way, acked = asyncio.run(while_sending(None))
     assert on_its_way is None, "a batch handed to the producer is not acknowledged yet"
@@ -219,11 +221,11 @@ def test_no_checkpoint_while_decisions_are_unsent_or_after_a_failed_publish(
     on_its_way, failed = asyncio.run(while_sending(OSError("broker gone")))
     assert on_its_way is None
     assert failed is None, "a batch that failed may have left the table ahead of the topic"
-    sched._parts[0].chain.in_flight = None
+    sched.writers[0].chain.in_flight = None
     checkpoints.off = True
-    assert sched._capture(reader) is None
+    assert sched.checkpointer.capture(reader) is None
     checkpoints.off = False
-    assert sched._capture(reader) is not None
+    assert sched.checkpointer.capture(reader) is not None
 
 
 def state_record() -> TaskStateRecord:
@@ -240,6 +242,6 @@ def test_an_attempt_that_finds_no_consistent_point_waits_a_whole_interval(
     checkpoints.interval = 60.0
     sched.table._outbox.append(Emit(state_record()))  # decided, not yet published
     assert checkpoints.due()
-    asyncio.run(sched._maybe_checkpoint(reader))
+    asyncio.run(sched.checkpointer.maybe(reader))
     assert store.written == []
     assert not checkpoints.due(), "not tried again at every fetch until the next interval"

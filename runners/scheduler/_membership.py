@@ -1,0 +1,319 @@
+"""The scheduler's part in its consumer group: rebalances, taking partitions over, letting
+them go.
+
+:class:`Membership` is the rebalance listener (``on_partitions_revoked`` /
+``on_partitions_assigned``). It moves each partition through :class:`~._ownership.Ownership`
+(the one state machine of a partition's lifecycle), adds and drops the partitions'
+writers (:class:`~._writers.PartitionWriters`), takes new partitions over in the background
+(:meth:`Membership._acquire`: fence the previous owner, fold the partition to its end, join
+it to the table, publish what it calls for, read its events), releases partitions without
+writing, and drops those whose producer was fenced.
+
+It owns the acquisition in progress, whether it is closing, the takeover figures, and the
+generations noted in the sticky assignor. The clients it uses (the group member, the tasks
+reader, the pools channel) are :class:`~._clients.SchedulerClients`'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from deferline.schemas import DeadLetter
+from deferline.topics import Settings, TopicNames, stop_client
+
+from .._aiokafka import group_generation, request_rejoin
+from .._local_state import CheckpointError
+from ..triggerer._sticky_assignor import StickyAssignor
+from ._admission import LEDGER_PARTITION
+from ._checkpoint import Checkpoints
+from ._checkpointer import Checkpointer
+from ._clients import SchedulerClients
+from ._fold import TaskFold
+from ._ownership import Hold, Ownership
+from ._publishing import EventOffsets, SchedulerError
+from ._routing import PartitionRouter
+from ._tasks_topic import TasksReader
+from ._writers import PartitionWriters
+
+__all__ = ["Membership"]
+
+logger = logging.getLogger(__name__)
+
+
+class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Rebalances and partition takeover.
+
+    Args:
+        settings: connection and topic layout.
+        group_id: the scheduler group.
+        fold: the scheduler's fold (its table is read at each call).
+        router: the task partition of each key.
+        offsets: the event offsets of the owned partitions.
+        ownership: each partition's stage; this object is the one that moves it.
+        writers: the owned partitions' producers, and the publish lock.
+        checkpoints: the local checkpoints, if any.
+        checkpointer: checkpoints at a revocation.
+        clients: the group member, the tasks reader and the pools channel, once connected.
+        assignor: the sticky assignor; told each generation.
+        max_records: most records folded per fetch.
+        dead: the dead letter of an unreadable record.
+        moved: called when ownership changed (waiters look again).
+        running: called when an assignment is taken over.
+        forget_lag: called with a partition released (its lag is no longer this member's).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        group_id: str,
+        fold: TaskFold,
+        router: PartitionRouter,
+        offsets: EventOffsets,
+        ownership: Ownership,
+        writers: PartitionWriters,
+        checkpoints: Checkpoints | None,
+        checkpointer: Checkpointer,
+        clients: SchedulerClients,
+        assignor: StickyAssignor,
+        max_records: int,
+        dead: Callable[[object, str], DeadLetter],
+        moved: Callable[[], None],
+        running: Callable[[], None],
+        forget_lag: Callable[[int], None],
+    ) -> None:
+        self.settings = settings
+        self.names = TopicNames(settings.topic_prefix)
+        self.group_id = group_id
+        self.fold = fold
+        self.router = router
+        self.offsets = offsets
+        self.ownership = ownership
+        self.writers = writers
+        self.checkpoints = checkpoints
+        self.checkpointer = checkpointer
+        self.clients = clients
+        self.assignor = assignor
+        self.max_records = max_records
+        self.takeovers = 0  # partitions acquired
+        self.takeover_seconds: float | None = None  # the last acquisition's
+        self.rebalances = 0
+        self.recovered_records = 0
+        self.closing = False
+        self._dead = dead
+        self._moved = moved
+        self._running = running
+        self._forget_lag = forget_lag
+        self._group: asyncio.TaskGroup | None = None
+        self._acquisition: asyncio.Task[None] | None = None
+        self._absorbing = False
+
+    def supervise(self, group: asyncio.TaskGroup | None) -> None:
+        """Run acquisitions in ``group`` (their failure is the scheduler's); None: none."""
+        self._group = group
+
+    @property
+    def acquisition(self) -> asyncio.Task[None] | None:
+        """The takeover in progress, if any."""
+        return self._acquisition
+
+    # -- rebalances -------------------------------------------------------------------------
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Stop writing for every partition (before anything awaits), abandon an acquisition
+        in progress, let the batches in flight settle, commit, checkpoint."""
+        if self.closing:
+            return
+        acquisition = self._acquisition
+        if acquisition is not None and not acquisition.done() and not self._absorbing:
+            acquisition.cancel()  # one joining its partitions to the table finishes that first
+        async with self.writers.lock:  # free unless a fold or that join is under way
+            quiesced, abandoned = self.ownership.revoke()
+        if acquisition is not None:
+            await asyncio.wait({acquisition})  # its reader is closed before its databases
+        self._acquisition = None
+        self._moved()
+        for p in abandoned:
+            await self.release(p)
+        await self.writers.settle(quiesced)
+        if not self.writers.transactional and quiesced:
+            try:
+                await self.writers.commit(self.clients.events, self.ownership.owned(Hold.QUIESCED))
+            except KafkaError as exc:  # the generation is over: the next owner reads again
+                logger.warning("event offsets not committed at revocation: %s", exc)
+        if self.clients.reader is not None:
+            await self.checkpointer.now(self.clients.reader)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Kept partitions write again at once, gone ones are dropped, new ones are taken
+        over in the background (paused until then)."""
+        events = self.clients.events
+        if events is None or self.closing:
+            return
+        generation = group_generation(events)
+        self.assignor.note_generation(generation)
+        self.rebalances += 1
+        mine = {tp.partition for tp in assigned if tp.topic == self.names.task_events}
+        async with self.writers.lock:
+            change = self.ownership.assign(mine)
+            for p in change.kept:
+                part = self.writers[p]
+                done = self.offsets.done.get(part.events_tp)
+                if done is not None:
+                    events.seek(part.events_tp, done)
+                self.writers.publish([], [], offsets=(p,))  # sends what was held while quiesced
+            for p in change.acquired:
+                self.writers.add(p)
+        if change.acquired:
+            events.pause(*(TopicPartition(self.names.task_events, p) for p in change.acquired))
+        for p in change.released:
+            await self.release(p)
+        self._moved()
+        logger.info(
+            "scheduler partitions assigned",
+            extra={
+                "group_id": self.group_id,
+                "generation": generation,
+                "partitions": sorted(mine),
+                "kept": list(change.kept),
+                "acquired": list(change.acquired),
+                "lost": list(change.released),
+            },
+        )
+        if change.acquired and self._group is not None and not self.closing:
+            self._acquisition = self._group.create_task(
+                self._acquire(change.acquired), name="scheduler-acquire"
+            )
+        elif not change.acquired:
+            self._running()
+
+    # -- takeover ---------------------------------------------------------------------------
+
+    async def _acquire(self, numbers: tuple[int, ...]) -> None:
+        """Take partitions over: fence their old owner, fold them to their end, join them to
+        the table, publish what they call for, then read their events."""
+        began = time.monotonic()
+        clients = self.clients
+        reader, events, channel = clients.reader, clients.events, clients.pool_channel
+        assert reader is not None
+        assert events is not None
+        assert channel is not None
+        parts = [self.writers[p] for p in numbers]
+        try:
+            # The producers first: each fences the partition's previous owner (its open
+            # transaction is aborted), so the ends read next hold all it managed to commit.
+            await self.writers.start_publishers(parts)
+            if LEDGER_PARTITION in numbers:
+                await channel.lead()  # its producer fenced the previous ledger owner's grants
+            table = self.fold.table
+            fold = TaskFold(table.pools, ledger=table.ledger)
+            if self.checkpoints is not None:
+                fold.table.track_changes()
+            consumer = clients.consumer()
+            await consumer.start()
+            try:
+                side = TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
+                await side.recover(
+                    self.names.tasks,
+                    set(numbers),
+                    self.checkpoints,
+                    prefix=self.settings.topic_prefix,
+                    group=self.group_id,
+                    total=self.router.partitions,
+                )
+                positions = dict(side.positions)
+            finally:
+                await stop_client(consumer, grace=5.0, name="scheduler partition reader")
+            self.recovered_records += side.recovered_records
+            events_tps = [part.events_tp for part in parts]
+            committed = {tp: await events.committed(tp) for tp in events_tps}
+            ends = await events.end_offsets(events_tps) if not self.writers.transactional else {}
+            async with clients.pool_reads:
+                await channel.catch_up(clients.fetch_wait_ms)  # no want published twice
+        except CheckpointError as exc:
+            raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
+        except KafkaError as exc:
+            raise SchedulerError(f"scheduler could not take over {numbers}: {exc}") from exc
+        async with self.writers.lock:
+            self._absorbing = True  # a revocation now waits for the end of this
+            try:
+                self.fold.table.absorb(fold.table)
+                await reader.take(positions)
+                for part in parts:
+                    channel.own(part.number, self.fold.table)
+                    self.ownership.acquired(part.number)
+                    offset = committed[part.events_tp]
+                    if offset is not None:
+                        self.offsets.committed[part.events_tp] = offset
+                    if part.events_tp in ends:
+                        # Events below were read before, by a predecessor that may have died
+                        # between a batch's task states and its RunTasks (no transactions):
+                        # folding them again re-sends the RunTask of a task still queued
+                        # on one of them (see TaskTable.apply(resend=...)).
+                        self.offsets.reread[part.events_tp] = ends[part.events_tp]
+                handed = self.writers.publish(self.fold.drain(), [])
+                events.resume(*events_tps)
+            finally:
+                self._absorbing = False
+        await self.writers.await_batches(handed)
+        self.takeovers += len(numbers)
+        self.takeover_seconds = time.monotonic() - began
+        logger.info(
+            "scheduler partitions acquired",
+            extra={
+                "group_id": self.group_id,
+                "partitions": list(numbers),
+                "transactional": self.writers.transactional,
+                "takeover_seconds": round(self.takeover_seconds, 3),
+                "tasks": len(self.fold.table),
+            },
+        )
+        self._running()
+
+    # -- letting go -------------------------------------------------------------------------
+
+    async def release(self, p: int) -> None:
+        """Drop partition ``p`` without writing: its tasks, offsets, reader position,
+        checkpoint database and producer."""
+        part = self.writers.pop(p)
+        channel = self.clients.pool_channel
+        if channel is not None:
+            channel.disown(p)
+            if p == LEDGER_PARTITION:
+                channel.resign()
+        self.fold.table.drop_where(lambda key: self.router.partition_of(key) == p)
+        self.router.forget(p)
+        if part is None:
+            return
+        self.fold.forget_unread_writes()  # those of the partition are no longer awaited
+        self.offsets.forget(part.events_tp)
+        self._forget_lag(p)
+        if self.clients.reader is not None:
+            await self.clients.reader.drop({p})
+        if self.checkpoints is not None:
+            await self.checkpoints.close_partition(p)
+        await self.writers.close(part)
+
+    async def drop_fenced(self) -> None:
+        """Drop every partition whose producer was fenced, without writing, and rejoin."""
+        async with self.writers.lock:
+            lost = self.writers.fenced()
+            for p in lost:
+                self.ownership.lose(p)
+        for p in lost:
+            if self.clients.events is not None:
+                self.clients.events.pause(TopicPartition(self.names.task_events, p))
+            await self.release(p)
+        if lost:
+            self._moved()
+            logger.warning(
+                "scheduler fenced: partitions taken over by another member dropped",
+                extra={"group_id": self.group_id, "partitions": lost},
+            )
+            if self.clients.events is not None:
+                request_rejoin(self.clients.events)
