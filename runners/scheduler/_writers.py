@@ -99,6 +99,7 @@ class PartitionWriters:
         self._parts: dict[int, OwnedPartition] = {}
         self._handed: deque[list[asyncio.Task[None]]] = deque()
         self._published_gone = 0
+        self._popped: set[OwnedPartition] = set()  # popped, their last batch not yet ended
 
     # -- the partitions ---------------------------------------------------------------------
 
@@ -118,7 +119,8 @@ class PartitionWriters:
     @property
     def published(self) -> int:
         """Records published, by every partition owned now or before."""
-        return self._published_gone + sum(p.chain.published for p in self._parts.values())
+        parts = [*self._parts.values(), *self._popped]
+        return self._published_gone + sum(part.chain.published for part in parts)
 
     def counts(self) -> dict[int, tuple[int, int]]:
         """Per owned partition: events applied and duplicates dropped since it was acquired."""
@@ -145,14 +147,16 @@ class PartitionWriters:
         """Forget partition ``p`` (its batch in flight goes on: :meth:`close` it)."""
         part = self._parts.pop(p, None)
         if part is not None:
-            self._published_gone += part.chain.published
+            self._popped.add(part)  # still counted in published: its batch may be sending
         return part
 
-    @staticmethod
-    async def close(part: OwnedPartition) -> None:
+    async def close(self, part: OwnedPartition) -> None:
         """Let a popped partition's batch in flight end, then stop its producer."""
         if part.chain.in_flight is not None:
             await asyncio.wait({part.chain.in_flight})
+        if part in self._popped:
+            self._popped.discard(part)
+            self._published_gone += part.chain.published
         await part.publisher.stop()
 
     async def close_all(self) -> None:
