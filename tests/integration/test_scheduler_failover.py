@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import signal
 import time
 import uuid
@@ -229,10 +230,12 @@ def _due_deferrals(
     return records
 
 
-CHURN_TASKS = 2000
-CHURN_WINDOW = 20.0
+# Scaled down for CI; CHURN_TASKS=20000 is the full-scale run (docs/benchmarks.md).
+CHURN_TASKS = int(os.environ.get("CHURN_TASKS", "2000"))
+CHURN_WINDOW = float(os.environ.get("CHURN_WINDOW", "20"))
 
 
+@pytest.mark.timeout(300 + CHURN_TASKS // 100)
 async def test_churn_every_task_resumed_once_while_schedulers_join_leave_die_and_pause(
     settings: Settings, tmp_path: Path, spawn: list[SchedulerProcess]
 ) -> None:
@@ -281,23 +284,19 @@ async def test_churn_every_task_resumed_once_while_schedulers_join_leave_die_and
                 message="every task resumed",
             )
             churned = time.monotonic() - began
-            print(f"churn: {CHURN_TASKS} resumed {churned:.1f}s after the first eighth")
-            await wait_until(lambda: all_events_committed(settings, flow), timeout=60)
-            await wait_until(lambda: flow_caught_up(flow), timeout=30)
-            runs = Counter(
-                r.task.ti_key for _, r in flow.runs if r.mode == "resume" and r.task.ti_key in keys
-            )
+            # One "queued" state and one distinct resume RunTask per task (copies only as
+            # re-sent by a new owner, identical), read committed.
+            await check_exactly_once(settings, flow, tasks, processes=spawn)  # type: ignore[arg-type]
+            runs, _ = resume_counts(flow, tasks)
             copies = sum(n - 1 for n in runs.values())
             resent = sum(len(p.find(RESENT)) for p in spawn)
-            assert len(runs) == CHURN_TASKS
-            distinct = {(r.task.ti_key, r.model_dump_json()) for _, r in flow.runs}
-            assert len({k for k, _ in distinct if k in keys}) == CHURN_TASKS
-            assert copies <= resent, f"{copies} RunTask copies, {resent} re-sent by new owners"
-            deferred = [
-                task
-                for task in tasks
-                if (latest := flow.latest(task)) is not None and latest.state == "deferred"
-            ]
+            print(
+                f"churn: {CHURN_TASKS} resumed {churned:.1f}s after the first eighth; "
+                f"{len(runs)} tasks with a resume RunTask, {copies} copies, {resent} re-sent"
+            )
+            # The latest state of each task, in one pass (flow.latest per task is quadratic).
+            latest = {record.task.ti_key: record.state for record in flow.tasks_log}
+            deferred = [key for key in keys if latest.get(key) == "deferred"]
             assert deferred == [], f"{len(deferred)} tasks left deferred"
             assert churned < CHURN_WINDOW + 120
     finally:
