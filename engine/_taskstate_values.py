@@ -296,13 +296,19 @@ class _Slim:
                     {
                         "version": SCHEMA_VERSION,
                         "kind": "task_state",
-                        "task": self.task_fields(),
+                        "task": {
+                            "dag_id": self.dag_id,
+                            "task_id": self.task_id,
+                            "run_id": self.run_id,
+                            "map_index": self.map_index,
+                            "try_number": self.try_number,
+                        },
                         "state": self.state,
                         "trigger_id": self.trigger_id,
                         "defer_seq": self.defer_seq,
                         "next_method": self.next_method,
                         "next_kwargs": _tagged(self.next_kwargs),
-                        "event": to_tagged(self.event),
+                        "event": _tagged_value(self.event),
                         "event_id": self.event_id,
                         "reason": self.reason,
                         "updated_at": updated_at,
@@ -328,6 +334,19 @@ class _Slim:
 
 def _tagged(value: Any) -> Any:
     return None if value is None else to_tagged(value)
+
+
+_PLAIN: Final = frozenset({str, bool, type(None)})
+_INT64: Final = range(-(2**63), 2**63)
+
+
+def _tagged_value(value: Any) -> Any:
+    """:func:`to_tagged`, with the usual payloads (a plain str, bool, None or 64-bit int,
+    which it returns as they are) passed through without the call."""
+    kind = type(value)
+    if kind in _PLAIN or (kind is int and value in _INT64):
+        return value
+    return to_tagged(value)
 
 
 def _tagged_kwargs(kwargs: dict[str, Any]) -> Any:
@@ -381,7 +400,7 @@ class _ResumeRun:
                         "op_kwargs": _tagged_kwargs(target.op_kwargs),
                         "next_method": state.next_method,
                         "next_kwargs": _tagged(state.next_kwargs),
-                        "event": to_tagged(event.payload),
+                        "event": _tagged_value(event.payload),
                         "event_id": event.event_id,
                         "trigger_id": event.trigger_id,
                         "defer_seq": event.defer_seq,
