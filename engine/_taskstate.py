@@ -203,9 +203,11 @@ class TaskTable:
             return self._apply_event(EventFields.of(record), ref, resend=resend)
         self._tick(record.updated_at)
         if isinstance(record, _Slim):
-            view = self._views.get(record.ti_key)
-            if view is None or not any(own is record for own in view.inflight):
-                record = record.full()  # not a write this table waits for: fold it as any
+            key = record.ti_key
+            view = self._views.get(key)
+            if view is not None and any(own is record for own in view.inflight):
+                return self._apply_state(record, key)  # one of this table's writes, read back
+            record = record.full()  # not a write this table waits for: fold it as any
         return self._apply_state(record)
 
     def apply_pool(self, entry: PoolEntry) -> None:
@@ -466,9 +468,11 @@ class TaskTable:
         if when > self._clock:
             self._clock = when
 
-    def _apply_state(self, record: TaskStateRecord | _Slim) -> Verdict:
-        """Fold a task state (a :class:`_Slim` only when it is one of ``inflight``)."""
-        key = record.ti_key if isinstance(record, _Slim) else record.task.ti_key
+    def _apply_state(self, record: TaskStateRecord | _Slim, key: str | None = None) -> Verdict:
+        """Fold a task state (a :class:`_Slim` only when it is one of ``inflight``);
+        ``key``: its ``ti_key``, when the caller has it."""
+        if key is None:
+            key = record.ti_key if isinstance(record, _Slim) else record.task.ti_key
         at = progress(record)
         view = self._views.get(key)
         if view is None:
@@ -672,7 +676,7 @@ class TaskTable:
         if event.status == "fired" and event.task_outcome is not None:
             self.counters.ended_by_trigger += 1
         elif state.state == "queued" and target is not None and not event.resumed_directly:
-            self._outbox.append(Emit(_ResumeRun(state, target, event)))
+            self._outbox.append(Emit(_ResumeRun(state, target, event), key=key))
             self.counters.resumes += 1
 
     def _resend(self, view: _View, event: EventFields) -> bool:
@@ -699,7 +703,7 @@ class TaskTable:
 
     def _own(self, key: str, view: _View, record: TaskStateRecord | _Slim) -> None:
         """Move to a state the table itself decided, and publish it."""
-        self._outbox.append(Emit(record))
+        self._outbox.append(Emit(record, key=key))
         self._advance(key, view, record)
         view.inflight.append(record)
         view.needs_repair = False

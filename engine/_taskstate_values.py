@@ -92,16 +92,49 @@ class Emit:
     and :meth:`value` encodes the draft from a template, the bytes the model's encoder gives.
     """
 
-    __slots__ = ("_draft", "_record", "queue")
+    __slots__ = ("_draft", "_record", "key", "kind", "queue", "resumes", "worker_queue")
 
-    def __init__(self, record: Decision | _Slim | _ResumeRun, queue: str | None = None) -> None:
+    kind: str
+    """The record's ``kind``: ``task_state``, ``run_task`` or ``cancel_request``."""
+    key: str
+    """The record's message key: the task's ``ti_key``; a CancelRequest's trigger id."""
+    worker_queue: str | None
+    """A RunTask's worker queue; None for other records."""
+    resumes: bool
+    """True for a RunTask that resumes a task (its topic is ``queue[.<wq>].resumes``)."""
+
+    def __init__(
+        self,
+        record: Decision | _Slim | _ResumeRun,
+        queue: str | None = None,
+        *,
+        key: str | None = None,
+    ) -> None:
+        """``key``: the record's task key when the caller has it (else computed)."""
+        # Where it goes is read once per record by the router and the batch builder:
+        # plain attributes, set here, not properties.
         self.queue = queue
         self._draft: _Slim | _ResumeRun | None
         self._record: Decision | None
         if isinstance(record, _Slim | _ResumeRun):
             self._draft, self._record = record, None
+            self.kind = record.kind
+            self.key = record.ti_key if key is None else key
+            if isinstance(record, _ResumeRun):
+                self.worker_queue, self.resumes = record.target.worker_queue, True
+            else:
+                self.worker_queue, self.resumes = None, False
+            return
+        self._draft, self._record = None, record
+        self.kind = record.kind
+        if isinstance(record, CancelRequest):
+            self.key = record.trigger_id
         else:
-            self._draft, self._record = None, record
+            self.key = record.task.ti_key if key is None else key
+        if isinstance(record, RunTask):
+            self.worker_queue, self.resumes = record.worker_queue, record.mode == "resume"
+        else:
+            self.worker_queue, self.resumes = None, False
 
     @property
     def record(self) -> Decision:
@@ -110,34 +143,6 @@ class Emit:
             assert self._draft is not None
             self._record = self._draft.full()
         return self._record
-
-    @property
-    def kind(self) -> str:
-        """The record's ``kind``: ``task_state``, ``run_task`` or ``cancel_request``."""
-        return (self._draft or self.record).kind
-
-    @property
-    def key(self) -> str:
-        """The record's message key: the task's ``ti_key``; a CancelRequest's trigger id."""
-        if self._draft is not None:
-            return self._draft.ti_key
-        record = self.record
-        return record.trigger_id if isinstance(record, CancelRequest) else record.task.ti_key
-
-    @property
-    def worker_queue(self) -> str | None:
-        """A RunTask's worker queue; None for other records."""
-        if isinstance(self._draft, _ResumeRun):
-            return self._draft.target.worker_queue
-        record = self._record if self._draft is None else None
-        return record.worker_queue if isinstance(record, RunTask) else None
-
-    @property
-    def resumes(self) -> bool:
-        """True for a RunTask that resumes a task (its topic is ``queue[.<wq>].resumes``)."""
-        if self._draft is not None:
-            return isinstance(self._draft, _ResumeRun)
-        return isinstance(self._record, RunTask) and self._record.mode == "resume"
 
     @property
     def written(self) -> WrittenState:
@@ -291,13 +296,19 @@ class _Slim:
                     {
                         "version": SCHEMA_VERSION,
                         "kind": "task_state",
-                        "task": self.task_fields(),
+                        "task": {
+                            "dag_id": self.dag_id,
+                            "task_id": self.task_id,
+                            "run_id": self.run_id,
+                            "map_index": self.map_index,
+                            "try_number": self.try_number,
+                        },
                         "state": self.state,
                         "trigger_id": self.trigger_id,
                         "defer_seq": self.defer_seq,
                         "next_method": self.next_method,
                         "next_kwargs": _tagged(self.next_kwargs),
-                        "event": to_tagged(self.event),
+                        "event": _tagged_value(self.event),
                         "event_id": self.event_id,
                         "reason": self.reason,
                         "updated_at": updated_at,
@@ -323,6 +334,19 @@ class _Slim:
 
 def _tagged(value: Any) -> Any:
     return None if value is None else to_tagged(value)
+
+
+_PLAIN: Final = frozenset({str, bool, type(None)})
+_INT64: Final = range(-(2**63), 2**63)
+
+
+def _tagged_value(value: Any) -> Any:
+    """:func:`to_tagged`, with the usual payloads (a plain str, bool, None or 64-bit int,
+    which it returns as they are) passed through without the call."""
+    kind = type(value)
+    if kind in _PLAIN or (kind is int and value in _INT64):
+        return value
+    return to_tagged(value)
 
 
 def _tagged_kwargs(kwargs: dict[str, Any]) -> Any:
@@ -376,7 +400,7 @@ class _ResumeRun:
                         "op_kwargs": _tagged_kwargs(target.op_kwargs),
                         "next_method": state.next_method,
                         "next_kwargs": _tagged(state.next_kwargs),
-                        "event": to_tagged(event.payload),
+                        "event": _tagged_value(event.payload),
                         "event_id": event.event_id,
                         "trigger_id": event.trigger_id,
                         "defer_seq": event.defer_seq,

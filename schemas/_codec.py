@@ -302,6 +302,8 @@ def dumps_kept(value: Any) -> bytes:
 def whole_minute_offset(moment: dt.datetime) -> bool:
     """True when ``moment``'s UTC offset is whole minutes: orjson then writes it as the wire
     models do (it rounds an offset with seconds where pydantic-core writes them)."""
+    if moment.tzinfo is dt.UTC and type(moment) is dt.datetime:  # "Z" read back: the usual case
+        return True
     offset = moment.utcoffset()
     return offset is not None and not offset.seconds % 60 and not offset.microseconds
 

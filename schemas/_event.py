@@ -25,6 +25,7 @@ __all__ = ["EventFields", "decode_event", "quick_event_fields"]
 
 _STATUSES = frozenset({"fired", "failed", "timed_out", "cancelled"})
 _OUTCOMES = frozenset({"success", "failed", "skipped"})
+_validate_task_key = TaskKey.__pydantic_validator__.validate_python
 
 
 @dataclass(slots=True)
@@ -134,7 +135,7 @@ def quick_event_fields(raw: dict[str, Any]) -> EventFields | None:
         return None
     try:
         payload = from_tagged(raw.get("payload"))
-        key = TaskKey.model_validate(task)
+        key = _validate_task_key(task)  # model_validate without its Python wrapper
     except (SchemaError, ValidationError):
         return None
     return EventFields(

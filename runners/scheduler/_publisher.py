@@ -27,6 +27,7 @@ from deferline.topics import (
     make_producer,
     partition_for,
     trace_send,
+    tracing_on,
 )
 
 __all__ = ["Outgoing", "SchedulerFenced", "SchedulerPublisher"]
@@ -34,6 +35,8 @@ __all__ = ["Outgoing", "SchedulerFenced", "SchedulerPublisher"]
 logger = logging.getLogger(__name__)
 
 Outgoing = tuple[str, bytes | None, bytes | None]  # topic, key, value (None: a tombstone)
+
+_NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
 
 
 class SchedulerFenced(DeferlineError):
@@ -102,32 +105,38 @@ class SchedulerPublisher:
         self,
         producer: AIOKafkaProducer,
         wave: Sequence[Outgoing],
-        chosen: dict[tuple[bytes, int], int],
+        chosen: dict[int, dict[bytes, int]],
     ) -> list[asyncio.Future[Any]]:
         """Queue one wave as one record batch per partition (far cheaper than a ``send`` per
         record); returns the futures of the batches.
 
-        ``chosen`` keeps each key's partition across the waves of one publish: a task's
-        state and its RunTask share the key, so it is hashed once."""
+        ``chosen`` keeps each key's partition index (per partition count) across the waves of
+        one publish: a task's state and its RunTask share the key, so it is hashed once."""
         by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
-        partitions: dict[str, list[int]] = {}
+        partitions: dict[str, tuple[list[int], dict[bytes, int]]] = {}
         for topic, key, value in wave:
-            ids = partitions.get(topic)
-            if ids is None:
-                ids = partitions[topic] = sorted(await producer.partitions_for(topic))
+            known = partitions.get(topic)
+            if known is None:
+                ids = sorted(await producer.partitions_for(topic))
+                known = partitions[topic] = (ids, chosen.setdefault(len(ids), {}))
+            ids, indexes = known
             if key is None:
                 partition = self._partitioner(key, ids, ids)
             else:
-                index = chosen.get((key, len(ids)))
+                index = indexes.get(key)
                 if index is None:
-                    index = chosen[key, len(ids)] = partition_for(key, len(ids))
+                    index = indexes[key] = partition_for(key, len(ids))
                 partition = ids[index]
-            by_partition.setdefault((topic, partition), []).append((key, value))
+            records = by_partition.get((topic, partition))
+            if records is None:
+                records = by_partition[topic, partition] = []
+            records.append((key, value))
+        traced = tracing_on()  # asked once a wave, not per record
         futures: list[asyncio.Future[Any]] = []
         for (topic, partition), records in by_partition.items():
             batch = producer.create_batch()
             for key, value in records:
-                headers = trace_send(topic, value)
+                headers = trace_send(topic, value) if traced else _NO_HEADERS
                 if batch.append(key=key, value=value, timestamp=None, headers=headers) is not None:
                     continue
                 if batch.record_count():  # full: send it, start the next
@@ -157,7 +166,7 @@ class SchedulerPublisher:
         if producer is None:
             raise SchedulerFenced(f"{self.transactional_id} is not started")
         try:
-            chosen: dict[tuple[bytes, int], int] = {}
+            chosen: dict[int, dict[bytes, int]] = {}
             if not self.transactional:
                 for wave in waves:
                     futures = await self._send(producer, wave, chosen)

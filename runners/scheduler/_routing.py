@@ -41,10 +41,21 @@ class PartitionRouter:
     ) -> dict[int, PartitionBatch]:
         """``out`` and ``dead`` by task partition, each in the order given."""
         batches: dict[int, PartitionBatch] = {}
+        known = self._known
         for emit in out:
-            record = emit.record if emit.kind == "cancel_request" else None
-            key = record.task.ti_key if isinstance(record, CancelRequest) else emit.key
-            batches.setdefault(self.partition_of(key), PartitionBatch()).out.append(emit)
+            if emit.kind == "cancel_request":
+                record = emit.record
+                assert isinstance(record, CancelRequest)
+                key = record.task.ti_key
+            else:
+                key = emit.key
+            partition = known.get(key)
+            if partition is None:
+                partition = self.partition_of(key)
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = PartitionBatch()
+            batch.out.append(emit)
         for letter in dead:
             batches.setdefault(letter.partition, PartitionBatch()).dead.append(letter)
         return batches

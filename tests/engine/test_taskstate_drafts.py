@@ -205,3 +205,35 @@ def _deferral(task: TaskKey) -> tuple[TaskStateRecord, TriggerEventRecord]:
         event_id="e1", trigger_id=trigger_id, task=task, status="fired", payload=1, emitted_at=at
     )
     return deferred, event
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    st.one_of(
+        states,
+        st.builds(
+            RunTask,
+            task=task_keys,
+            mode=st.sampled_from(["start", "resume"]),
+            operator=texts,
+            worker_queue=queues,
+        ),
+        st.builds(CancelRequest, trigger_id=st.text(min_size=1, max_size=40), task=task_keys),
+    ),
+    st.none() | queues,
+)
+def test_an_emits_destination_attributes_are_what_its_record_says(
+    record: TaskStateRecord | RunTask | CancelRequest, queue: str | None
+) -> None:
+    """Set once when the Emit is made (read per record by the router and the batches)."""
+    emit = Emit(record, queue=queue)
+    assert emit.kind == record.kind
+    assert emit.key == (
+        record.trigger_id if isinstance(record, CancelRequest) else record.task.ti_key
+    )
+    if isinstance(record, RunTask):
+        assert (emit.worker_queue, emit.resumes) == (record.worker_queue, record.mode == "resume")
+    else:
+        assert (emit.worker_queue, emit.resumes) == (None, False)
+    if not isinstance(record, CancelRequest):
+        assert Emit(record, key=record.task.ti_key).key == emit.key
