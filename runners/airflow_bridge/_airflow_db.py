@@ -15,6 +15,7 @@ import datetime as dt
 import importlib
 import inspect
 import logging
+import time
 import traceback
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -79,6 +80,11 @@ class AirflowDatabase:
         self._serialize: Any = (
             None if self._airflow2 else importlib.import_module("airflow.sdk.serde").serialize
         )
+        self._base_serialization: Any = (
+            importlib.import_module("airflow.serialization.serialized_objects").BaseSerialization
+            if self._airflow2
+            else None
+        )
         params = inspect.signature(self._trigger.assign_unassigned).parameters
         # Only what this Airflow knows: queues came in 3.2, teams in 3.3.
         self._queue_kw: dict[str, Any] = {}
@@ -114,6 +120,11 @@ class AirflowDatabase:
     @property
     def version(self) -> str:
         return str(self._airflow.__version__)
+
+    @property
+    def concurrent_writers(self) -> bool:
+        """Whether two sessions may write at once (not SQLite, which locks the whole file)."""
+        return bool(self._settings.engine.dialect.name != "sqlite")
 
     @property
     def health_check_threshold(self) -> float:
@@ -325,12 +336,15 @@ class AirflowDatabase:
         on_their_own: list[BridgeEvent] = []
         fails: list[tuple[int, dict[str, Any]]] = []
         resumed: list[tuple[int, Any, Any]] = []
+        clock = [time.perf_counter()]
         with self._session() as session:
             live = self._live(session, list(first))
             todo = [event for ref, event in first.items() if ref in live]
             fired = [e.ref.row_id for e in todo if e.kind == "fired" and e.task_outcome is None]
+            clock.append(time.perf_counter())
             waiting = self._waiting(session, fired)
             whole = self._with_assets_or_callbacks(session, fired)
+            clock.append(time.perf_counter())
             for event in todo:
                 row_id = event.ref.row_id
                 if event.kind == "failed":
@@ -343,13 +357,29 @@ class AirflowDatabase:
                     self._trigger.submit_event(row_id, self._airflow_event(event), session=session)
                 else:
                     resumed += [(row_id, key, event.payload) for key in waiting.get(row_id, ())]
+            clock.append(time.perf_counter())
             self._resume(session, resumed)
             self._fail_waiting(session, fails)
+            clock.append(time.perf_counter())
+        clock.append(time.perf_counter())
         # Airflow ends a task from its trigger partly in sessions of its own (the XComs; on
         # 2.10 set_state and the callback too), which commit and close the thread's session:
         # after the batch, one event at a time, exactly as its own triggerer calls it.
         for event in on_their_own:
             self._trigger.submit_event(event.ref.row_id, self._airflow_event(event))
+        if logger.isEnabledFor(logging.DEBUG):
+            steps = ("live", "waiting", "prepare", "update", "commit")
+            logger.debug(
+                "events applied",
+                extra={
+                    "events": len(events),
+                    "resumed": len(resumed),
+                    **{
+                        f"{step}_s": round(clock[i + 1] - clock[i], 4)
+                        for i, step in enumerate(steps)
+                    },
+                },
+            )
         kinds = [e.kind for e in todo]
         return AppliedEvents(
             succeeded=kinds.count("fired"),
@@ -362,13 +392,17 @@ class AirflowDatabase:
     def _waiting(self, session: Any, row_ids: Sequence[int]) -> dict[int, list[Any]]:
         """The task instances deferred on each of ``row_ids`` (``submit_event``'s selection),
         as their primary key and stored ``next_kwargs``."""
-        table = self._ti.__table__
+        sa, table = self._sa, self._ti.__table__
         keys = list(table.primary_key.columns)
         waiting: dict[int, list[Any]] = {}
         if row_ids:
+            stored_kwargs = table.c.next_kwargs
+            if self._airflow2:  # as stored, not deserialized (see _next_kwargs)
+                stored_kwargs = sa.type_coerce(stored_kwargs, sa.JSON).label("next_kwargs")
             found = session.execute(
-                self._sa.select(table.c.trigger_id, table.c.next_kwargs, *keys).where(
-                    table.c.trigger_id.in_(row_ids), table.c.state == self._state.DEFERRED
+                sa.select(table.c.trigger_id, stored_kwargs, *keys).where(
+                    _among(sa, session, table.c.trigger_id, row_ids),
+                    table.c.state == self._state.DEFERRED,
                 )
             )
             for trigger_id, stored, *key in found:
@@ -392,17 +426,35 @@ class AirflowDatabase:
                 continue
             bound = zip([c.name for c in keys], [*key, row_id], strict=True)
             params.append({**{f"b_{name}": v for name, v in bound}, "b_kwargs": next_kwargs})
-        self._update_waiting(session, keys, {}, params)
+        self._update_waiting(session, keys, {}, params, serialized=self._airflow2)
 
     def _next_kwargs(self, stored: Any, payload: Any) -> Any:
         """A task instance's ``next_kwargs`` with the event in, as Airflow's function makes
         them (3.x: decoded, the event added, serialized with serde; 2.10: as stored, plus
         the event)."""
-        if self._serialize is None:  # Airflow 2.10
-            return {**(stored or {}), "event": payload}
+        if self._serialize is None:  # Airflow 2.10: stored and returned serialized
+            return self._next_kwargs_2(stored, payload)
         next_kwargs = self._decode_kwargs(stored or {})
         next_kwargs["event"] = payload
         return self._serialize(next_kwargs)
+
+    def _next_kwargs_2(self, stored: Any, payload: Any) -> Any:
+        """Airflow 2.10's ``{**next_kwargs, "event": payload}`` in the serialized form its
+        ``ExtendedJSON`` column stores, from the stored serialized form: a dict is stored as
+        ``{"__var": {key: serialized value}, "__type": "dict"}``, so the stored values are
+        kept as they are and the event serialized and added (not every stored value
+        deserialized and serialized again)."""
+        serialization = self._base_serialization
+        shape = isinstance(stored, dict) and stored.keys() == {"__var", "__type"}
+        if stored is None or (shape and stored["__type"] == "dict"):
+            values = stored["__var"] if stored else {}
+            if isinstance(values, dict):
+                return {
+                    "__var": {**values, "event": serialization.serialize(payload)},
+                    "__type": "dict",
+                }
+        next_kwargs = serialization.deserialize(stored)  # not the usual shape: the long way
+        return serialization.serialize({**(next_kwargs or {}), "event": payload})
 
     def _fail_waiting(self, session: Any, fails: Sequence[tuple[int, dict[str, Any]]]) -> None:
         """The task instances deferred on each row rescheduled to fail with its
@@ -412,7 +464,13 @@ class AirflowDatabase:
         self._update_waiting(session, keys, {"next_method": self._fail_repr}, params)
 
     def _update_waiting(
-        self, session: Any, keys: Sequence[Any], values: dict[str, Any], params: list[Any]
+        self,
+        session: Any,
+        keys: Sequence[Any],
+        values: dict[str, Any],
+        params: list[Any],
+        *,
+        serialized: bool = False,
     ) -> None:
         """The task instances still ``deferred`` (Airflow's guard) matched on ``keys`` (bound
         as ``b_<column>``), each given its ``b_kwargs`` as ``next_kwargs``, moved off their
@@ -421,11 +479,13 @@ class AirflowDatabase:
         On PostgreSQL one ``UPDATE … FROM unnest(…)`` per batch, the values bound as one array
         per column (:func:`_unnest`); elsewhere (SQLite, MySQL) one ``executemany``
         ``UPDATE``. The integration tests compare both with Airflow's own
-        writes, on SQLite and on PostgreSQL.
+        writes, on SQLite and on PostgreSQL. ``serialized``: the ``b_kwargs`` are already in
+        the column's stored form (Airflow 2.10's ``ExtendedJSON``), bound as plain JSON.
         """
         if not params:
             return
         sa, table = self._sa, self._ti.__table__
+        kwargs_type = sa.JSON() if serialized else table.c.next_kwargs.type
         if not self._airflow2:
             values = {**values, "scheduled_dttm": self._utcnow()}
         values = {"state": self._state.SCHEDULED, "trigger_id": None, **values}
@@ -438,7 +498,7 @@ class AirflowDatabase:
                     table.c.state == self._state.DEFERRED,
                 )
                 .values(
-                    next_kwargs=sa.bindparam("b_kwargs", type_=table.c.next_kwargs.type),
+                    next_kwargs=sa.bindparam("b_kwargs", type_=kwargs_type),
                     **values,
                 )
             )
@@ -455,7 +515,8 @@ class AirflowDatabase:
             )
             .values(next_kwargs=rows.c[f"c{len(keys)}"], **values)
         )
-        session.execute(statement, _arrays(dialect, columns, names, params))
+        types = [c.type for c in keys] + [kwargs_type]
+        session.execute(statement, _arrays(dialect, types, names, params))
 
     def _with_assets_or_callbacks(self, session: Any, row_ids: Sequence[int]) -> set[int]:
         trigger = self._trigger
@@ -480,10 +541,14 @@ class AirflowDatabase:
             self._handle_event_submit(event, task_instance=task_instance, session=session)
 
     def _live(self, session: Any, refs: Sequence[RowRef]) -> set[RowRef]:
-        trigger = self._trigger
+        """Which of ``refs`` are rows of the ``trigger`` table (the same id, made at the same
+        moment)."""
+        sa, table = self._sa, self._trigger.__table__
+        # created_date as the driver hands it: RowRef.of takes an aware or a naive UTC time.
+        created = sa.type_coerce(table.c.created_date, sa.DateTime(timezone=True))
         found = session.execute(
-            self._sa.select(trigger.id, trigger.created_date).where(
-                trigger.id.in_({r.row_id for r in refs})
+            sa.select(table.c.id, created).where(
+                _among(sa, session, table.c.id, {r.row_id for r in refs})
             )
         ).all()
         return {RowRef.of(row_id, created) for row_id, created in found}
@@ -515,6 +580,16 @@ class AirflowDatabase:
         return lines
 
 
+def _among(sa: Any, session: Any, column: Any, values: Collection[Any]) -> Any:
+    """``column`` is one of ``values``: on PostgreSQL ``= ANY(:array)``, one bound array (an
+    ``IN`` of thousands of values is a bound parameter each, expanded for every statement);
+    elsewhere ``IN``."""
+    if session.get_bind().dialect.name != "postgresql":
+        return column.in_(list(values))
+    array = importlib.import_module("sqlalchemy.dialects.postgresql").ARRAY(column.type)
+    return column == sa.any_(sa.bindparam(None, list(values), type_=array))
+
+
 def _unnest(sa: Any, dialect: Any, columns: Sequence[Any]) -> Any:
     """``(SELECT … FROM unnest(:a0, :a1, …)) AS v``: one row per task instance, from one array
     per column (bound as ``a<i>``, each a list of the values as the driver takes them), the
@@ -529,13 +604,13 @@ def _unnest(sa: Any, dialect: Any, columns: Sequence[Any]) -> Any:
 
 
 def _arrays(
-    dialect: Any, columns: Sequence[Any], names: Sequence[str], params: Sequence[Any]
+    dialect: Any, types: Sequence[Any], names: Sequence[str], params: Sequence[Any]
 ) -> dict[str, list[str | None]]:
-    """The bound arrays of :func:`_unnest`: each value made as its column's type binds it
-    (Airflow's JSON serialization for ``next_kwargs``), as text."""
+    """The bound arrays of :func:`_unnest`: each value made as ``types`` (its column's type,
+    or plain JSON for ``next_kwargs`` already serialized) binds it, as text."""
     arrays: dict[str, list[str | None]] = {}
-    for i, (column, name) in enumerate(zip(columns, names, strict=True)):
-        bind = column.type.dialect_impl(dialect).bind_processor(dialect)
+    for i, (type_, name) in enumerate(zip(types, names, strict=True)):
+        bind = type_.dialect_impl(dialect).bind_processor(dialect)
         values = (item[name] for item in params)
         if bind is not None:
             values = (bind(value) for value in values)
