@@ -195,7 +195,8 @@ class AirflowDatabase:
         = job``), its query is run as plain SQL and read as the driver's tuples: its ORM
         reading of 100,000 ids took half a second a loop on the database thread the
         write-back shares. Where it also filters on
-        queues and teams (3.x), Airflow's own is called.
+        queues and teams (3.x), Airflow's own is called, with a session whose ``scalars``
+        reads the driver's tuples (:class:`_DriverScalars`).
         """
         trigger = self._trigger
         trigger.max_trigger_to_select_per_loop = per_loop
@@ -203,7 +204,11 @@ class AirflowDatabase:
             self.job_id, capacity, self.health_check_threshold, **self._queue_kw
         )
         if not self._ids_by_triggerer_only:
-            return set(trigger.ids_for_triggerer(self.job_id, **self._queue_kw))
+            with self._session() as session:  # Airflow's query, the driver's tuples
+                ids = trigger.ids_for_triggerer(
+                    self.job_id, **self._queue_kw, session=_DriverScalars(session)
+                )
+                return set(ids)
         table = trigger.__table__
         query = self._sa.select(table.c.id).where(table.c.triggerer_id == self.job_id)
         with self._session() as session:
@@ -578,6 +583,36 @@ class AirflowDatabase:
         if self._airflow2:
             return TriggerFailed("".join(lines).rstrip("\n"))
         return lines
+
+
+class _DriverScalars:
+    """A session for Airflow's ``Trigger.ids_for_triggerer``: ``scalars(statement).all()``
+    runs the statement on the session's connection and reads the driver's tuples (no
+    SQLAlchemy row per id); anything else is the session's own."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def scalars(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:
+            return self._session.scalars(statement, *args, **kwargs)
+        return _DriverRows(self._session, statement)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+@dataclass(frozen=True, slots=True)
+class _DriverRows:
+    session: Any
+    statement: Any
+
+    def all(self) -> list[Any]:
+        result = self.session.connection().execute(self.statement)
+        try:
+            return [value for (value,) in result.cursor.fetchall()]
+        finally:
+            result.close()
 
 
 def _among(sa: Any, session: Any, column: Any, values: Collection[Any]) -> Any:
