@@ -317,11 +317,12 @@ class TaskTable:
         """The keys of ``other`` this table's pool claims must settle once absorbed."""
         claims = self._claims
         assert claims is not None
-        if other._claims is not None and other._claims.pools is claims.pools:
-            # Its keys of limited pools were marked as it folded or restored them.
+        dirty: set[str] = set()
+        if other._claims is not None:
             dirty, other._claims.dirty = other._claims.dirty, set()
-            return dirty
-        return {
+            if other._claims.pools is claims.pools:
+                return dirty  # its tasks of limited pools were marked as they were folded
+        return dirty | {
             key
             for key, view in other._views.items()
             if view.target is not None and claims.limited(view.target.pool)

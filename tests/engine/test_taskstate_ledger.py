@@ -256,3 +256,13 @@ def test_an_absorbed_partition_settles_only_tasks_of_limited_pools(restored: boo
     assert claims.dirty == {key(1).ti_key}
     t.drain()
     assert wants(t.take_pool_writes()) == [(key(1).ti_key, None)], "tombstoned"
+
+
+def test_a_table_admitting_locally_absorbed_settles_its_tasks_of_limited_pools() -> None:
+    t, side = table(), TaskTable(pools=POOLS)
+    side.apply(deferred(key(1), resume=target(pool="unlimited")))
+    side.apply(scheduled(key(2), 1, resume=target(pool="p")))
+    t.absorb(side)
+    claims = t.pool_claims
+    assert claims is not None
+    assert claims.dirty == {key(2).ti_key}
