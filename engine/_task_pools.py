@@ -132,6 +132,20 @@ class PoolBook:
             if not heap:
                 del self._ready[pool]
 
+    def merge(self, other: PoolBook) -> None:
+        """Take the usage and the waiting tasks of ``other`` (a book of other tasks), which
+        is emptied: a pool's queue only this book lacks is taken whole, not entry by entry."""
+        for pool, slots in other._used.items():
+            self._used[pool] = self._used.get(pool, 0) + slots
+        for pool, heap in other._ready.items():
+            mine = self._ready.get(pool)
+            if mine is None:
+                self._ready[pool] = heap
+            else:
+                mine += heap
+                heapq.heapify(mine)
+        other._used, other._ready = {}, {}
+
     def usage(self) -> dict[str, tuple[int, int | None]]:
         """Slots in use and pool size, per pool that has been used or configured."""
         names = set(self.pools.slots) | set(self._used)

@@ -34,6 +34,7 @@ first and decide once, instead of re-deciding what the topics already record.
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import logging
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
@@ -268,40 +269,66 @@ class TaskTable:
     def absorb(self, other: TaskTable) -> int:
         """Take every task of ``other``, a table of keys this one does not hold (a partition
         folded on its own), with slots, waiting places and queued decisions; ``other`` must
-        hold no pending events. Its keys count as changed as they did there (all of them if
-        it tracked no changes). Returns how many tasks were taken."""
+        hold no pending events, and is left empty. Its keys count as changed as they did
+        there (all of them if it tracked no changes). Returns how many tasks were taken.
+
+        The work is in C or per decision, not per task in Python: a restart absorbs every
+        partition, a million tasks, into an empty table (docs/benchmarks.md). With a pool
+        ledger, the keys ``other`` has still to settle are settled at the next drain, against
+        the pools records read for them by then; a task of an unlimited pool needs settling
+        only for a want read for it, and reading one marks it (:meth:`apply_pool`).
+        """
         if other._pending:
             raise ValueError("absorb a table without pending events only")
-        clash = other._views.keys() & self._views.keys()
+        theirs = other._views
+        clash = theirs.keys() & self._views.keys()
         if clash:
             raise ValueError(f"absorb a table of other keys only ({len(clash)} shared)")
-        for key, view in other._views.items():
-            self._views[key] = view
-            if view.holds is not None:
-                self._pools.hold(None, view.holds)
-        for pool, heap in other._pools._ready.items():
-            for entry in heap:
-                self._pools.wait(pool, entry)
+        if self._views:
+            self._views.update(theirs)
+        else:
+            self._views = theirs
+        self._pools.merge(other._pools)
         for target_key, target in other._targets.items():
             self._targets.setdefault(target_key, target)
         if other._finished:
-            self._finished = deque(sorted([*self._finished, *other._finished]))
+            if self._finished:
+                self._finished = deque(heapq.merge(self._finished, other._finished))
+            else:
+                self._finished = other._finished
         self._retry |= other._retry
         self._cancel.update(other._cancel)
         self._repair |= other._repair
         self._outbox += other._outbox
         self._clock = max(self._clock, other._clock)
         if self._claims is not None:
-            # Settled at the next drain, against the pools records read for them by then.
-            self._claims.dirty |= other._views.keys()
-            if other._claims is not None:
-                self._claims.dirty |= other._claims.dirty
-                other._claims.dirty.clear()
+            self._claims.dirty |= self._unsettled(other)
         if self._changed is not None:
-            self._changed |= other._changed if other._changed is not None else set(other._views)
-        taken = len(other._views)
-        other._views, other._outbox = {}, []
-        return taken
+            changed = other._changed if other._changed is not None else set(theirs)
+            if self._changed:
+                self._changed |= changed
+            else:
+                self._changed = changed
+        other._views, other._outbox, other._finished = {}, [], deque()
+        other._retry, other._cancel, other._repair = set(), {}, set()
+        if other._changed is not None:
+            other._changed = set()
+        return len(theirs)
+
+    def _unsettled(self, other: TaskTable) -> set[str]:
+        """The keys of ``other`` this table's pool claims must settle once absorbed."""
+        claims = self._claims
+        assert claims is not None
+        dirty: set[str] = set()
+        if other._claims is not None:
+            dirty, other._claims.dirty = other._claims.dirty, set()
+            if other._claims.pools is claims.pools:
+                return dirty  # its tasks of limited pools were marked as they were folded
+        return dirty | {
+            key
+            for key, view in other._views.items()
+            if view.target is not None and claims.limited(view.target.pool)
+        }
 
     def forget_finished(self, retention: float) -> int:
         """Drop tasks that finished more than ``retention`` seconds (by record time) before
@@ -439,13 +466,18 @@ class TaskTable:
         claims = self._claims
         if claims is not None:  # limited pools admit through the ledger: settle them anew
             ready = {pool: queue for pool, queue in ready.items() if not claims.limited(pool)}
-            claims.dirty.update(
-                key
-                for key, view in views.items()
-                if view.target is not None
-                and claims.limited(view.target.pool)
-                and (view.holds is not None or view.record.state == "scheduled")
-            )
+            limited = {
+                id(target)
+                for target in {id(view.target): view.target for view in views.values()}.values()
+                if target is not None and claims.limited(target.pool)
+            }
+            if limited:
+                claims.dirty.update(
+                    key
+                    for key, view in views.items()
+                    if id(view.target) in limited
+                    and (view.holds is not None or view.record.state == "scheduled")
+                )
         self._pools.restore(restored.used, ready)
         self._finished = deque(restored.finished)
         self._retry = restored.retry

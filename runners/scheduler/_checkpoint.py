@@ -234,7 +234,7 @@ class Checkpoints:
         self._saved: dict[int, int] = {}
         self._identity: LogIdentity | None = None
         self._tried_at = 0.0
-        self._writing: asyncio.Future[list[int]] | None = None
+        self._writing: asyncio.Future[tuple[list[int], dict[int, TableDelta]]] | None = None
 
     def path(self, topic: str, partition: int) -> Path:
         return self.root / topic / str(partition)
@@ -392,13 +392,15 @@ class Checkpoints:
         return delta, held
 
     async def write(self, table: TaskTable, delta: TableDelta, positions: dict[int, int]) -> bool:
-        """Encode and write each partition's part in a thread; on failure its keys count as
-        changed again (the parts written stand: each is the tasks of its own position)."""
-        parts = split_delta(delta, self._partitions)
+        """Split, encode and write each partition's part in a thread (hashing a million keys
+        to their partition would hold the event loop); on failure its keys count as changed
+        again (the parts written stand: each is the tasks of its own position)."""
+        partitions = self._partitions
         empty = TableDelta([], [], [], [], delta.clock)
         began = time.monotonic()
 
-        def write_all() -> list[int]:
+        def write_all() -> tuple[list[int], dict[int, TableDelta]]:
+            parts = split_delta(delta, partitions)
             failed = []
             for p in positions:
                 store = self._stores.get(p)
@@ -414,11 +416,11 @@ class Checkpoints:
                 except CheckpointError as exc:
                     logger.warning("scheduler checkpoint not written: %s", exc)
                     failed.append(p)
-            return failed
+            return failed, parts
 
         self._writing = writing = asyncio.ensure_future(asyncio.to_thread(write_all))
         try:
-            failed = await asyncio.shield(writing)  # a cancelled caller leaves it to stop()
+            failed, parts = await asyncio.shield(writing)  # a cancelled caller leaves it to stop()
         finally:
             if writing.done():
                 self._writing = None
@@ -441,7 +443,8 @@ class Checkpoints:
         writing, self._writing = self._writing, None
         if writing is None:
             return True
-        return not await writing  # no partition failed
+        failed, _ = await writing
+        return not failed
 
     async def close_partition(self, partition: int) -> None:
         """Close one partition's database (it went to another scheduler): after the write

@@ -231,3 +231,38 @@ def test_an_absorbed_partition_publishes_its_wants_and_a_dropped_one_forgets_the
     t.apply_pool(grant(ti_key))
     assert [s.state for s in states(t.drain())] == ["queued"]
     assert t.take_pool_writes() == []
+
+
+@pytest.mark.parametrize("restored", [False, True])
+def test_an_absorbed_partition_settles_only_tasks_of_limited_pools(restored: bool) -> None:
+    """A restart absorbs every task: those of unlimited pools have nothing to settle unless
+    a want is read for them, which marks them itself."""
+    t, side = table(), table()
+    side.track_changes()
+    side.apply(deferred(key(1), resume=target(pool="unlimited")))
+    side.apply(scheduled(key(2), 1, resume=target(pool="p")))
+    if restored:
+        rows = side.export_changes().encode()
+        side = table()
+        side.restore_rows(rows.rows, rows.state)
+    t.absorb(side)
+    claims = t.pool_claims
+    assert claims is not None
+    assert claims.dirty == {key(2).ti_key}
+    assert t.drain() == []
+    assert [ti_key for ti_key, _ in wants(t.take_pool_writes())] == [key(2).ti_key]
+    stray = PoolWant(pool="unlimited", slots=1, scheduled_at=at(1), try_number=1, partition=4)
+    t.apply_pool(PoolEntry("want", key(1).ti_key, stray))
+    assert claims.dirty == {key(1).ti_key}
+    t.drain()
+    assert wants(t.take_pool_writes()) == [(key(1).ti_key, None)], "tombstoned"
+
+
+def test_a_table_admitting_locally_absorbed_settles_its_tasks_of_limited_pools() -> None:
+    t, side = table(), TaskTable(pools=POOLS)
+    side.apply(deferred(key(1), resume=target(pool="unlimited")))
+    side.apply(scheduled(key(2), 1, resume=target(pool="p")))
+    t.absorb(side)
+    claims = t.pool_claims
+    assert claims is not None
+    assert claims.dirty == {key(2).ti_key}

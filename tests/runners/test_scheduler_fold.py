@@ -245,6 +245,45 @@ def test_a_partition_leaves_and_joins_the_table_whole(
     assert whole.table.pool_usage() == rest.table.pool_usage()
 
 
+@given(st.lists(records(), max_size=30), st.integers(1, 4), st.integers(0, 3), st.booleans())
+def test_an_absorbed_partition_settles_its_pool_wants_as_if_folded_with_the_others(
+    inputs: list[tuple[str, int, object]], partitions: int, moved: int, restored: bool
+) -> None:
+    """With a pool ledger (pool "a" limited, "b" not), a partition folded on its own, or
+    restored from its checkpoint, and absorbed publishes the same wants and decisions at the
+    next drain as a table that folded everything."""
+    pools = Pools(slots={"a": 1}, default_slots=None)
+    ledger = LedgerAdmission(partition_of=lambda key: partition_for(key.encode(), partitions))
+    states = [item for item in inputs if item[0] == "task"]
+    p = moved % partitions
+
+    def part(i: int) -> int:
+        return partition_for(_task(i).ti_key.encode(), partitions)
+
+    def folded(items: list[tuple[str, int, object]]) -> TaskFold:
+        fold = TaskFold(pools, ledger=ledger)
+        fold.table.track_changes()
+        for _, i, record in items:
+            value = encode(record) if isinstance(record, TaskStateRecord) else record
+            assert value is None or isinstance(value, bytes)
+            fold.task(_task(i).ti_key.encode(), value, live=True)
+        return fold
+
+    whole = folded(states)
+    merged = folded([item for item in states if part(item[1]) != p])
+    alone = folded([item for item in states if part(item[1]) == p])
+    if restored:
+        rows = alone.table.export_changes().encode()
+        alone = TaskFold(pools, ledger=ledger)
+        alone.table.restore_rows(rows.rows, rows.state)
+    merged.table.absorb(alone.table)
+    assert len(alone.table) == 0
+    assert merged.table.snapshot() == whole.table.snapshot()
+    assert merged.table.pool_usage() == whole.table.pool_usage()
+    assert [encode(e.record) for e in merged.drain()] == [encode(e.record) for e in whole.drain()]
+    assert merged.table.take_pool_writes() == whole.table.take_pool_writes()
+
+
 def test_absorb_refuses_shared_keys_and_pending_events() -> None:
     first, second = TaskFold(), TaskFold()
     record = TaskStateRecord(task=_task(0), state="running", source="worker", updated_at=T0)
