@@ -61,7 +61,11 @@ class DecisionChain:
 
     A batch is encoded (and the task states it writes noted in the fold, to be read back
     without decoding) when it is handed over; it is sent once the batch before it is
-    acknowledged, and nothing goes out past a batch that failed.
+    acknowledged, and nothing goes out past a batch that failed. A batch handed over while
+    the one before it is still waiting to be sent joins it (its waves appended in order, its
+    offsets taking the place of the earlier ones): a partition has at most one batch in
+    flight and one waiting, so a slow transaction makes the next one larger, not the queue
+    longer.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class DecisionChain:
         self.published = 0
         self.in_flight: asyncio.Task[None] | None = None
         self.ensured_queues = ensured_queues  # shared by the partitions' chains
+        self._waiting: _Waiting | None = None  # the last batch handed over, not sending yet
 
     def start(
         self,
@@ -112,10 +117,20 @@ class DecisionChain:
         queues = {e.worker_queue for e in out if e.worker_queue is not None}
         batch = waves(self.names, out, dead, written=self.fold.written)
         batch[1].extend(extra)
+        waiting = self._waiting
+        if waiting is not None and not waiting.sending:
+            for joined, wave in zip(waiting.batch, batch, strict=True):
+                joined.extend(wave)
+            waiting.queues |= queues
+            waiting.commit.update(commit)  # later offsets, taken at this drain
+            assert self.in_flight is not None
+            return self.in_flight
+        waiting = _Waiting(batch, queues, commit)
         task = asyncio.create_task(
-            self._send_after(self.in_flight, queues, batch, commit),
+            self._send_after(self.in_flight, waiting),
             name=f"scheduler-publish-{self.events_tp.partition}",
         )
+        self._waiting = waiting
         self.in_flight = task
         return task
 
@@ -140,15 +155,13 @@ class DecisionChain:
             batch.done() and not batch.cancelled() and batch.exception() is None
         )
 
-    async def _send_after(
-        self,
-        previous: asyncio.Task[None] | None,
-        queues: set[str],
-        batch: tuple[list[Outgoing], list[Outgoing], list[Outgoing]],
-        commit: dict[TopicPartition, int],
-    ) -> None:
-        if previous is not None:
-            await asyncio.shield(previous)  # raises its error: nothing goes out past it
+    async def _send_after(self, previous: asyncio.Task[None] | None, waiting: _Waiting) -> None:
+        try:
+            if previous is not None:
+                await asyncio.shield(previous)  # raises its error: nothing goes out past it
+        finally:
+            waiting.sending = True  # from here on, a new batch waits behind this one
+        batch, queues, commit = waiting.batch, waiting.queues, waiting.commit
         for worker_queue in sorted(queues - self.ensured_queues):
             await ensure_topics(
                 self.settings, topic_specs(self.settings, worker_queues=[worker_queue])
@@ -160,3 +173,20 @@ class DecisionChain:
             raise SchedulerError(f"cannot publish scheduler decisions: {exc}") from exc
         self.offsets.committed.update(commit)
         self.published += sum(len(wave) for wave in batch)
+
+
+class _Waiting:
+    """A batch handed to a chain and not sending yet: later batches join it."""
+
+    __slots__ = ("batch", "commit", "queues", "sending")
+
+    def __init__(
+        self,
+        batch: tuple[list[Outgoing], list[Outgoing], list[Outgoing]],
+        queues: set[str],
+        commit: dict[TopicPartition, int],
+    ) -> None:
+        self.batch = batch
+        self.queues = queues
+        self.commit = commit
+        self.sending = False

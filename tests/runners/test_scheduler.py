@@ -218,13 +218,16 @@ async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> N
     assert len(producer.batches) == sum((count + 1) // 2 for count in expected.values())
 
 
-async def test_batches_handed_over_back_to_back_go_out_one_after_another(
+async def test_a_batch_handed_over_while_one_is_sending_goes_out_after_it(
     sched: Scheduler,
 ) -> None:
     first, second = (TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(2))
-    sched.writers[0].chain.start([Emit(TaskStateRecord(task=first, state="queued"))])
-    sched.writers[0].chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
-    await sched.writers[0].chain.settle()
+    chain = sched.writers[0].chain
+    sending = chain.start([Emit(TaskStateRecord(task=first, state="queued"))])
+    await asyncio.sleep(0)  # the first batch's task takes its first step: it is sending
+    after = chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
+    assert after is not sending, "a batch handed over while one is sending waits behind it"
+    await chain.settle()
     log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
     assert log == [
         ("send", "p.tasks", first.ti_key.encode()),
@@ -233,6 +236,27 @@ async def test_batches_handed_over_back_to_back_go_out_one_after_another(
         ("ack", "p.tasks", second.ti_key.encode()),
     ], "the second batch is sent only once the first is acknowledged"
     assert sched.published == 2
+
+
+async def test_batches_handed_over_while_one_waits_join_it_in_order(sched: Scheduler) -> None:
+    first, second, third = (TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(3))
+    chain = sched.writers[0].chain
+    sending = chain.start([Emit(TaskStateRecord(task=first, state="queued"))])
+    await asyncio.sleep(0)  # the first batch is sending
+    waiting = chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
+    joined = chain.start([Emit(TaskStateRecord(task=third, state="queued"))])
+    assert joined is waiting is not sending, "the third batch joins the one still waiting"
+    await chain.settle()
+    log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
+    assert [entry for entry in log if entry[0] == "send"] == [
+        ("send", "p.tasks", first.ti_key.encode()),
+        ("send", "p.tasks", second.ti_key.encode()),
+        ("send", "p.tasks", third.ti_key.encode()),
+    ], "the joined batches' records go out in the order they were handed over"
+    assert log.index(("ack", "p.tasks", first.ti_key.encode())) < log.index(
+        ("send", "p.tasks", second.ti_key.encode())
+    ), "the joined batch is sent only once the one before it is acknowledged"
+    assert sched.published == 3
 
 
 async def test_nothing_goes_out_after_a_batch_that_failed(
@@ -539,7 +563,11 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):
             await loop
-    assert [o[TPS] for o in producer.offsets] == [1, 2, 3, 4, 5, 6], "in order, each once"
+    committed = [o[TPS] for o in producer.offsets]
+    assert committed[0] == 1, "the first fold's transaction, sent alone"
+    assert committed[1] == ahead + 1, "the folds made while it waited joined one transaction"
+    assert committed == sorted(set(committed)), "in order, each once"
+    assert committed[-1] == 6, "to the last fold"
     dead = [key for kind, topic, key in producer.log if kind == "send" and topic == "p.dead"]
     assert len(dead) == 6
 
