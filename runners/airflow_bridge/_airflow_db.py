@@ -122,11 +122,6 @@ class AirflowDatabase:
         return str(self._airflow.__version__)
 
     @property
-    def concurrent_writers(self) -> bool:
-        """Whether two sessions may write at once (not SQLite, which locks the whole file)."""
-        return bool(self._settings.engine.dialect.name != "sqlite")
-
-    @property
     def health_check_threshold(self) -> float:
         """``[triggerer] triggerer_health_check_threshold``: when a silent triggerer is dead."""
         return float(self._conf.getfloat("triggerer", "triggerer_health_check_threshold"))
