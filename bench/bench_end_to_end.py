@@ -59,6 +59,24 @@ TARGET = ResumeTarget(operator="deferline.engine.examples.Noop")
 AIRFLOW = {1_000: 7.9, 10_000: 90.3}  # ANCHORS.md: same work, same machine kind
 
 
+def deferral(task: TaskKey, moment: dt.datetime) -> tuple[TaskStateRecord, DeferRequest]:
+    """What a worker writes when ``task`` defers on a DateTimeTrigger due at ``moment``: its
+    ``deferred`` state (to resume on the no-op operator) and its DeferRequest."""
+    trigger_id = make_trigger_id(task, 0)
+    state = TaskStateRecord(
+        task=task,
+        state="deferred",
+        source="worker",
+        trigger_id=trigger_id,
+        next_method="execute_complete",
+        resume=TARGET,
+    )
+    request = DeferRequest(
+        trigger_id=trigger_id, task=task, classpath=DATETIME, kwargs={"moment": moment}
+    )
+    return state, request
+
+
 class Process:
     """A deferline subprocess, its log, CPU seconds and peak RSS."""
 
@@ -175,20 +193,9 @@ async def run_one(
         requests: list[tuple[str, bytes, bytes]] = []
         for i in range(n):
             task = TaskKey(dag_id="e2e", task_id="wait", run_id=f"r{i}")
-            trigger_id = make_trigger_id(task, 0)
-            state = TaskStateRecord(
-                task=task,
-                state="deferred",
-                source="worker",
-                trigger_id=trigger_id,
-                next_method="execute_complete",
-                resume=TARGET,
-            )
+            state, request = deferral(task, placeholder)
             states.append((names.tasks, task.ti_key.encode(), encode(state)))
-            request = DeferRequest(
-                trigger_id=trigger_id, task=task, classpath=DATETIME, kwargs={"moment": placeholder}
-            )
-            requests.append((names.defer(), trigger_id.encode(), encode(request)))
+            requests.append((names.defer(), request.trigger_id.encode(), encode(request)))
         producer = make_producer(settings, linger_ms=20, max_batch_size=1 << 20)
         await producer.start()
         try:

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer, TopicPartition
-from deferline.schemas import DeferRequest, TaskKey, TaskStateRecord, encode, make_trigger_id
+from deferline.schemas import TaskKey, encode, make_trigger_id
 from deferline.topics import (
     Settings,
     TopicNames,
@@ -45,7 +45,7 @@ from deferline.topics import (
 )
 
 from bench._harness import local_broker, quantile
-from bench.bench_end_to_end import DATETIME, DEFERLINE, TARGET, Process, wait_said
+from bench.bench_end_to_end import DEFERLINE, Process, deferral, wait_said
 
 DAG = "churn"
 
@@ -76,20 +76,9 @@ def encoded(n: int) -> list[tuple[bytes, bytes, bytes, bytes]]:
     run id and trigger id replaced as bytes, so that feeding 500 tasks a second costs the
     bench little CPU."""
     task = task_key(PLACEHOLDER_RUN)
-    trigger_id = make_trigger_id(task, 0)
-    state = TaskStateRecord(
-        task=task,
-        state="deferred",
-        source="worker",
-        trigger_id=trigger_id,
-        next_method="execute_complete",
-        resume=TARGET,
-    )
-    request = DeferRequest(
-        trigger_id=trigger_id, task=task, classpath=DATETIME, kwargs={"moment": PLACEHOLDER_MOMENT}
-    )
+    state, request = deferral(task, PLACEHOLDER_MOMENT)
     template = [task.ti_key.encode(), encode(state), encode(request)]
-    run, placeholder_id = PLACEHOLDER_RUN.encode(), trigger_id.encode()
+    run, placeholder_id = PLACEHOLDER_RUN.encode(), request.trigger_id.encode()
     out = []
     for i in range(n):
         run_id = f"c{i:0{RUN_WIDTH}d}"
