@@ -126,17 +126,22 @@ def most_holding(records: list[TaskStateRecord], keys: set[str]) -> int:
     return most
 
 
+async def start_three(settings: Settings, tmp_path: Path, spawn: list[SchedulerProcess]) -> None:
+    """Start schedulers a, b and c one by one, each once the partitions are shared out."""
+    for name in ("a", "b", "c"):
+        spawn.append(start(settings, tmp_path, name))
+        await wait_until(
+            lambda: shared_out(spawn, settings.partitions),
+            timeout=90,
+            message=f"partitions shared out after {name} joined",
+        )
+
+
 async def test_a_pool_stays_exact_while_the_ledger_owner_dies_and_a_scheduler_joins(
     settings: Settings, tmp_path: Path, spawn: list[SchedulerProcess]
 ) -> None:
     async with TaskFlow(settings) as flow:
-        for name in ("a", "b", "c"):
-            spawn.append(start(settings, tmp_path, name))
-            await wait_until(
-                lambda: shared_out(spawn, settings.partitions),
-                timeout=90,
-                message=f"partitions shared out after {name} joined",
-            )
+        await start_three(settings, tmp_path, spawn)
         tasks = [task_key(f"pooled{i}") for i in range(POOL_TASKS)]
         keys = {task.ti_key for task in tasks}
         stop = asyncio.Event()
@@ -193,13 +198,7 @@ async def test_a_pool_stays_exact_while_schedulers_join_leave_die_and_pause(
     tasks = [task_key(f"pooled{i}") for i in range(POOL_TASKS)]
     keys = {task.ti_key for task in tasks}
     async with TaskFlow(settings) as flow:
-        for name in ("a", "b", "c"):
-            spawn.append(start(settings, tmp_path, name))
-            await wait_until(
-                lambda: shared_out(spawn, settings.partitions),
-                timeout=90,
-                message=f"partitions shared out after {name} joined",
-            )
+        await start_three(settings, tmp_path, spawn)
         # Without transactions (Tansu) a paused scheduler is not fenced when it wakes: the
         # pause runs only where the broker has them (as in the scheduler churn test).
         fenced = bool(spawn[0].find("scheduler writes in transactions"))
