@@ -282,8 +282,6 @@ class Scheduler(Lifecycle):
         """The last acquisition's duration."""
         return self.membership.takeover_seconds
 
-    recovery_seconds = takeover_seconds
-
     @property
     def rebalances(self) -> int:
         return self.membership.rebalances
