@@ -84,7 +84,11 @@ class PoolBook:
         """A task that held ``before`` (pool, slots) now holds ``after``."""
         used = self._used
         if before is not None:
-            used[before[0]] -= before[1]
+            left = used[before[0]] - before[1]
+            if left:
+                used[before[0]] = left
+            else:  # as a restored book has it: pools in use only
+                del used[before[0]]
         if after is not None:
             used[after[0]] = used.get(after[0], 0) + after[1]
 
@@ -147,7 +151,7 @@ class PoolBook:
         other._used, other._ready = {}, {}
 
     def usage(self) -> dict[str, tuple[int, int | None]]:
-        """Slots in use and pool size, per pool that has been used or configured."""
+        """Slots in use and pool size, per pool in use or configured."""
         names = set(self.pools.slots) | set(self._used)
         return {name: (self._used.get(name, 0), self.pools.size(name)) for name in sorted(names)}
 
