@@ -394,7 +394,7 @@ class TaskTable:
             if view.needs_repair and not view.inflight:
                 current = view.record.full()
                 self._outbox.append(Emit(current))
-                view.inflight.append(current)
+                view.inflight += (current,)
                 view.needs_repair = False
                 self.counters.repairs += 1
         self._repair.clear()
@@ -525,7 +525,7 @@ class TaskTable:
             del self._cancel[key]  # rebuilding: this trigger's cancel already went out
         if record in view.inflight:
             # One of our own writes read back; it may already be behind the current state.
-            del view.inflight[: view.inflight.index(record) + 1]
+            view.inflight = view.inflight[view.inflight.index(record) + 1 :]
             if at == view.at:
                 view.needs_repair = False
                 return "echo"
@@ -737,7 +737,7 @@ class TaskTable:
         """Move to a state the table itself decided, and publish it."""
         self._outbox.append(Emit(record, key=key))
         self._advance(key, view, record)
-        view.inflight.append(record)
+        view.inflight += (record,)
         view.needs_repair = False
 
     def _send_cancel(self, key: str, cancel: Emit, removal: TaskStateRecord) -> None:
@@ -760,7 +760,7 @@ class TaskTable:
         )
         self._outbox.append(cancel)
         self._outbox.append(Emit(marker))
-        view.inflight.append(marker)
+        view.inflight += (marker,)
         self.counters.cancels += 1
 
     def _settle_claims(self, claims: PoolClaims) -> None:

@@ -2,10 +2,13 @@
 
 A scheduler restarted over a million tasks should not decode a million pydantic records
 to rebuild its fold (docs/benchmarks.md has both costs). The table therefore exports each
-task's view as a compact row (an orjson list of the slim record's fields, its progress and
-its resume target) and restores a whole table from rows without validating them again: the
-rows were made from validated records. Only what changed since the last export is exported:
-the table notes the keys whose view moved or that were forgotten (see ``track_changes``).
+task's view as a compact row (two orjson lists: a head of the state, progress, times and
+resume target, and the rest of the slim record's fields) and restores a whole table from
+rows without validating them again: the rows were made from validated records. A restore
+reads the heads; a task's rest is decoded when the task is first read (most restored tasks
+wait for an event that comes much later). Only what changed since the last export is
+exported: the table notes the keys whose view moved or that were forgotten (see
+``track_changes``).
 
 What a checkpoint holds is what a fold of the tasks topic up to the checkpoint's positions
 holds, plus the table's own writes already acknowledged by the broker (they lie past those
@@ -48,8 +51,9 @@ from ._taskstate_values import _FINISHED, HOLDING_STATES, Progress, _Slim, _View
 
 __all__ = ["TableDelta", "TableRows"]
 
-FORMAT = 1
-"""Version of the row layout; a checkpoint of another version is not restored."""
+FORMAT = 2
+"""Version of the row layout; a checkpoint of another version is not restored (2: a head
+decoded at restore, the rest when the task is first read)."""
 
 _TAG = b'"__type"'
 """Present in a row only if one of its values is tagged (plain JSON decodes as itself)."""
@@ -110,15 +114,21 @@ def _target_of(row: list[Any]) -> ResumeTarget:
 
 
 def encode_row(record: _Slim, at: Progress, target: ResumeTarget | None) -> bytes:
-    """One task's view as a compact row (see :func:`restore_rows`)."""
-    return dumps_kept(
+    """One task's view as a compact row: a head of what a restore needs at once, a newline,
+    and the rest of the record, which a restore decodes only when the task is first read
+    (see :class:`_Stored`). A restored record never read since is written as it was read."""
+    if type(record) is _Stored and record.raw is not None:
+        return record.raw
+    head = dumps_kept(
+        (record.state, at, record.updated_at, record.timeout_at, record.resume is not None)
+    )
+    rest = dumps_kept(
         (
             record.dag_id,
             record.task_id,
             record.run_id,
             record.map_index,
             record.try_number,
-            record.state,
             record.trigger_id,
             record.defer_seq,
             record.next_method,
@@ -126,16 +136,87 @@ def encode_row(record: _Slim, at: Progress, target: ResumeTarget | None) -> byte
             _tagged(record.event),
             record.event_id,
             record.reason,
-            record.updated_at,
             record.source,
-            record.timeout_at,
             record.queue,
             _tagged(record.xcoms),
-            at,
-            _target_row(target),
-            record.resume is not None,
         )
     )
+    return b"\n".join((head, dumps_kept(_target_row(target)), rest))
+
+
+class _Stored(_Slim):
+    """A task record restored from a row, its fields decoded when one is first read.
+
+    A restart restores every task of its partitions, most of them deferred and not read again
+    until their event comes: decoding only what the table's indexes need (state, progress,
+    target, and the time a finished task ended or a deferral times out) makes a restore
+    several times faster (docs/benchmarks.md). Python looks a slot up through
+    :meth:`__getattr__` only while it is unset, so a decoded record costs nothing more to read.
+    The fields, once decoded, are those of the record the row was made from; like every
+    :class:`_Slim` it never changes.
+    """
+
+    __slots__ = ("raw",)
+
+    raw: bytes | None
+    """The row, until the record is decoded."""
+
+    def __getattr__(self, name: str) -> Any:
+        raw = self.raw
+        if raw is None or name not in _FIELDS:
+            raise AttributeError(name)
+        _decode(self, raw)
+        return object.__getattribute__(self, name)
+
+
+_FIELDS = frozenset(_Slim.__slots__)
+
+
+def _decode(record: _Stored, raw: bytes) -> None:
+    """Set every field of ``record`` from its row (ValueError if the row does not decode)."""
+    try:
+        head, _, rest = raw.split(b"\n", 2)
+        _, _, updated_at, timeout_at, _ = orjson.loads(head)
+        (
+            dag_id,
+            task_id,
+            run_id,
+            map_index,
+            try_number,
+            trigger_id,
+            defer_seq,
+            next_method,
+            next_kwargs,
+            event,
+            event_id,
+            reason,
+            source,
+            queue,
+            xcoms,
+        ) = orjson.loads(rest)
+        if _TAG in rest:  # some value carries a type JSON lacks: decode the tags
+            next_kwargs, event, xcoms = _untagged(next_kwargs), _untagged(event), _untagged(xcoms)
+    except (ValueError, TypeError, SchemaError) as exc:
+        raise ValueError(f"checkpoint row does not decode: {exc}") from exc
+    intern = sys.intern
+    record.dag_id = intern(dag_id)
+    record.task_id = intern(task_id)
+    record.run_id = run_id
+    record.map_index = map_index
+    record.try_number = try_number
+    record.trigger_id = trigger_id
+    record.defer_seq = defer_seq
+    record.next_method = None if next_method is None else intern(next_method)
+    record.next_kwargs = next_kwargs
+    record.event = event
+    record.event_id = event_id
+    record.reason = reason
+    record.updated_at = dt.datetime.fromisoformat(updated_at)
+    record.source = source
+    record.timeout_at = _when(timeout_at)
+    record.queue = queue
+    record.xcoms = xcoms
+    record.raw = None
 
 
 @dataclass(slots=True)
@@ -228,91 +309,45 @@ def _read_rows(
     views: dict[str, _View] = {}
     retry: set[str] = set()
     used: dict[str, int] = {}
-    targets: dict[tuple[Any, ...], ResumeTarget | None] = {}
+    targets: dict[bytes, ResumeTarget | None] = {b"null": None}  # shared, by their row
     ready: dict[str, list[tuple[int, dt.datetime, str, int]]] = {}
     finished: list[tuple[dt.datetime, str]] = []
-    intern = sys.intern
     fromiso = dt.datetime.fromisoformat
     new = object.__new__
-    last_row: list[Any] | None = None
-    last_target: ResumeTarget | None = None
     try:
         for raw_key, raw in rows:
             key = raw_key.decode()
-            (
-                dag_id,
-                task_id,
-                run_id,
-                map_index,
-                try_number,
-                state_name,
-                trigger_id,
-                defer_seq,
-                next_method,
-                next_kwargs,
-                event,
-                event_id,
-                reason,
-                updated_at,
-                source,
-                timeout_at,
-                queue,
-                xcoms,
-                at,
-                target_row,
-                has_resume,
-            ) = orjson.loads(raw)
-            if _TAG in raw:  # some value carries a type JSON lacks: decode the tags
-                next_kwargs, event, xcoms = (
-                    _untagged(next_kwargs),
-                    _untagged(event),
-                    _untagged(xcoms),
-                )
-            record: _Slim = new(_Slim)
-            record.dag_id = intern(dag_id)
-            record.task_id = intern(task_id)
-            record.run_id = run_id
-            record.map_index = map_index
-            record.try_number = try_number
-            record.state = state_name
-            record.trigger_id = trigger_id
-            record.defer_seq = defer_seq
-            record.next_method = None if next_method is None else intern(next_method)
-            record.next_kwargs = next_kwargs
-            record.event = event
-            record.event_id = event_id
-            record.reason = reason
-            record.updated_at = when = fromiso(updated_at)
-            record.source = source
-            record.timeout_at = _when(timeout_at)
-            record.queue = queue
-            record.xcoms = xcoms
-            target: ResumeTarget | None = None
-            if target_row is None:
-                pass
-            elif target_row == last_row:  # neighbours mostly share their target
-                target = last_target
-            elif len(target_row) == 6:
-                shape = tuple(target_row)
-                if shape not in targets:
-                    targets[shape] = shared(_target_of(target_row))
-                target = last_target = targets[shape]
-                last_row = target_row
+            cut = raw.index(b"\n")
+            state_name, at, updated_at, timeout_at, has_resume = orjson.loads(raw[:cut])
+            target_row = raw[cut + 1 : raw.index(b"\n", cut + 1)]
+            if target_row in targets:  # most tasks share their target with many others
+                target = targets[target_row]
             else:
-                target = _target_of(target_row)
+                row = orjson.loads(target_row)
+                target = _target_of(row)
+                if len(row) == 6:  # no op_kwargs: one object per distinct target
+                    target = targets[target_row] = shared(target)
+            record: _Stored = new(_Stored)
+            record.raw = raw
+            record.state = state_name
             record.resume = target if has_resume else None
             view = _View(record, (at[0], at[1], at[2]), target)
             if target is not None and state_name in HOLDING_STATES:
                 view.holds = holds = (target.pool, target.pool_slots)
                 used[holds[0]] = used.get(holds[0], 0) + holds[1]
             views[key] = view
-            if state_name in _FINISHED:
+            if state_name == "deferred":  # for the overdue count, without decoding
+                record.timeout_at = None if timeout_at is None else fromiso(timeout_at)
+            elif state_name in _FINISHED:  # for retention, without decoding
+                when = record.updated_at = fromiso(updated_at)
                 finished.append((when, key))
             elif state_name == "up_for_retry":
                 retry.add(key)
-            elif state_name == "scheduled" and next_method is None and target is not None:
-                entry = (-target.priority_weight, when, key, try_number)
-                ready.setdefault(target.pool, []).append(entry)
+            elif state_name == "scheduled":
+                _decode(record, raw)
+                if record.next_method is None and target is not None:
+                    entry = (-target.priority_weight, record.updated_at, key, record.try_number)
+                    ready.setdefault(target.pool, []).append(entry)
     except (ValueError, TypeError, SchemaError) as exc:
         raise ValueError(f"checkpoint row does not decode: {exc}") from exc
     finished.sort()

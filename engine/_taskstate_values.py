@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal
 
 from deferline.schemas import (
@@ -428,7 +428,7 @@ class _View:
     target: ResumeTarget | None
     holds: tuple[str, int] | None = None
     needs_repair: bool = False
-    inflight: list[TaskStateRecord | _Slim] = field(default_factory=list)  # own writes unread
+    inflight: tuple[TaskStateRecord | _Slim, ...] = ()  # own writes unread (few: a tuple)
     resolved: tuple[str, ...] = ()  # trigger ids whose event is accounted for (few: a tuple)
 
     def resolve(self, trigger_id: str) -> None:

@@ -3,6 +3,7 @@ taken from (standby-like) and as a full fold of the topics (after a restart)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from typing import Any
 
@@ -10,6 +11,7 @@ import orjson
 import pytest
 from deferline.engine._task_pools import Pools
 from deferline.engine._taskstate import TaskTable
+from deferline.engine._taskstate_checkpoint import FORMAT, _Stored
 from deferline.engine._taskstate_values import Emit
 from deferline.schemas import ResumeTarget, TaskStateRecord, TriggerEventRecord, encode
 from hypothesis import given, settings
@@ -93,8 +95,8 @@ def test_a_restored_standby_table_decides_as_the_original(
             original.apply(record)
         read = stop
         store.save(original)
-    restored = store.restore(world.pools)
-    _same(original, restored)
+    _same(original, store.restore(world.pools))
+    restored = store.restore(world.pools)  # undecoded rows decide too, read as they are needed
     rng = random.Random(seed)
     rest: list[TaskStateRecord | TriggerEventRecord] = [*log[read:], *world.events_log]
     rng.shuffle(rest)  # any order: both see the same one
@@ -224,4 +226,35 @@ def test_a_checkpoint_of_another_format_is_refused() -> None:
     with pytest.raises(ValueError, match="format"):
         store.restore(table.pools)
     with pytest.raises(ValueError, match="decode"):
-        TaskTable().restore_rows([(b"k", b"[1,2]")], {**store.state, "format": 1})
+        TaskTable().restore_rows([(b"k", b"[1,2]")], {**store.state, "format": FORMAT})
+
+
+def test_a_restore_decodes_a_deferred_or_finished_task_only_when_it_is_read() -> None:
+    table = TaskTable(pools=Pools(slots={"default_pool": 4}))
+    table.track_changes()
+    timeout = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    deferred_task(table, key(1), next_kwargs={"when": key(1).model_dump()}, timeout_at=timeout)
+    table.apply(scheduled(key(2), 2))
+    table.apply(worker(key(2), "success", 3))
+    store = _Store()
+    store.save(table)
+    restored = store.restore(table.pools)
+    rows: dict[str, Any] = {k: restored._views[k].record for k in (key(1).ti_key, key(2).ti_key)}
+    assert all(type(r) is _Stored and r.raw is not None for r in rows.values())
+    # What the indexes and the metrics read comes from the head alone.
+    assert restored.count_by_state() == table.count_by_state()
+    assert restored.overdue_deferrals(timeout) == 0
+    assert restored.overdue_deferrals(timeout + dt.timedelta(seconds=1)) == 1
+    assert restored.pool_usage() == table.pool_usage()
+    assert restored.forget_finished(1e9) == 0
+    assert all(r.raw is not None for r in rows.values())
+    # Unread rows are exported as they were read; a read decodes the whole record.
+    restored.track_changes()
+    restored.mark_changed(rows)
+    assert dict(restored.export_changes().encode().rows) == {
+        k.encode(): store.rows[k.encode()] for k in rows
+    }
+    assert restored.get(key(1).ti_key) == table.get(key(1).ti_key)
+    assert rows[key(1).ti_key].raw is None
+    assert rows[key(2).ti_key].raw is not None
+    _same(table, restored)

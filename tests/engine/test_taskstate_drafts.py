@@ -147,7 +147,7 @@ def test_a_resumes_own_state_read_back_is_an_echo_and_leaves_nothing_in_flight()
     table, out = resume(deferred, event)
     state = out[0]
     assert table.apply(state.written) == "echo", "the draft itself, as the scheduler keeps it"
-    assert table._views[task.ti_key].inflight == []
+    assert table._views[task.ti_key].inflight == ()
     assert table.drain() == []
 
 
@@ -159,7 +159,7 @@ def test_a_resumes_state_read_back_decoded_is_an_echo_too() -> None:
     read_back = decode(out[0].value())
     assert isinstance(read_back, TaskStateRecord)
     assert table.apply(read_back) == "echo"
-    assert table._views[task.ti_key].inflight == []
+    assert table._views[task.ti_key].inflight == ()
     assert table.get(task.ti_key) == read_back
 
 

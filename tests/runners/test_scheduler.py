@@ -294,7 +294,7 @@ async def test_own_writes_read_back_are_folded_without_decoding(
     monkeypatch.setattr(fold_module, "read_as", no_decoding)
     assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
     assert sched.fold.written == {}
-    assert sched.table._views[TASK.ti_key].inflight == [], "read back: no longer in flight"
+    assert sched.table._views[TASK.ti_key].inflight == (), "read back: no longer in flight"
     assert sched.table.get(TASK.ti_key) == queued
 
 
@@ -313,7 +313,7 @@ async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> N
     assert producer.log[-1] == ("stop", "", None)
     # Read back afterwards (the partition came back): decoded like any record.
     assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
-    assert sched.table._views[TASK.ti_key].inflight == []
+    assert sched.table._views[TASK.ti_key].inflight == ()
 
 
 def test_bad_task_records_are_dead_lettered_only_when_read_live(sched: Scheduler) -> None:
