@@ -451,8 +451,11 @@ class TaskTable:
         ]
         return TableDelta(upserts, deletes, repair, cancels, self._clock)
 
-    def restore_rows(self, rows: Iterable[tuple[bytes, bytes]], state: Mapping[str, Any]) -> int:
-        """Fill an empty table from exported rows and state; returns how many tasks.
+    def restore_rows(
+        self, rows: Iterable[tuple[bytes, bytes]], state: Mapping[str, Any], *, skip: int = 0
+    ) -> int:
+        """Fill an empty table from exported rows and state; returns how many tasks. ``skip``:
+        bytes to skip at the start of each row's key (a store's own prefix).
 
         Raises ValueError on rows of another format or that do not decode.
         """
@@ -460,7 +463,7 @@ class TaskTable:
             raise ValueError("restore into an empty table only")
         if state.get("format") != FORMAT:
             raise ValueError(f"checkpoint format {state.get('format')!r}, expected {FORMAT}")
-        restored = read_rows(rows, self._shared)
+        restored = read_rows(rows, self._shared, skip)
         views = self._views = restored.views
         ready = restored.ready
         claims = self._claims

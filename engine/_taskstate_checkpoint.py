@@ -292,19 +292,22 @@ class RestoredViews:
 def read_rows(
     rows: Iterable[tuple[bytes, bytes]],
     shared: Callable[[ResumeTarget], ResumeTarget | None],
+    skip: int = 0,
 ) -> RestoredViews:
     """Rebuild the views of a table from exported rows, and what derives from them.
 
-    ``shared`` gives the one object a table keeps per distinct resume target. Raises
-    ValueError on rows that do not decode.
+    ``shared`` gives the one object a table keeps per distinct resume target; ``skip``: how
+    many bytes of each key to skip (a store's prefix). Raises ValueError on rows that do not
+    decode.
     """
     with _collector_paused():
-        return _read_rows(rows, shared)
+        return _read_rows(rows, shared, skip)
 
 
 def _read_rows(
     rows: Iterable[tuple[bytes, bytes]],
     shared: Callable[[ResumeTarget], ResumeTarget | None],
+    skip: int,
 ) -> RestoredViews:
     views: dict[str, _View] = {}
     retry: set[str] = set()
@@ -316,7 +319,7 @@ def _read_rows(
     new = object.__new__
     try:
         for raw_key, raw in rows:
-            key = raw_key.decode()
+            key = raw_key[skip:].decode()
             cut = raw.index(b"\n")
             state_name, at, updated_at, timeout_at, has_resume = orjson.loads(raw[:cut])
             target_row = raw[cut + 1 : raw.index(b"\n", cut + 1)]
