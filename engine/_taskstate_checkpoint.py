@@ -41,7 +41,6 @@ from deferline.schemas import (
     ResumeTarget,
     SchemaError,
     TaskStateRecord,
-    dumps_kept,
     encode,
     from_tagged,
     to_tagged,
@@ -123,16 +122,17 @@ def _target_of(row: list[Any]) -> ResumeTarget:
     )
 
 
-def encode_row(record: _Slim, at: Progress, target: ResumeTarget | None) -> bytes:
-    """One task's view as a compact row: a head of what a restore needs at once, a newline,
-    and the rest of the record, which a restore decodes only when the task is first read
-    (see :class:`_Stored`). A restored record never read since is written as it was read."""
+def encode_row(record: _Slim, at: Progress, target: bytes) -> bytes:
+    """One task's view as a compact row: a head of what a restore needs at once, the resume
+    target (``target``: its JSON, see :func:`target_json`), and the rest of the record, which
+    a restore decodes only when the task is first read (see :class:`_Stored`); a newline
+    between each. A restored record never read since is written as it was read."""
     if type(record) is _Stored and record.raw is not None:
         return record.raw
-    head = dumps_kept(
+    head = orjson.dumps(
         (record.state, at, record.updated_at, record.timeout_at, record.resume is not None)
     )
-    rest = dumps_kept(
+    rest = orjson.dumps(
         (
             record.dag_id,
             record.task_id,
@@ -151,7 +151,12 @@ def encode_row(record: _Slim, at: Progress, target: ResumeTarget | None) -> byte
             _tagged(record.xcoms),
         )
     )
-    return b"\n".join((head, dumps_kept(_target_row(target)), rest))
+    return b"\n".join((head, target, rest))  # of its own size (see dumps_kept)
+
+
+def target_json(target: ResumeTarget | None) -> bytes:
+    """A resume target's part of a row."""
+    return orjson.dumps(_target_row(target))
 
 
 class _Stored(_Slim):
@@ -266,11 +271,15 @@ class TableDelta:
             return self._encode()
 
     def _encode(self) -> TableRows:
+        targets: dict[int, bytes] = {}  # by identity: most tasks share a target object
+        rows = []
+        for key, record, at, target in self.upserts:
+            target_row = targets.get(id(target))
+            if target_row is None:
+                target_row = targets[id(target)] = target_json(target)
+            rows.append((key.encode(), encode_row(record, at, target_row)))
         return TableRows(
-            rows=[
-                (key.encode(), encode_row(record, at, target))
-                for key, record, at, target in self.upserts
-            ],
+            rows=rows,
             deletes=[key.encode() for key in self.deletes],
             state={
                 "format": FORMAT,
