@@ -52,6 +52,7 @@ from deferline.schemas import (
 from ._pool_claims import LedgerAdmission, PoolClaims
 from ._pool_ledger import PoolEntry
 from ._task_pools import PoolBook, Pools, _holds, start_records
+from ._taskstate_census import Census
 from ._taskstate_checkpoint import FORMAT, TableDelta, read_rows
 from ._taskstate_values import (
     _EPOCH,
@@ -100,6 +101,7 @@ class TaskTable:
         self._targets: dict[tuple[str, str, str, int, int, int], ResumeTarget] = {}
         self._clock = _EPOCH
         self._changed: set[str] | None = None  # keys moved since the last checkpoint
+        self._census = Census(self._record)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -122,22 +124,13 @@ class TaskTable:
         return {key: view.record.full() for key, view in self._views.items()}
 
     def count_by_state(self) -> dict[str, int]:
-        """How many task instances are in each state."""
-        counts: dict[str, int] = {}
-        for view in self._views.values():
-            counts[view.record.state] = counts.get(view.record.state, 0) + 1
-        return counts
+        """How many task instances are in each state (kept as the table changes)."""
+        return self._census.counts()
 
     def overdue_deferrals(self, now: dt.datetime) -> int:
         """Deferred task instances whose deferral timed out before ``now`` and still wait
-        (their triggerer should have emitted ``timed_out``)."""
-        return sum(
-            1
-            for view in self._views.values()
-            if view.record.state == "deferred"
-            and view.record.timeout_at is not None
-            and view.record.timeout_at < now
-        )
+        (their triggerer should have emitted ``timed_out``); without walking the table."""
+        return self._census.overdue(now)
 
     @property
     def pools(self) -> Pools:
@@ -231,6 +224,8 @@ class TaskTable:
         if self._claims is not None:
             self._claims.dirty.add(ti_key)
         view = self._views.pop(ti_key, None)
+        if view is not None:
+            self._census.moved(ti_key, view.record, None)
         if view is not None and view.holds is not None:
             self._pools.hold(view.holds, None)
         if view is not None and self._changed is not None:
@@ -252,6 +247,7 @@ class TaskTable:
             view = self._views.pop(key, None)
             if view is not None:
                 dropped += 1
+                self._census.moved(key, view.record, None)
                 if view.holds is not None:
                     self._pools.hold(view.holds, None)
             items = self._pending.pop(key, None)
@@ -289,6 +285,7 @@ class TaskTable:
         else:
             self._views = theirs
         self._pools.merge(other._pools)
+        self._census.merge(other._census)
         for target_key, target in other._targets.items():
             self._targets.setdefault(target_key, target)
         if other._finished:
@@ -482,6 +479,7 @@ class TaskTable:
                     and (view.holds is not None or view.record.state == "scheduled")
                 )
         self._pools.restore(restored.used, ready)
+        self._census = Census(self._record, restored.counts, restored.deadlines)
         self._finished = deque(restored.finished)
         self._retry = restored.retry
         self._clock = dt.datetime.fromisoformat(state["clock"])
@@ -569,6 +567,10 @@ class TaskTable:
         view.at = progress(record)
         self._entered(key, view, previous)
 
+    def _record(self, key: str) -> _Slim | None:
+        view = self._views.get(key)
+        return None if view is None else view.record
+
     def _shared(self, target: ResumeTarget | None) -> ResumeTarget | None:
         """One object per distinct resume target (without op_kwargs), not one per task."""
         if target is None or target.op_kwargs:
@@ -586,6 +588,7 @@ class TaskTable:
     def _entered(self, key: str, view: _View, previous: _Slim | None) -> None:
         """Book-keeping after ``view.record`` changed: pool slots, queues, follow-ups."""
         record = view.record
+        self._census.moved(key, previous, record)
         if self._changed is not None:
             self._changed.add(key)
         if record.state in _FINISHED:

@@ -306,6 +306,10 @@ class RestoredViews:
     """(finished at, key) of finished tasks, oldest first."""
     retry: set[str]
     """Tasks up for retry."""
+    counts: dict[str, int]
+    """Tasks per state."""
+    deadlines: list[tuple[dt.datetime, str]]
+    """(timeout, key) of every deferral with a timeout."""
 
 
 def read_rows(
@@ -334,6 +338,8 @@ def _read_rows(
     targets: dict[bytes, ResumeTarget | None] = {b"null": None}  # shared, by their row
     ready: dict[str, list[tuple[int, dt.datetime, str, int]]] = {}
     finished: list[tuple[dt.datetime, str]] = []
+    counts: dict[str, int] = {}
+    deadlines: list[tuple[dt.datetime, str]] = []
     fromiso = dt.datetime.fromisoformat
     new = object.__new__
     try:
@@ -358,8 +364,12 @@ def _read_rows(
                 view.holds = holds = (target.pool, target.pool_slots)
                 used[holds[0]] = used.get(holds[0], 0) + holds[1]
             views[key] = view
+            counts[state_name] = counts.get(state_name, 0) + 1
             if state_name == "deferred":  # for the overdue count, without decoding
-                record.timeout_at = None if timeout_at is None else fromiso(timeout_at)
+                record.timeout_at = None
+                if timeout_at is not None:
+                    record.timeout_at = when = fromiso(timeout_at)
+                    deadlines.append((when, key))
             elif state_name in _FINISHED:  # for retention, without decoding
                 when = record.updated_at = fromiso(updated_at)
                 finished.append((when, key))
@@ -373,4 +383,4 @@ def _read_rows(
     except (ValueError, TypeError, SchemaError) as exc:
         raise ValueError(f"checkpoint row does not decode: {exc}") from exc
     finished.sort()
-    return RestoredViews(views, used, ready, finished, retry)
+    return RestoredViews(views, used, ready, finished, retry, counts, deadlines)

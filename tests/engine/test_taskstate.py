@@ -687,6 +687,7 @@ class _World:
     tick: int = 0
     t_read: int = 0
     e_read: int = 0
+    timeouts: bool = False  # deferrals with a timeout a few ticks on
 
     def __post_init__(self) -> None:
         self.table = TaskTable(pools=self.pools)
@@ -760,7 +761,8 @@ class _World:
         if n < len(script):
             seq = n
             self.step[task.ti_key] = n + 1
-            record = deferred(task, seq, self.tick)
+            fields = {"timeout_at": at(self.tick + self.rng.randint(0, 9))} if self.timeouts else {}
+            record = deferred(task, seq, self.tick, **fields)
             self.tasks_log.append(record)
             self.triggers[record.trigger_id or ""] = record
         else:
@@ -787,7 +789,13 @@ class _World:
             dag, task_id, run_id, _ = ti_key.split("/")
             task = TaskKey(dag_id=dag, task_id=task_id, run_id=run_id)
             self.tasks_log.append(scheduled(task, self.tick, resume=target(retries=1)))
-        while acts := self.actions():
+        while self.step_once():
+            pass
+
+    def step_once(self) -> bool:
+        """One random action (reads drain the table); False when nothing is left to do."""
+        acts = self.actions()
+        if acts:
             act = self.rng.choice(acts)
             if act == "read_task":
                 self.table.apply(self.tasks_log[self.t_read])
@@ -801,6 +809,7 @@ class _World:
                 self.fire()
             if act.startswith("read"):
                 self.publish(self.table.drain())
+        return bool(acts)
 
 
 _KINDS = st.sampled_from(

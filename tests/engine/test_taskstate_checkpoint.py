@@ -58,6 +58,9 @@ def _same(a: TaskTable, b: TaskTable) -> None:
     assert a.snapshot() == b.snapshot()
     assert a.pool_usage() == b.pool_usage()
     assert a.clock == b.clock
+    assert a.count_by_state() == b.count_by_state()
+    moments = [a.clock + dt.timedelta(seconds=s) for s in (-5, 0, 5, 3600)]
+    assert [a.overdue_deferrals(m) for m in moments] == [b.overdue_deferrals(m) for m in moments]
 
 
 def _world(seed: int, scripts: list[list[str]], dups: int, slots: int) -> _World:
