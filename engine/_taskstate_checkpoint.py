@@ -2,11 +2,11 @@
 
 A scheduler restarted over a million tasks should not decode a million pydantic records
 to rebuild its fold (docs/benchmarks.md has both costs). The table therefore exports each
-task's view as a compact row (two orjson lists: a head of the state, progress, times and
-resume target, and the rest of the slim record's fields) and restores a whole table from
-rows without validating them again: the rows were made from validated records. A restore
-reads the heads; a task's rest is decoded when the task is first read (most restored tasks
-wait for an event that comes much later). Only what changed since the last export is
+task's view as a compact row (three orjson lists on lines of their own: a head of the state,
+progress and times, the resume target, and the rest of the slim record's fields) and restores
+a whole table from rows without validating them again: the rows were made from validated
+records. A restore reads the heads and targets; a task's rest is decoded when the task is
+first read (most restored tasks wait for an event that comes much later). Only what changed since the last export is
 exported: the table notes the keys whose view moved or that were forgotten (see
 ``track_changes``).
 
@@ -165,7 +165,7 @@ class _Stored(_Slim):
     A restart restores every task of its partitions, most of them deferred and not read again
     until their event comes: decoding only what the table's indexes need (state, progress,
     target, and the time a finished task ended or a deferral times out) makes a restore
-    several times faster (docs/benchmarks.md). Python looks a slot up through
+    faster and smaller (docs/benchmarks.md). Python looks a slot up through
     :meth:`__getattr__` only while it is unset, so a decoded record costs nothing more to read.
     The fields, once decoded, are those of the record the row was made from; like every
     :class:`_Slim` it never changes.
