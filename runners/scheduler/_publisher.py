@@ -61,7 +61,9 @@ class SchedulerPublisher:
                 self.settings,
                 transactional_id=self.transactional_id,
                 enable_idempotence=True,
-                linger_ms=5,
+                # Batches are handed over whole (send_batch): waiting for more records to join
+                # them only delays the transaction.
+                linger_ms=0,
                 max_batch_size=1 << 20,
                 # The broker answers CONCURRENT_TRANSACTIONS while it writes the previous
                 # commit's markers; aiokafka then waits this long before asking again (100 ms
@@ -88,7 +90,7 @@ class SchedulerPublisher:
                     extra={"transactional_id": self.transactional_id},
                 )
                 return
-        producer = make_producer(self.settings, linger_ms=5, max_batch_size=1 << 20)
+        producer = make_producer(self.settings, linger_ms=0, max_batch_size=1 << 20)
         self._producer = producer
         self.transactional = False
         await producer.start()
