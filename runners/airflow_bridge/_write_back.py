@@ -3,8 +3,9 @@ written back, so that the next batch is all that arrived meanwhile.
 
 A lone event is written at once (nothing is waited for); during a burst each write takes what
 came in while the previous one ran, up to ``max_records``, so the many small fetches of a
-burst's start become a few large transactions. The writes are one at a time and in order, so
-the offsets each commits never pass a record not yet written.
+burst's start become a few large transactions. Each record is read (``read``: decoded) as it
+arrives, while the write before it runs. The writes are one at a time and in order, so the
+offsets each commits never pass a record not yet written.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ async def write_back_loop(
     *,
     max_records: int,
     timeout_ms: int = 1000,
+    read: Callable[[Any], Any] = lambda record: record,
 ) -> None:
     """Read records from ``source`` and hand them to ``write`` in batches of at most
-    ``max_records``, reading on while a write runs; runs until cancelled or a call fails."""
+    ``max_records`` (each record as ``read`` makes it when it arrives), reading on while a
+    write runs; runs until cancelled or a call fails."""
     if max_records < 1:
         raise ValueError(f"max_records must be at least 1, got {max_records}")
     fetch: asyncio.Task[Mapping[Any, Sequence[Any]]] | None = None
@@ -49,7 +52,7 @@ async def write_back_loop(
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             if fetch is not None and fetch in done:
                 batches, fetch = fetch.result(), None
-                pending += [record for records in batches.values() for record in records]
+                pending += [read(record) for records in batches.values() for record in records]
             if writing is not None and writing in done:
                 finished = writing
                 writing = None

@@ -90,6 +90,33 @@ async def test_a_lone_event_is_written_at_once_and_a_burst_in_the_next_batch() -
             await loop
 
 
+async def test_records_are_read_as_they_arrive_while_a_write_runs() -> None:
+    source, write = FakeSource(), Writer()
+    read: list[int] = []
+
+    def reader(record: int) -> int:
+        read.append(record)
+        return -record
+
+    loop = asyncio.create_task(
+        write_back_loop(source, write, max_records=5, timeout_ms=50, read=reader)
+    )
+    try:
+        source.put(1)
+        await asyncio.wait_for(write.started.wait(), 1)
+        source.put(2, 3)
+        await until(lambda: read == [1, 2, 3])  # the first write still running
+        assert write.batches == [[-1]]
+        write.release.set()
+        await until(lambda: len(write.batches) == 2)
+        assert write.batches[1] == [-2, -3]
+        write.release.set()
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+
+
 async def test_a_failed_write_ends_the_loop_with_its_error() -> None:
     source = FakeSource()
 
