@@ -50,7 +50,7 @@ from ._book import RowBook
 from ._metrics import BridgeMetrics
 from ._rows import BridgeEvent, RejectedRow, RowRef, bridge_event, read_event, to_defer_request
 from ._state import BridgeLifecycle, BridgeState
-from ._write_back import write_back_loop
+from ._write_back import CleanUpSchedule, write_back_loop
 
 __all__ = ["AirflowBridge", "BridgeOptions"]
 
@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 ReadRecord = tuple[Any, BridgeEvent | SchemaError | None]
 """A record of the resume topic, and what to write back for it or why it is not an event."""
+CLEAN_UP_WAITS_S = 30.0
+"""The longest ``clean_unused`` waits for the write-back to pause (:class:`CleanUpSchedule`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,6 +123,7 @@ class AirflowBridge(Lifecycle):
         self._watchdog: LoopWatchdog | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._handed_back: set[RowRef] = set()  # logged once each
+        self._clean_up = CleanUpSchedule(quiet=options.poll_interval, longest=CLEAN_UP_WAITS_S)
 
     @property
     def state(self) -> BridgeState:
@@ -265,7 +268,10 @@ class AirflowBridge(Lifecycle):
                     "trigger cancelled: Airflow removed its row",
                     extra={"trigger_id": cancel.trigger_id, "task": str(cancel.task)},
                 )
-        await self._db(db.clean_unused)
+        now = asyncio.get_running_loop().time()
+        if self._clean_up.due(now):
+            await self._db(db.clean_unused)
+            self._clean_up.cleaned(now)
         metrics.set_running(len(self.book))
 
     async def _hand_over(self, db: AirflowDatabase, ids: set[int]) -> None:
@@ -322,6 +328,13 @@ class AirflowBridge(Lifecycle):
         Airflow, then commit their offsets."""
         consumer = self._consumer
         assert consumer is not None
+        self._clean_up.write_started()
+        try:
+            await self._write_events(consumer, records)
+        finally:
+            self._clean_up.write_ended(asyncio.get_running_loop().time())
+
+    async def _write_events(self, consumer: AIOKafkaConsumer, records: list[ReadRecord]) -> None:
         events: list[BridgeEvent] = []
         for message, event in records:
             if isinstance(event, SchemaError):

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["RecordSource", "write_back_loop"]
+__all__ = ["CleanUpSchedule", "RecordSource", "write_back_loop"]
 
 
 class RecordSource(Protocol):
@@ -66,3 +66,33 @@ async def write_back_loop(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+
+
+class CleanUpSchedule:
+    """When the claim loop runs Airflow's ``clean_unused``: not while batches are being written
+    (a batch running, or one ended less than ``quiet`` seconds ago), where its ``DELETE`` would
+    hold the database thread the write-back waits for, unless it last ran ``longest`` seconds
+    ago or more. Times are the caller's clock (the event loop's)."""
+
+    __slots__ = ("_cleaned_at", "_writing", "_written_at", "longest", "quiet")
+
+    def __init__(self, *, quiet: float, longest: float) -> None:
+        self.quiet = quiet
+        self.longest = longest
+        self._writing = False
+        self._written_at = float("-inf")
+        self._cleaned_at = float("-inf")
+
+    def write_started(self) -> None:
+        self._writing = True
+
+    def write_ended(self, now: float) -> None:
+        self._writing = False
+        self._written_at = now
+
+    def due(self, now: float) -> bool:
+        busy = self._writing or now - self._written_at < self.quiet
+        return not busy or now - self._cleaned_at >= self.longest
+
+    def cleaned(self, now: float) -> None:
+        self._cleaned_at = now
