@@ -375,7 +375,7 @@ class AirflowDatabase:
                 "events applied",
                 extra={
                     "events": len(events),
-                    "resumed": len(resumed),
+                    "resumed_after_read": len(resumed),
                     **{
                         f"{step}_s": round(clock[i + 1] - clock[i], 4)
                         for i, step in enumerate(steps)
