@@ -340,10 +340,12 @@ class AirflowDatabase:
         with self._session() as session:
             live = self._live(session, list(first))
             todo = [event for ref, event in first.items() if ref in live]
-            fired = [e.ref.row_id for e in todo if e.kind == "fired" and e.task_outcome is None]
+            fired = [e for e in todo if e.kind == "fired" and e.task_outcome is None]
             clock.append(time.perf_counter())
-            waiting = self._waiting(session, fired)
-            whole = self._with_assets_or_callbacks(session, fired)
+            whole = self._with_assets_or_callbacks(session, [e.ref.row_id for e in fired])
+            plain = {e.ref.row_id: e.payload for e in fired if e.ref.row_id not in whole}
+            self._resume_in_place(session, plain)
+            waiting = self._waiting(session, list(plain))  # those the statement above left
             clock.append(time.perf_counter())
             for event in todo:
                 row_id = event.ref.row_id
@@ -368,12 +370,12 @@ class AirflowDatabase:
         for event in on_their_own:
             self._trigger.submit_event(event.ref.row_id, self._airflow_event(event))
         if logger.isEnabledFor(logging.DEBUG):
-            steps = ("live", "waiting", "prepare", "update", "commit")
+            steps = ("live", "resume", "prepare", "update", "commit")
             logger.debug(
                 "events applied",
                 extra={
                     "events": len(events),
-                    "resumed": len(resumed),
+                    "resumed_after_read": len(resumed),
                     **{
                         f"{step}_s": round(clock[i + 1] - clock[i], 4)
                         for i, step in enumerate(steps)
@@ -408,6 +410,55 @@ class AirflowDatabase:
             for trigger_id, stored, *key in found:
                 waiting.setdefault(trigger_id, []).append((tuple(key), stored))
         return waiting
+
+    def _resume_in_place(self, session: Any, payloads: dict[int, Any]) -> None:
+        """On PostgreSQL, the task instances deferred on each row (Airflow's guard) resumed
+        with the row's event in one ``UPDATE … FROM unnest(…)``, their ``next_kwargs`` made in
+        the statement from the stored ones (no read of the rows first), for the stored forms
+        whose result is known without Airflow's decoder (:data:`_IN_PLACE`). The other task
+        instances stay ``deferred`` for the caller's read and :meth:`_resume`, as do those of
+        an event whose payload cannot be serialized; elsewhere this does nothing."""
+        dialect = session.get_bind().dialect
+        if dialect.name != "postgresql" or not payloads:
+            return
+        params: list[dict[str, Any]] = []
+        for row_id, payload in payloads.items():
+            try:
+                event = self._serialized_event(payload)
+            except Exception:  # Airflow's own function fails the task instance, saying why
+                continue
+            params.append({"b_trigger_id": row_id, "b_event": event})
+        if not params:
+            return
+        sa, table = self._sa, self._ti.__table__
+        rows = _unnest(sa, dialect, [table.c.trigger_id, table.c.next_kwargs])
+        merged, usual = _IN_PLACE[self._airflow2]
+        stored = f"{table.name}.{table.c.next_kwargs.name}"
+        values: dict[str, Any] = {
+            "state": self._state.SCHEDULED,
+            "trigger_id": None,
+            "next_kwargs": sa.literal_column(merged.format(stored=stored, event="v.c1")),
+        }
+        if not self._airflow2:
+            values["scheduled_dttm"] = self._utcnow()
+        statement = (
+            sa.update(table)
+            .where(
+                table.c.trigger_id == rows.c.c0,
+                table.c.state == self._state.DEFERRED,
+                sa.text(usual.format(stored=stored)),
+            )
+            .values(**values)
+        )
+        types = [table.c.trigger_id.type, sa.JSON()]
+        session.execute(statement, _arrays(dialect, types, ["b_trigger_id", "b_event"], params))
+
+    def _serialized_event(self, payload: Any) -> Any:
+        """The payload as Airflow's function serializes it inside ``next_kwargs`` (3.x: serde;
+        2.10: the column's ``BaseSerialization``), serialized as a value of that dict."""
+        if self._serialize is None:
+            return self._base_serialization.serialize({"event": payload})["__var"]["event"]
+        return self._serialize({"event": payload})["event"]
 
     def _resume(self, session: Any, resumed: Sequence[tuple[int, Any, Any]]) -> None:
         """Airflow's handling of a plain event for each waiting task instance, in one
@@ -578,6 +629,51 @@ class AirflowDatabase:
         if self._airflow2:
             return TriggerFailed("".join(lines).rstrip("\n"))
         return lines
+
+
+_IN_PLACE_2 = (
+    # Airflow 2.10's {**next_kwargs, "event": payload} in the serialized form its ExtendedJSON
+    # column (json) stores, {"__var": {key: serialized value}, "__type": "dict"}: the stored
+    # entries kept in their order, the event added last.
+    """CASE WHEN {stored} IS NULL OR json_typeof({stored}) = 'null'
+    THEN json_build_object('__var', json_build_object('event', {event}), '__type', 'dict')
+    ELSE json_build_object('__var', (
+        SELECT json_object_agg(key, value ORDER BY n) FROM (
+            SELECT key, value, n
+            FROM json_each({stored} -> '__var') WITH ORDINALITY AS s(key, value, n)
+            UNION ALL SELECT 'event', {event}, 9223372036854775807
+        ) AS entries
+    ), '__type', 'dict') END""",
+    # Taken in place: nothing stored, or a dict in that form without an "event" (Python
+    # keeps a replaced key where it was).
+    """({stored} IS NULL OR CASE json_typeof({stored})
+        WHEN 'null' THEN true
+        WHEN 'object' THEN ({stored} ->> '__type') = 'dict'
+            AND json_typeof({stored} -> '__var') = 'object'
+            AND (SELECT count(*) FROM json_object_keys({stored})) = 2
+            AND ({stored} -> '__var' -> 'event') IS NULL
+        ELSE false END)""",
+)
+_IN_PLACE_3 = (
+    # Airflow 3's serialize({**_decode_next_kwargs(stored), "event": payload}) in the jsonb
+    # column, where decoding and serializing again give back what is stored.
+    """CASE WHEN {stored} IS NULL OR jsonb_typeof({stored}) = 'null'
+    THEN jsonb_build_object('event', {event})
+    ELSE {stored} || jsonb_build_object('event', {event}) END""",
+    # Taken in place: nothing stored, or a dict of plain values (serde reads and writes each
+    # as it is) without serde's or BaseSerialization's reserved keys.
+    """({stored} IS NULL OR CASE jsonb_typeof({stored})
+        WHEN 'null' THEN true
+        WHEN 'object' THEN NOT EXISTS (
+            SELECT FROM jsonb_each({stored}) AS s(key, value)
+            WHERE left(key, 2) = '__' OR jsonb_typeof(value) IN ('object', 'array')
+        )
+        ELSE false END)""",
+)
+_IN_PLACE = {True: _IN_PLACE_2, False: _IN_PLACE_3}
+"""By Airflow line (2.10: True): the SQL of a task instance's new ``next_kwargs`` from its
+``{stored}`` ones and the serialized ``{event}``, and the condition on ``{stored}`` under which
+that is what Airflow's own function makes."""
 
 
 class _DriverScalars:

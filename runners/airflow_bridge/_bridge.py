@@ -30,8 +30,6 @@ from deferline.schemas import (
     DeadLetter,
     KwargsCipher,
     SchemaError,
-    TriggerEventRecord,
-    decode_as,
     encode,
 )
 from deferline.topics import (
@@ -50,15 +48,19 @@ from .._metrics import MetricsServer
 from ._airflow_db import AirflowDatabase
 from ._book import RowBook
 from ._metrics import BridgeMetrics
-from ._rows import BridgeEvent, RejectedRow, RowRef, bridge_event, to_defer_request
+from ._rows import BridgeEvent, RejectedRow, RowRef, bridge_event, read_event, to_defer_request
 from ._state import BridgeLifecycle, BridgeState
-from ._write_back import write_back_loop
+from ._write_back import CleanUpSchedule, write_back_loop
 
 __all__ = ["AirflowBridge", "BridgeOptions"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+ReadRecord = tuple[Any, BridgeEvent | SchemaError | None]
+"""A record of the resume topic, and what to write back for it or why it is not an event."""
+CLEAN_UP_WAITS_S = 30.0
+"""The longest ``clean_unused`` waits for the write-back to pause (:class:`CleanUpSchedule`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,6 +123,7 @@ class AirflowBridge(Lifecycle):
         self._watchdog: LoopWatchdog | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._handed_back: set[RowRef] = set()  # logged once each
+        self._clean_up = CleanUpSchedule(quiet=options.poll_interval, longest=CLEAN_UP_WAITS_S)
 
     @property
     def state(self) -> BridgeState:
@@ -265,7 +268,10 @@ class AirflowBridge(Lifecycle):
                     "trigger cancelled: Airflow removed its row",
                     extra={"trigger_id": cancel.trigger_id, "task": str(cancel.task)},
                 )
-        await self._db(db.clean_unused)
+        now = asyncio.get_running_loop().time()
+        if self._clean_up.due(now):
+            await self._db(db.clean_unused)
+            self._clean_up.cleaned(now)
         metrics.set_running(len(self.book))
 
     async def _hand_over(self, db: AirflowDatabase, ids: set[int]) -> None:
@@ -313,16 +319,27 @@ class AirflowBridge(Lifecycle):
     async def _event_loop(self) -> None:
         consumer = self._consumer
         assert consumer is not None
-        await write_back_loop(consumer, self._write_back, max_records=self.options.max_events)
+        await write_back_loop(
+            consumer, self._write_back, max_records=self.options.max_events, read=_read_event
+        )
 
-    async def _write_back(self, records: list[Any]) -> None:
-        """Write one batch of records back into Airflow, then commit their offsets."""
+    async def _write_back(self, records: list[ReadRecord]) -> None:
+        """Write one batch of records (each with what :func:`_read_event` made of it) back into
+        Airflow, then commit their offsets."""
         consumer = self._consumer
         assert consumer is not None
+        self._clean_up.write_started()
+        try:
+            await self._write_events(consumer, records)
+        finally:
+            self._clean_up.write_ended(asyncio.get_running_loop().time())
+
+    async def _write_events(self, consumer: AIOKafkaConsumer, records: list[ReadRecord]) -> None:
         events: list[BridgeEvent] = []
-        for message in records:
-            event = await self._read_event(message)
-            if event is not None:
+        for message, event in records:
+            if isinstance(event, SchemaError):
+                await self._dead_letter(message, event)
+            elif event is not None:
                 events.append(event)
         while events:
             try:
@@ -332,7 +349,7 @@ class AirflowBridge(Lifecycle):
                 logger.warning("write-back failed, retrying: %s", exc)
                 await asyncio.sleep(self.options.poll_interval)
         offsets: dict[TopicPartition, int] = {}
-        for message in records:
+        for message, _ in records:
             tp = TopicPartition(message.topic, message.partition)
             offsets[tp] = max(offsets.get(tp, 0), message.offset + 1)
         try:
@@ -354,28 +371,32 @@ class AirflowBridge(Lifecycle):
         if result.stale:
             logger.info("%d event(s) of rows Airflow no longer has: skipped", result.stale)
 
-    async def _read_event(self, message: Any) -> BridgeEvent | None:
-        try:
-            record = decode_as(message.value, TriggerEventRecord)
-        except SchemaError as exc:
-            letter = DeadLetter(
-                topic=message.topic,
-                partition=message.partition,
-                offset=message.offset,
-                key=message.key,
-                value=message.value,
-                error=str(exc),
-                error_type=type(exc).__name__,
-            )
-            await self._send_all([(self.names.dead, message.topic, encode(letter))])
-            logger.warning("not a trigger event on %s: dead-lettered (%s)", message.topic, exc)
-            return None
-        return bridge_event(record)
+    async def _dead_letter(self, message: Any, exc: SchemaError) -> None:
+        letter = DeadLetter(
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            key=message.key,
+            value=message.value,
+            error=str(exc),
+            error_type=type(exc).__name__,
+        )
+        await self._send_all([(self.names.dead, message.topic, encode(letter))])
+        logger.warning("not a trigger event on %s: dead-lettered (%s)", message.topic, exc)
 
     def _require(self) -> tuple[AirflowDatabase, BridgeMetrics]:
         if self.db is None or self.metrics is None:
             raise RuntimeError("the bridge is not started")
         return self.db, self.metrics
+
+
+def _read_event(message: Any) -> ReadRecord:
+    """A record of the resume topic with what to write back for it (:func:`bridge_event`), or
+    why it is not a trigger event (dead-lettered when its batch is written)."""
+    try:
+        return message, bridge_event(read_event(message.value))
+    except SchemaError as exc:
+        return message, exc
 
 
 def _describe_task(task: asyncio.Task[object] | None) -> tuple[str | None, str]:

@@ -17,10 +17,13 @@ from typing import Any, Literal
 from deferline.schemas import (
     DeferlineError,
     DeferRequest,
+    EventFields,
     KwargsCipher,
     SchemaError,
     TaskKey,
     TriggerEventRecord,
+    decode_as,
+    decode_event,
     dumps_value,
     seal,
 )
@@ -35,6 +38,7 @@ __all__ = [
     "bridge_event",
     "bridge_trigger_id",
     "parse_trigger_id",
+    "read_event",
     "to_defer_request",
 ]
 
@@ -190,7 +194,20 @@ def _aware(moment: dt.datetime | None) -> dt.datetime | None:
     return moment.replace(tzinfo=dt.UTC)
 
 
-def bridge_event(record: TriggerEventRecord) -> BridgeEvent | None:
+def read_event(data: bytes) -> EventFields:
+    """A TriggerEventRecord's fields without a model where its shape allows
+    (:func:`~deferline.schemas.decode_event`); raises the :class:`SchemaError` that
+    ``decode_as(data, TriggerEventRecord)`` raises for anything else (another kind included)."""
+    try:
+        fields = decode_event(data)
+    except SchemaError:
+        fields = None
+    if isinstance(fields, EventFields):
+        return fields
+    return EventFields.of(decode_as(data, TriggerEventRecord))  # raises the model's error
+
+
+def bridge_event(record: TriggerEventRecord | EventFields) -> BridgeEvent | None:
     """What to write back into Airflow for one event; None when there is nothing to write.
 
     A cancelled trigger writes nothing (its cancel came from Airflow itself), nor does an

@@ -24,7 +24,7 @@ import pytest
 from deferline.schemas import TriggerEventRecord, decode_as
 from deferline.topics import Settings, TopicNames
 
-from tests.airflow_line import STANDARD_TRIGGERS
+from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
 from tests.conftest import in_ci
 from tests.integration import _airflow_seed as seeding
 from tests.integration._postgres import PostgresServer, postgres_bin
@@ -111,6 +111,28 @@ def test_airflow_triggerer_resumes_the_seeded_deferrals(
     assert sorted(map(tuple, resumed)) == [("scheduled", "t", "t", "1")] * n
 
 
+# Stored next_kwargs other than the seeded ones, by map index (each gets a fired event): none,
+# entries in no sorted order (kept in their order), a nested serialized value, an "event"
+# already there, and forms the in-place UPDATE leaves to Airflow's decoder. By line (3.x: True).
+STORED_NEXT_KWARGS = {
+    False: {
+        0: "NULL",
+        3: """'{"__var": {"zeta": 1, "alpha": "a"}, "__type": "dict"}'""",
+        5: """'{"__var": {"b": 2, "event": "old", "a": 1}, "__type": "dict"}'""",
+        6: """'{"__var": {"a": 1}, "__type": "dict", "more": 1}'""",
+        8: """'{"__var": {"at": {"__var": 1764072000.0, "__type": "datetime"}},"""
+        """ "__type": "dict"}'""",
+    },
+    True: {
+        0: "NULL",
+        3: """'{"zeta": 1, "alpha": "a", "none": null}'""",
+        5: """'{"b": 2, "event": "old"}'""",
+        6: """'{"__var": {"a": 1}, "__type": "dict"}'""",
+        8: """'{"opts": {"a": [1, 2]}}'""",
+    },
+}
+
+
 @pytest.mark.timeout(600)
 def test_the_bridge_writes_back_what_airflow_writes_on_postgres(
     postgres: PostgresServer, airflow_home: Path
@@ -122,6 +144,11 @@ def test_the_bridge_writes_back_what_airflow_writes_on_postgres(
     does on SQLite)."""
     env = seeding.airflow_env(airflow_home, postgres.create_database("same_rows", "migrated"))
     seeding.seed(env, 12, dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
+    for map_index, stored in STORED_NEXT_KWARGS[airflow_line() >= 3].items():
+        postgres.psql(
+            f"UPDATE task_instance SET next_kwargs = {stored} WHERE map_index = {map_index}",
+            "same_rows",
+        )
     out: dict[str, dict[str, list[dict[str, str]]]] = {}
     for way in ("airflow", "bridge"):
         url = postgres.create_database(f"same_rows_{way}", "same_rows")

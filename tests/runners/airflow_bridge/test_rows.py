@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
@@ -14,17 +15,24 @@ from deferline.runners.airflow_bridge._rows import (
     bridge_event,
     bridge_trigger_id,
     parse_trigger_id,
+    read_event,
     to_defer_request,
 )
 from deferline.schemas import (
     DeferRequest,
     KwargsCipher,
+    SchemaError,
     TaskKey,
     TriggerEventRecord,
+    decode_as,
     encode,
     make_event_id,
     open_kwargs,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.schemas.test_event import BASE, FIELDS, ODD, TASK, USUAL
 
 CREATED = dt.datetime(2026, 11, 25, 12, 0, 0, 123456, tzinfo=dt.UTC)
 DATETIME = "airflow.providers.standard.triggers.temporal.DateTimeTrigger"
@@ -144,3 +152,49 @@ def test_events_map_onto_what_airflow_writes() -> None:
     assert bad == BridgeEvent(ref, "failed", traceback=["TriggerImportError: no such class\n"])
     assert bridge_event(event("timed_out")) == BridgeEvent(ref, "timed_out")
     assert bridge_event(event("cancelled", payload={"reason": "cleared"})) is None
+
+
+BRIDGE_ID = bridge_trigger_id(RowRef.of(7, CREATED))
+READ = [
+    encode(record.model_copy(update={"trigger_id": trigger_id}))
+    for record in USUAL
+    for trigger_id in (BRIDGE_ID, record.trigger_id)
+]
+
+
+@pytest.mark.parametrize("data", READ, ids=range(len(READ)))
+def test_an_event_is_read_into_what_the_model_gives(data: bytes) -> None:
+    assert bridge_event(read_event(data)) == bridge_event(decode_as(data, TriggerEventRecord))
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.dictionaries(st.sampled_from(FIELDS), st.sampled_from(ODD), min_size=1, max_size=3))
+def test_an_odd_or_bad_event_is_read_or_refused_as_the_model_does(changes: dict[str, Any]) -> None:
+    data = json.dumps(BASE | {"trigger_id": BRIDGE_ID} | changes).encode()
+    try:
+        expected: BridgeEvent | tuple[str, str | None] | None = bridge_event(
+            decode_as(data, TriggerEventRecord)
+        )
+    except SchemaError as exc:
+        expected = (exc.reason, exc.field)
+    try:
+        read: BridgeEvent | tuple[str, str | None] | None = bridge_event(read_event(data))
+    except SchemaError as exc:
+        read = (exc.reason, exc.field)
+    assert read == expected
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not json",
+        encode(DeferRequest(trigger_id=BRIDGE_ID, task=TASK, classpath=DATETIME)),
+        json.dumps({**BASE, "kind": "cancel_request", "task": 1}).encode(),
+    ],
+)
+def test_what_is_not_an_event_is_refused_as_the_model_refuses_it(data: bytes) -> None:
+    with pytest.raises(SchemaError) as refused:
+        read_event(data)
+    with pytest.raises(SchemaError) as model:
+        decode_as(data, TriggerEventRecord)
+    assert (refused.value.reason, refused.value.field) == (model.value.reason, model.value.field)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from deferline.runners.airflow_bridge._write_back import write_back_loop
+from deferline.runners.airflow_bridge._write_back import CleanUpSchedule, write_back_loop
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -90,6 +90,33 @@ async def test_a_lone_event_is_written_at_once_and_a_burst_in_the_next_batch() -
             await loop
 
 
+async def test_records_are_read_as_they_arrive_while_a_write_runs() -> None:
+    source, write = FakeSource(), Writer()
+    read: list[int] = []
+
+    def reader(record: int) -> int:
+        read.append(record)
+        return -record
+
+    loop = asyncio.create_task(
+        write_back_loop(source, write, max_records=5, timeout_ms=50, read=reader)
+    )
+    try:
+        source.put(1)
+        await asyncio.wait_for(write.started.wait(), 1)
+        source.put(2, 3)
+        await until(lambda: read == [1, 2, 3])  # the first write still running
+        assert write.batches == [[-1]]
+        write.release.set()
+        await until(lambda: len(write.batches) == 2)
+        assert write.batches[1] == [-2, -3]
+        write.release.set()
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+
+
 async def test_a_failed_write_ends_the_loop_with_its_error() -> None:
     source = FakeSource()
 
@@ -104,3 +131,19 @@ async def test_a_failed_write_ends_the_loop_with_its_error() -> None:
 async def test_max_records_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         await write_back_loop(FakeSource(), Writer(), max_records=0)
+
+
+def test_clean_up_waits_while_batches_are_written_up_to_its_longest() -> None:
+    schedule = CleanUpSchedule(quiet=1.0, longest=30.0)
+    assert schedule.due(0.0)  # nothing written yet
+    schedule.cleaned(0.0)
+    schedule.write_started()
+    assert not schedule.due(5.0)  # a batch running
+    schedule.write_ended(5.0)
+    assert not schedule.due(5.5)  # the next batch of a burst may follow at once
+    assert schedule.due(6.0)  # a second without a batch: the burst is over
+    schedule.write_started()
+    assert not schedule.due(29.9)
+    assert schedule.due(30.0)  # batch after batch: not put off longer than longest
+    schedule.cleaned(30.0)
+    assert not schedule.due(31.0)
