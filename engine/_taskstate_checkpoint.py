@@ -6,9 +6,9 @@ task's view as a compact row (three orjson lists on lines of their own: a head o
 progress and times, the resume target, and the rest of the slim record's fields) and restores
 a whole table from rows without validating them again: the rows were made from validated
 records. A restore reads the heads and targets; a task's rest is decoded when the task is
-first read (most restored tasks wait for an event that comes much later). Only what changed since the last export is
-exported: the table notes the keys whose view moved or that were forgotten (see
-``track_changes``).
+first read (most restored tasks wait for an event that comes much later). Only what changed
+since the last export is exported: the table notes the keys whose view moved or that were
+forgotten (see ``track_changes``).
 
 What a checkpoint holds is what a fold of the tasks topic up to the checkpoint's positions
 holds, plus the table's own writes already acknowledged by the broker (they lie past those
