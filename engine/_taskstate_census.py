@@ -83,10 +83,13 @@ class Census:
 
     def merge(self, other: Census) -> None:
         """Add the tasks of ``other`` (a table of other keys, absorbed)."""
-        for state, count in other._counts.items():
-            self._counts[state] = self._counts.get(state, 0) + count
-        self._deadlines += other._deadlines
-        heapq.heapify(self._deadlines)
+        if not self._counts:  # a restart absorbs every partition into an empty table
+            self._counts, self._deadlines = other._counts, other._deadlines
+        else:
+            for state, count in other._counts.items():
+                self._counts[state] = self._counts.get(state, 0) + count
+            self._deadlines += other._deadlines
+            heapq.heapify(self._deadlines)
         self._timed += other._timed
         self._late.update(other._late)
         other._counts, other._deadlines, other._timed, other._late = {}, [], 0, {}
