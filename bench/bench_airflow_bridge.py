@@ -19,7 +19,9 @@ writes for that moment), and starts:
 
 Clock: from the due moment until no task instance is ``deferred`` (polled every 20 ms: ``EXISTS``,
 which stops at the first deferred row, not a count of them all).
-Reported per contender: that time; how many rows were claimed at the due moment; the CPU per
+Reported per contender: that time; for a bridge, when its triggerer's first and last events
+reached the broker (record times on the resume topic: the firing apart from the write-back);
+how many rows were claimed at the due moment; the CPU per
 resumed task of its main process (with its children: Airflow's triggerer runs its triggers in a
 subprocess; the bridge's) and of all its processes (the bridge's with the deferline
 triggerer's), from start to the end; the peak RSS of its main process; the one-minute load
@@ -48,6 +50,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from deferline.topics import TopicNames
 from sqlalchemy import create_engine, text
 
 from bench._harness import cpu_seconds, local_broker, machine_line, peak_rss_mb
@@ -59,6 +63,7 @@ CONTENDERS = ("airflow", "bridge-tansu", "bridge-kafka", "baseline-kafka")
 PACKAGES = ("engine", "schemas", "topics", "runners", "replay", "client")
 BIN = Path(sys.executable).parent
 POLL_S = 0.02
+_PREFIX = f"bench{os.getpid()}."
 
 
 def _descendants(pid: int) -> list[int]:
@@ -131,7 +136,7 @@ def _start_bridge(processes: Processes, env: dict[str, str], workdir: Path, boot
         "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": STANDARD_TRIGGERS,
         "DEFERLINE_COPY_EVENTS_TO_TASKS": "false",  # no deferline scheduler on this prefix
     }
-    connection = ["--bootstrap-servers", bootstrap, "--topic-prefix", f"bench{os.getpid()}."]
+    connection = ["--bootstrap-servers", bootstrap, "--topic-prefix", _PREFIX]
     quiet = ["--log-level", "WARNING"]
     level = ["--log-level", env.get("BENCH_BRIDGE_LOG_LEVEL", "WARNING"), "--log-format", "json"]
     bridge = [str(BIN / "deferline"), "airflow", "bridge", *connection, *level]
@@ -159,6 +164,35 @@ STARTERS: dict[str, Callable[[Processes, dict[str, str], Path, str], None]] = {
     "bridge-kafka": _start_bridge,
     "baseline-kafka": _start_baseline,
 }
+
+
+async def _event_span(bootstrap: str, moment: dt.datetime) -> tuple[float, float] | None:
+    """Seconds from ``moment`` to the first and to the last event on the bridge's resume
+    topic, by the broker's record times: when the triggerer fired, apart from the write-back."""
+    topic = TopicNames(_PREFIX).resume()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        ends = await consumer.end_offsets(tps)
+        tps = [tp for tp in tps if ends[tp] > 0]
+        if not tps:
+            return None
+        consumer.assign(tps)
+        times: list[int] = []
+        for at_end in (False, True):
+            for tp in tps:
+                if at_end:
+                    consumer.seek(tp, ends[tp] - 1)
+                else:
+                    await consumer.seek_to_beginning(tp)
+                times.append((await consumer.getone(tp)).timestamp)
+        half = len(tps)
+        first, last = min(times[:half]), max(times[half:])
+    finally:
+        await consumer.stop()
+    due_ms = moment.timestamp() * 1000
+    return (first - due_ms) / 1000, (last - due_ms) / 1000
 
 
 def _database(contender: str) -> str:
@@ -235,12 +269,21 @@ async def measure(
                 elapsed = time.time() - moment.timestamp()
                 left = int(db.execute(count).scalar_one())
             processes.sample()
+            span = await _event_span(bootstrap, moment) if bootstrap else None
             resumed = max(1, n - left)
             figures = {
                 "contender": contender,
                 **({"checkout": str(baseline)} if contender == "baseline-kafka" else {}),
                 "n": n,
                 "due_to_none_deferred_s": round(elapsed, 2),
+                **(
+                    {
+                        "due_to_first_event_s": round(span[0], 2),
+                        "due_to_last_event_s": round(span[1], 2),
+                    }
+                    if span
+                    else {}
+                ),
                 "claimed_at_due": claimed,
                 "left_deferred": left,
                 "main_cpu_ms_per_task": round(1000 * processes.cpu_seconds(0) / resumed, 3),

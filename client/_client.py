@@ -50,6 +50,7 @@ from deferline.topics import (
     make_consumer,
     make_producer,
     partition_for,
+    stop_client,
     topic_specs,
 )
 
@@ -391,7 +392,7 @@ class Client(Lifecycle):
         except KafkaError as exc:
             raise ClientError(f"cannot read {topic}: {exc}") from exc
         finally:
-            await consumer.stop()
+            await stop_client(consumer, grace=5.0, name="table reader")
         return table
 
     # -- plumbing ----------------------------------------------------------------------------

@@ -244,8 +244,8 @@ async def read_live_view(
     errors: list[str] = []
     groups: list[GroupView] = []
     admin = make_admin(settings)
-    await admin.start()
-    try:
+    try:  # closed even if its start fails or is cancelled (it holds connections)
+        await admin.start()
         try:
             listed = {str(entry[0]) for entry in await admin.list_consumer_groups()}
         except KafkaError as exc:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from deferline.topics import BrokerError, Settings, describe_topics, make_consumer
+from deferline.topics import BrokerError, Settings, describe_topics, make_consumer, stop_client
 
 from ._errors import ReplayError, TopicsNotFound
 from ._records import RawRecord
@@ -149,17 +149,19 @@ class TopicReader:
         )
         try:
             await consumer.start()
-        except KafkaError as exc:
-            await consumer.stop()
-            raise ReplayError(
-                f"cannot connect to {self.settings.bootstrap_servers}: {exc}"
-            ) from exc
+        except BaseException as exc:  # a start that fails or is cancelled holds connections
+            await stop_client(consumer, grace=5.0, name="replay reader")
+            if isinstance(exc, KafkaError):
+                raise ReplayError(
+                    f"cannot connect to {self.settings.bootstrap_servers}: {exc}"
+                ) from exc
+            raise
         self._consumer = consumer
 
     async def stop(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await consumer.stop()
+            await stop_client(consumer, grace=5.0, name="replay reader")
 
     @property
     def consumer(self) -> AIOKafkaConsumer:

@@ -206,8 +206,8 @@ class KafkaMessageTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         consumer = self._make_consumer()
-        await consumer.start()
-        try:
+        try:  # stopped even if its start fails or the trigger is cancelled meanwhile
+            await consumer.start()
             await self._assign(consumer)
             self.log.debug("reading %s from %s", self.topic, self.since)
             timeout_ms = int(self.poll_timeout * 1000)

@@ -14,7 +14,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.replay import RawRecord, TopicInfo, TopicsNotFound, classify_topic
-from deferline.topics import Settings, TopicNames, describe_topics, make_consumer
+from deferline.topics import Settings, TopicNames, describe_topics, make_consumer, stop_client
 
 from ._feed import RecordFeed
 from ._status import ConsoleState, ConsoleStatus
@@ -76,11 +76,11 @@ class TopicTail:
             fetch_max_wait_ms=200,
             client_id=f"{self._settings.client_id}-console",
         )
-        await consumer.start()
-        try:
+        try:  # stopped even if its start fails or is cancelled (it holds connections)
+            await consumer.start()
             await self._follow(consumer)
         finally:
-            await consumer.stop()
+            await stop_client(consumer, grace=5.0, name="console reader")
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> None:
         """Follow every partition of the topics listed; a new one is read from its start.

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from aiokafka import TopicPartition
 from deferline.engine import progress
 from deferline.schemas import SchemaError, TaskStateRecord, TriggerEventRecord, decode
-from deferline.topics import Settings, TopicNames, make_consumer
+from deferline.topics import Settings, TopicNames, make_consumer, stop_client
 
 from ._plan import KINDS, TaskSpec
 
@@ -126,4 +126,4 @@ async def watch_topics(settings: Settings, watch: Watch) -> None:
                     elif isinstance(record, TriggerEventRecord):
                         watch.fold_event(record)
     finally:
-        await consumer.stop()
+        await stop_client(consumer, grace=5.0, name="demo watcher")

@@ -215,8 +215,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             if self.checkpoints is not None:
                 fold.table.track_changes()
             consumer = clients.consumer()
-            await consumer.start()
-            try:
+            try:  # stopped even if its start fails or is cancelled
+                await consumer.start()
                 side = TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
                 await side.recover(
                     self.names.tasks,

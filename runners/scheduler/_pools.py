@@ -98,8 +98,11 @@ class PoolChannel(Lifecycle):
             await self.consumer.start()
             self.consumer.assign([self.tp])
             await self.consumer.seek_to_beginning(self.tp)
-        except KafkaError as exc:
-            raise SchedulerError(f"cannot read {self.topic}: {exc}") from exc
+        except BaseException as exc:  # a start that fails or is cancelled holds connections
+            await stop_client(self.consumer, grace=5.0, name="pools consumer")
+            if isinstance(exc, KafkaError):
+                raise SchedulerError(f"cannot read {self.topic}: {exc}") from exc
+            raise
         self._started = True
 
     async def stop(self) -> None:
