@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from deferline.topics import TopicNames
+from deferline.topics import TopicNames, stop_client
 from sqlalchemy import create_engine, text
 
 from bench._harness import cpu_seconds, local_broker, machine_line, peak_rss_mb
@@ -190,7 +190,7 @@ async def _event_span(bootstrap: str, moment: dt.datetime) -> tuple[float, float
         half = len(tps)
         first, last = min(times[:half]), max(times[half:])
     finally:
-        await consumer.stop()
+        await stop_client(consumer, grace=5.0, name="resume topic reader")
     due_ms = moment.timestamp() * 1000
     return (first - due_ms) / 1000, (last - due_ms) / 1000
 

@@ -27,6 +27,7 @@ from ._clients import (
     make_consumer,
     principal_of,
     probe_access,
+    stop_client,
 )
 from ._errors import AuthorizationError, BrokerError, TopicLayoutError, access_error
 from ._names import TopicNames
@@ -327,7 +328,7 @@ async def _wait_writable(settings: Settings, topics: dict[str, int]) -> None:
     except KafkaError as exc:
         raise BrokerError(f"new topics did not become writable: {exc}") from exc
     finally:
-        await consumer.stop()
+        await stop_client(consumer, grace=5.0, name="topic writability probe")
 
 
 def _check_pairs(names: TopicNames, topics: list[str], counts: dict[str, int]) -> None:

@@ -219,7 +219,9 @@ class KafkaMessageTrigger(BaseTrigger):
                             yield TriggerEvent(self._payload(message))
                             return
         finally:
-            await consumer.stop()
+            from deferline.topics import stop_client
+
+            await stop_client(consumer, grace=5.0, name="KafkaMessageTrigger consumer")
 
     def _payload(self, message: Any) -> dict[str, Any]:
         key = message.key

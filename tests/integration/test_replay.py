@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gc
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +19,7 @@ from aiokafka import AIOKafkaConsumer
 from deferline.replay import (
     ReplaySession,
     Subject,
+    TopicReader,
     Verdict,
     VerdictKind,
     parse_subject,
@@ -447,3 +450,14 @@ async def test_large_batches_are_read_to_the_end(settings: Settings):
         reports = await session.stuck(older_than=dt.timedelta(minutes=1))
     assert len(reports) == len(tasks)
     assert all(r.verdict.kind is VerdictKind.WAITING for r in reports)
+
+
+async def test_a_reader_stopped_as_soon_as_it_started_closes_its_connections(settings: Settings):
+    # aiokafka's stop() of a consumer without a group raises CancelledError when nothing ran
+    # in between (its committed-offsets task was never started), before it closes anything.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        async with TopicReader(settings):
+            pass
+        gc.collect()
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
