@@ -21,7 +21,9 @@ Clock: from the due moment until no task instance is ``deferred`` (polled every 
 which stops at the first deferred row, not a count of them all).
 Reported per contender: that time; for a bridge, when its triggerer's first and last events
 reached the broker (record times on the resume topic: the firing apart from the write-back);
-how many rows were claimed at the due moment; the CPU per
+how many rows were claimed at the due moment; the CPU seconds from the due moment to the end
+of each process (with its children; for a bridge: the bridge, its triggerer) and of
+PostgreSQL's (all its processes: the time the database spent); the CPU per
 resumed task of its main process (with its children: Airflow's triggerer runs its triggers in a
 subprocess; the bridge's) and of all its processes (the bridge's with the deferline
 triggerer's), from start to the end; the peak RSS of its main process; the one-minute load
@@ -105,6 +107,10 @@ class Processes:
                 with contextlib.suppress(OSError):
                     self._cpu[index, pid] = cpu_seconds(pid)
 
+    def each_cpu_seconds(self) -> list[float]:
+        """CPU so far of each process started, with its children, in the order started."""
+        return [self.cpu_seconds(i) for i in range(len(self.procs))]
+
     def cpu_seconds(self, index: int | None = None) -> float:
         """CPU of all the processes, or of the ``index``-th started and its children."""
         return sum(cpu for (i, _), cpu in self._cpu.items() if index in (None, i))
@@ -120,6 +126,15 @@ class Processes:
     def stop(self) -> None:
         for proc in self.procs:
             seeding.stop_group(proc)
+
+
+def _tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds so far of ``pid`` and of each process below it."""
+    found: dict[int, float] = {}
+    for each in _descendants(pid):
+        with contextlib.suppress(OSError):
+            found[each] = cpu_seconds(each)
+    return found
 
 
 def _start_airflow(
@@ -173,7 +188,8 @@ async def _event_span(bootstrap: str, moment: dt.datetime) -> tuple[float, float
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        cluster = await consumer._client.fetch_all_metadata()  # it subscribes to nothing
+        tps = [TopicPartition(topic, p) for p in cluster.partitions_for_topic(topic) or ()]
         ends = await consumer.end_offsets(tps)
         tps = [tp for tp in tps if ends[tp] > 0]
         if not tps:
@@ -260,6 +276,8 @@ async def measure(
                     processes.sample()
                     await asyncio.sleep(min(0.5, max(0.0, moment.timestamp() - time.time())))
                 claimed = int(db.execute(held).scalar_one())
+                processes.sample()
+                at_due, postgres_at_due = processes.each_cpu_seconds(), _tree_cpu(server.pid)
                 waiting = True
                 while waiting and time.time() - moment.timestamp() < limit:
                     waiting = bool(db.execute(query).scalar_one())
@@ -269,6 +287,13 @@ async def measure(
                 elapsed = time.time() - moment.timestamp()
                 left = int(db.execute(count).scalar_one())
             processes.sample()
+            postgres = _tree_cpu(server.pid)
+            after_due = [
+                end - due for end, due in zip(processes.each_cpu_seconds(), at_due, strict=True)
+            ]
+            after_due.append(
+                sum(cpu - postgres_at_due.get(pid, 0.0) for pid, cpu in postgres.items())
+            )
             span = await _event_span(bootstrap, moment) if bootstrap else None
             resumed = max(1, n - left)
             figures = {
@@ -286,6 +311,7 @@ async def measure(
                 ),
                 "claimed_at_due": claimed,
                 "left_deferred": left,
+                "cpu_after_due_s": [round(cpu, 2) for cpu in after_due],
                 "main_cpu_ms_per_task": round(1000 * processes.cpu_seconds(0) / resumed, 3),
                 "all_cpu_ms_per_task": round(1000 * processes.cpu_seconds() / resumed, 3),
                 "peak_rss_mb": round(processes.peak_rss_mb(), 1),

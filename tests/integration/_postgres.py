@@ -74,6 +74,11 @@ class PostgresServer:
         )
         self._data = data
 
+    @property
+    def pid(self) -> int:
+        """The postmaster's process id (the connections' backends are its children)."""
+        return int((self._data / "postmaster.pid").read_text().split()[0])
+
     def _run(self, tool: str, *args: str) -> None:
         user = ["runuser", "-u", OS_USER, "--"] if os.geteuid() == 0 else []
         subprocess.run([*user, str(self._bin / tool), *args], check=True, capture_output=True)
