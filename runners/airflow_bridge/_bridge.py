@@ -1,6 +1,7 @@
 """``AirflowBridge``: Airflow's triggerer as Airflow sees it, deferline's triggerers doing the work.
 
-Three loops share one worker thread for the database (Airflow's models are synchronous):
+Three loops, the database reached from worker threads (Airflow's models are synchronous): one
+for the job row and the claims, ``writers`` for the write-back.
 
 * the **heartbeat** of the ``TriggererJob`` row, every ``[triggerer] job_heartbeat_sec``;
 * the **claim loop**, once per ``poll_interval`` as Airflow's triggerer loops: claim rows
@@ -8,9 +9,10 @@ Three loops share one worker thread for the database (Airflow's models are synch
   prefix's defer topic (or fail its task instance when the row cannot run), cancel in
   deferline the rows Airflow deleted, run ``clean_unused``;
 * the **event loop**: the consumer group ``<prefix>bridge`` on the resume topics, each batch
-  of events written back into Airflow in one transaction, offsets committed after it; the
-  next batch is read while one is written, so a batch is what arrived during the write
-  before it (``_write_back``).
+  of events written back into Airflow in one transaction, up to ``writers`` batches at once,
+  offsets committed in order once a batch and all before it are written; the next batch is
+  read while others are written, so a batch is what arrived during the writes before it
+  (``write_back_loop``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class BridgeOptions:
         team_name: the Airflow team to serve (3.3+ with ``[core] multi_team``).
         poll_interval: seconds between claim loops (Airflow's triggerer: about 1).
         max_events: events written back per database transaction at most.
+        writers: batches written back at once, each in its own session and transaction;
+            None: 2, or 1 on SQLite (one writer at a time there).
         metrics_port: serve Prometheus metrics on this port; None: no endpoint.
     """
 
@@ -86,6 +90,7 @@ class BridgeOptions:
     team_name: str | None = None
     poll_interval: float = 1.0
     max_events: int = 5_000
+    writers: int | None = None
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     stop_timeout: float = 10.0
@@ -107,8 +112,9 @@ class AirflowBridge(Lifecycle):
     ) -> None:
         self.settings = settings
         self.options = options = options or BridgeOptions()
-        if options.capacity < 1 or options.claim_per_loop < 1 or options.max_events < 1:
-            raise ValueError("capacity, claim_per_loop and max_events must be at least 1")
+        counts = (options.capacity, options.claim_per_loop, options.max_events)
+        if min(counts) < 1 or (options.writers is not None and options.writers < 1):
+            raise ValueError("capacity, claim_per_loop, max_events and writers must be at least 1")
         self.names = TopicNames(settings.topic_prefix)
         self.group_id = f"{settings.topic_prefix}bridge"
         self.lifecycle = BridgeLifecycle()
@@ -116,6 +122,8 @@ class AirflowBridge(Lifecycle):
         self.db = database
         self._cipher = KwargsCipher(settings.kwargs_keys) if settings.kwargs_keys else None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="airflow-db")
+        self._writers: ThreadPoolExecutor | None = None  # the write-back's, made at start
+        self.writers = 1
         self.metrics: BridgeMetrics | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -144,6 +152,8 @@ class AirflowBridge(Lifecycle):
                 lambda: AirflowDatabase(queues=options.queues, team_name=options.team_name)
             )
         db = self.db
+        self.writers = writers = options.writers or (1 if db.dialect == "sqlite" else 2)
+        self._writers = ThreadPoolExecutor(writers, thread_name_prefix="airflow-db-write")
         job_id = await self._db(db.start_job)
         self.metrics = metrics = BridgeMetrics(hostname=db.hostname, capacity=options.capacity)
         queues: Sequence[str | None] = options.queues or (None,)
@@ -183,6 +193,7 @@ class AirflowBridge(Lifecycle):
                 "prefix": self.settings.topic_prefix,
                 "queues": list(options.queues),
                 "capacity": options.capacity,
+                "writers": writers,
             },
         )
 
@@ -222,6 +233,8 @@ class AirflowBridge(Lifecycle):
             except Exception:
                 logger.exception("could not mark the TriggererJob row finished")
         self._thread.shutdown(wait=False)
+        if self._writers is not None:
+            self._writers.shutdown(wait=False)
         self.lifecycle.move(BridgeState.STOPPED)
         logger.info("Airflow bridge stopped")
 
@@ -320,21 +333,24 @@ class AirflowBridge(Lifecycle):
         consumer = self._consumer
         assert consumer is not None
         await write_back_loop(
-            consumer, self._write_back, max_records=self.options.max_events, read=_read_event
+            consumer,
+            self._write_back,
+            self._commit,
+            max_records=self.options.max_events,
+            writers=self.writers,
+            read=_read_event,
         )
 
     async def _write_back(self, records: list[ReadRecord]) -> None:
         """Write one batch of records (each with what :func:`_read_event` made of it) back into
-        Airflow, then commit their offsets."""
-        consumer = self._consumer
-        assert consumer is not None
+        Airflow."""
         self._clean_up.write_started()
         try:
-            await self._write_events(consumer, records)
+            await self._write_events(records)
         finally:
             self._clean_up.write_ended(asyncio.get_running_loop().time())
 
-    async def _write_events(self, consumer: AIOKafkaConsumer, records: list[ReadRecord]) -> None:
+    async def _write_events(self, records: list[ReadRecord]) -> None:
         events: list[BridgeEvent] = []
         for message, event in records:
             if isinstance(event, SchemaError):
@@ -348,6 +364,11 @@ class AirflowBridge(Lifecycle):
             except self._require()[0].transient as exc:  # nothing committed: again
                 logger.warning("write-back failed, retrying: %s", exc)
                 await asyncio.sleep(self.options.poll_interval)
+
+    async def _commit(self, records: list[ReadRecord]) -> None:
+        """Commit the offsets of a written batch (every batch before it is written too)."""
+        consumer = self._consumer
+        assert consumer is not None
         offsets: dict[TopicPartition, int] = {}
         for message, _ in records:
             tp = TopicPartition(message.topic, message.partition)
@@ -362,7 +383,8 @@ class AirflowBridge(Lifecycle):
     async def apply(self, events: Sequence[BridgeEvent]) -> None:
         """Write events back into Airflow in one transaction, and count them."""
         db, metrics = self._require()
-        result = await self._db(db.apply, events)
+        assert self._writers is not None
+        result = await asyncio.get_running_loop().run_in_executor(self._writers, db.apply, events)
         self.book.applied(result.rows)
         metrics.succeeded.inc(result.succeeded)
         metrics.failed.inc(result.failed)

@@ -9,6 +9,7 @@ import click
 from deferline.topics import Settings, run_closing
 from pydantic import ValidationError
 
+from .._gc import collect_less_often, spare_what_lives_now
 from .._options import connection_options, layout_options, logging_options, metrics_options
 from .._signals import run_until_signal
 from ._airflow_db import AirflowDatabase
@@ -69,6 +70,12 @@ def airflow_command() -> None:
     show_default=True,
     help="Events written back per database transaction at most.",
 )
+@click.option(
+    "--writers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Batches written back at once, each in its own transaction [default: 2; 1 on SQLite].",
+)
 @metrics_options
 @logging_options
 def bridge_command(
@@ -80,6 +87,7 @@ def bridge_command(
     claim_per_loop: int,
     poll_interval: float,
     max_events: int,
+    writers: int | None,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -101,6 +109,7 @@ def bridge_command(
         team_name=team_name,
         poll_interval=poll_interval,
         max_events=max_events,
+        writers=writers,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
     )
@@ -122,4 +131,8 @@ def bridge_command(
         raise click.UsageError(str(exc)) from exc
     root.handlers[:] = handlers
     root.setLevel(level)
+    # Airflow loaded is hundreds of thousands of objects no collection would free: out of the
+    # collector's reach, and the young generation collected less often (runners/_gc.py).
+    collect_less_often()
+    spare_what_lives_now()
     run_closing(run_until_signal(AirflowBridge(bridge_settings, options, database=database)))

@@ -54,6 +54,11 @@ class RowRef:
     created_micros: int
     """``created_date`` in microseconds since the epoch (UTC)."""
 
+    @property
+    def created(self) -> dt.datetime:
+        """``created_date`` (UTC)."""
+        return _EPOCH + dt.timedelta(microseconds=self.created_micros)
+
     @classmethod
     def of(cls, row_id: int, created: dt.datetime) -> RowRef:
         if created.tzinfo is None:  # Airflow stores UTC; some dialects hand it back naive

@@ -57,7 +57,7 @@ def events(db: AirflowDatabase) -> list[BridgeEvent]:
 
 def seeded_events(db: AirflowDatabase) -> list[BridgeEvent]:
     """Fired and failed events for the seeded mapped task instances (map index 0 to 9), a
-    duplicate and a stale one."""
+    duplicate, a stale one and one of a row made anew under the same id."""
     from airflow.models.taskinstance import TaskInstance as TI
     from airflow.models.trigger import Trigger
     from sqlalchemy import select
@@ -79,14 +79,21 @@ def seeded_events(db: AirflowDatabase) -> list[BridgeEvent]:
     batch.append(BridgeEvent(refs[2], "fired", payload="second"))  # a no-op
     batch.append(BridgeEvent(refs[1], "fired", payload="after the failure"))  # a no-op
     batch.append(BridgeEvent(RowRef(10_000_000, 0), "fired", payload="of a row long gone"))
+    anew = RowRef(refs[9].row_id, refs[9].created_micros + 1)
+    batch.append(BridgeEvent(anew, "fired", payload="of another row with that id"))
     return batch
 
 
 def airflow_way(db: AirflowDatabase, batch: list[BridgeEvent]) -> None:
-    """Airflow's triggerer's way: ``submit_event`` / ``submit_failure`` once per event."""
+    """Airflow's triggerer's way: ``submit_event`` / ``submit_failure`` once per event, for the
+    rows it runs (it never hears of a trigger row it does not have: one gone, or made anew)."""
     from airflow.models.trigger import Trigger
 
+    with db._session() as session:
+        live = db._live(session, [event.ref for event in batch])
     for event in batch:
+        if event.ref not in live:
+            continue
         if event.kind == "failed":
             Trigger.submit_failure(event.ref.row_id, exc=db._failure(event))
         else:
