@@ -332,9 +332,7 @@ class AirflowDatabase:
         ``check_trigger_timeouts``). A row with assets or a callback takes
         ``Trigger.submit_event`` whole, a task instance whose ``next_kwargs`` cannot be made
         Airflow's per-task-instance function, and an event that ends the task from the
-        trigger ``Trigger.submit_event`` after the batch. On PostgreSQL the plain fired events
-        go first, in one statement that also checks their rows (:meth:`_resume_in_place`);
-        only the events it leaves are read for. The integration tests apply the
+        trigger ``Trigger.submit_event`` after the batch. The integration tests apply the
         same events both ways on two copies of one database and compare the rows (SQLite and
         PostgreSQL).
         """
@@ -346,17 +344,14 @@ class AirflowDatabase:
         resumed: list[tuple[int, Any, Any]] = []
         clock = [time.perf_counter()]
         with self._session() as session:
-            done = self._resume_in_place(
-                session, [e for e in first.values() if e.kind == "fired" and e.task_outcome is None]
-            )
-            clock.append(time.perf_counter())
-            rest = [ref for ref in first if ref not in done]
-            live = self._live(session, rest) if rest else set()
-            todo = [first[ref] for ref in rest if ref in live]
+            live = self._live(session, list(first))
+            todo = [event for ref, event in first.items() if ref in live]
             fired = [e for e in todo if e.kind == "fired" and e.task_outcome is None]
+            clock.append(time.perf_counter())
             whole = self._with_assets_or_callbacks(session, [e.ref.row_id for e in fired])
-            plain = [e.ref.row_id for e in fired if e.ref.row_id not in whole]
-            waiting = self._waiting(session, plain)
+            plain = {e.ref.row_id: e.payload for e in fired if e.ref.row_id not in whole}
+            done = self._resume_in_place(session, plain)
+            waiting = self._waiting(session, [r for r in plain if r not in done])  # the rest
             clock.append(time.perf_counter())
             for event in todo:
                 row_id = event.ref.row_id
@@ -381,7 +376,7 @@ class AirflowDatabase:
         for event in on_their_own:
             self._trigger.submit_event(event.ref.row_id, self._airflow_event(event))
         if logger.isEnabledFor(logging.DEBUG):
-            steps = ("in_place", "read", "prepare", "update", "commit")
+            steps = ("live", "resume", "prepare", "update", "commit")
             logger.debug(
                 "events applied",
                 extra={
@@ -396,11 +391,11 @@ class AirflowDatabase:
             )
         kinds = [e.kind for e in todo]
         return AppliedEvents(
-            succeeded=len(done) + kinds.count("fired"),
+            succeeded=kinds.count("fired"),
             failed=kinds.count("failed"),
             timed_out=kinds.count("timed_out"),
-            stale=len(events) - len(done) - len(todo),
-            rows=frozenset(done).union(e.ref for e in todo),
+            stale=len(events) - len(todo),
+            rows=frozenset(e.ref for e in todo),
         )
 
     def _waiting(self, session: Any, row_ids: Sequence[int]) -> dict[int, list[Any]]:
@@ -423,58 +418,50 @@ class AirflowDatabase:
                 waiting.setdefault(trigger_id, []).append((tuple(key), stored))
         return waiting
 
-    def _resume_in_place(self, session: Any, fired: Sequence[BridgeEvent]) -> set[RowRef]:
-        """On PostgreSQL, the task instances deferred on the row of each plain fired event
-        (Airflow's guard) resumed with it in one ``UPDATE … FROM unnest(…)``, their
-        ``next_kwargs`` made in the statement from the stored ones (no read of the rows
-        first), where the row is the one the event names (same id, same ``created_date``:
-        :meth:`_live` in the statement) and has neither assets nor a callback (those take
-        ``submit_event`` whole), for the stored forms whose result is known without
-        Airflow's decoder (:data:`_IN_PLACE`). Returns the rows whose task instance (one per
-        row: Airflow's ``Trigger.task_instance``) was resumed; the events of the others (a row
-        gone, a task instance not waiting or in another form, a payload that cannot be
-        serialized) are for the caller's usual path. Elsewhere this does nothing."""
+    def _resume_in_place(self, session: Any, payloads: dict[int, Any]) -> set[int]:
+        """On PostgreSQL, the task instances deferred on each row (Airflow's guard) resumed
+        with the row's event in one ``UPDATE … FROM unnest(…)``, their ``next_kwargs`` made in
+        the statement from the stored ones (no read of the rows first), for the stored forms
+        whose result is known without Airflow's decoder (:data:`_IN_PLACE`). Returns the rows
+        whose task instance it resumed (one per row: Airflow's ``Trigger.task_instance``). The
+        other task instances stay ``deferred`` for the caller's read and :meth:`_resume`, as do
+        those of an event whose payload cannot be serialized; elsewhere this does nothing."""
         dialect = session.get_bind().dialect
-        if dialect.name != "postgresql" or not fired:
+        if dialect.name != "postgresql" or not payloads:
             return set()
         params: list[dict[str, Any]] = []
-        for event in fired:
+        for row_id, payload in payloads.items():
             try:
-                serialized = self._serialized_event(event.payload)
+                event = self._serialized_event(payload)
             except Exception:  # Airflow's own function fails the task instance, saying why
                 continue
-            ref = event.ref
-            params.append({"b_id": ref.row_id, "b_created": ref.created, "b_event": serialized})
+            params.append({"b_trigger_id": row_id, "b_event": event})
         if not params:
             return set()
-        sa, table, trigger = self._sa, self._ti.__table__, self._trigger
-        created = trigger.__table__.c.created_date
-        rows = _unnest(sa, dialect, [table.c.trigger_id, created, table.c.next_kwargs])
+        sa, table = self._sa, self._ti.__table__
+        rows = _unnest(sa, dialect, [table.c.trigger_id, table.c.next_kwargs])
         merged, usual = _IN_PLACE[self._airflow2]
         stored = f"{table.name}.{table.c.next_kwargs.name}"
         values: dict[str, Any] = {
             "state": self._state.SCHEDULED,
             "trigger_id": None,
-            "next_kwargs": sa.literal_column(merged.format(stored=stored, event="v.c2")),
+            "next_kwargs": sa.literal_column(merged.format(stored=stored, event="v.c1")),
         }
         if not self._airflow2:
             values["scheduled_dttm"] = self._utcnow()
-        where = [
-            table.c.trigger_id == rows.c.c0,
-            trigger.id == rows.c.c0,
-            created == rows.c.c1,
-            table.c.state == self._state.DEFERRED,
-            sa.text(usual.format(stored=stored)),
-        ]
-        if hasattr(trigger, "asset_watchers"):  # 3.x; 2.10 has neither
-            where.append(~trigger.asset_watchers.any())
-            where.append(~trigger.callback.has())
-        statement = sa.update(table).where(*where).values(**values).returning(rows.c.c0, rows.c.c1)
-        types = [table.c.trigger_id.type, created.type, sa.JSON()]
-        arrays = _arrays(dialect, types, ["b_id", "b_created", "b_event"], params)
-        return {
-            RowRef.of(row_id, created) for row_id, created in session.execute(statement, arrays)
-        }
+        statement = (
+            sa.update(table)
+            .where(
+                table.c.trigger_id == rows.c.c0,
+                table.c.state == self._state.DEFERRED,
+                sa.text(usual.format(stored=stored)),
+            )
+            .values(**values)
+            .returning(rows.c.c0)
+        )
+        types = [table.c.trigger_id.type, sa.JSON()]
+        arrays = _arrays(dialect, types, ["b_trigger_id", "b_event"], params)
+        return {row_id for (row_id,) in session.execute(statement, arrays)}
 
     def _serialized_event(self, payload: Any) -> Any:
         """The payload as Airflow's function serializes it inside ``next_kwargs`` (3.x: serde;

@@ -79,8 +79,8 @@ class BridgeOptions:
         team_name: the Airflow team to serve (3.3+ with ``[core] multi_team``).
         poll_interval: seconds between claim loops (Airflow's triggerer: about 1).
         max_events: events written back per database transaction at most.
-        writers: batches written back at once, each in its own session and transaction;
-            None: 2, or 1 on SQLite (one writer at a time there).
+        writers: batches written back at once, each in its own session and transaction (on
+            SQLite, one writer at a time in any case).
         metrics_port: serve Prometheus metrics on this port; None: no endpoint.
     """
 
@@ -90,7 +90,7 @@ class BridgeOptions:
     team_name: str | None = None
     poll_interval: float = 1.0
     max_events: int = 5_000
-    writers: int | None = None
+    writers: int = 1
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     stop_timeout: float = 10.0
@@ -112,8 +112,7 @@ class AirflowBridge(Lifecycle):
     ) -> None:
         self.settings = settings
         self.options = options = options or BridgeOptions()
-        counts = (options.capacity, options.claim_per_loop, options.max_events)
-        if min(counts) < 1 or (options.writers is not None and options.writers < 1):
+        if min(options.capacity, options.claim_per_loop, options.max_events, options.writers) < 1:
             raise ValueError("capacity, claim_per_loop, max_events and writers must be at least 1")
         self.names = TopicNames(settings.topic_prefix)
         self.group_id = f"{settings.topic_prefix}bridge"
@@ -152,7 +151,7 @@ class AirflowBridge(Lifecycle):
                 lambda: AirflowDatabase(queues=options.queues, team_name=options.team_name)
             )
         db = self.db
-        self.writers = writers = options.writers or (1 if db.dialect == "sqlite" else 2)
+        self.writers = writers = 1 if db.dialect == "sqlite" else options.writers
         self._writers = ThreadPoolExecutor(writers, thread_name_prefix="airflow-db-write")
         job_id = await self._db(db.start_job)
         self.metrics = metrics = BridgeMetrics(hostname=db.hostname, capacity=options.capacity)

@@ -73,8 +73,10 @@ def airflow_command() -> None:
 @click.option(
     "--writers",
     type=click.IntRange(min=1),
-    default=None,
-    help="Batches written back at once, each in its own transaction [default: 2; 1 on SQLite].",
+    default=1,
+    show_default=True,
+    help="Batches written back at once, each in its own transaction (a database with cores "
+    "to spare; 1 on SQLite).",
 )
 @metrics_options
 @logging_options
@@ -87,7 +89,7 @@ def bridge_command(
     claim_per_loop: int,
     poll_interval: float,
     max_events: int,
-    writers: int | None,
+    writers: int,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
