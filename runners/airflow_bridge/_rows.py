@@ -186,7 +186,7 @@ def _request(
             timeout_at=_aware(row.trigger_timeout),
             queue=queue,
             # The row's own moment: a re-claim publishes the same bytes again.
-            requested_at=_EPOCH + dt.timedelta(microseconds=row.ref.created_micros),
+            requested_at=row.ref.created,
         )
     except ValidationError as exc:
         raise BadTriggerRow(f"the task instance cannot be named in deferline: {exc}") from exc
