@@ -103,9 +103,8 @@ class Processes:
     def sample(self) -> None:
         """Remember each live process's CPU so far (a child may end before the end)."""
         for index, proc in enumerate(self.procs):
-            for pid in _descendants(proc.pid):
-                with contextlib.suppress(OSError):
-                    self._cpu[index, pid] = cpu_seconds(pid)
+            for pid, cpu in _tree_cpu(proc.pid).items():
+                self._cpu[index, pid] = cpu
 
     def each_cpu_seconds(self) -> list[float]:
         """CPU so far of each process started, with its children, in the order started."""
