@@ -50,6 +50,7 @@ from deferline.topics import (
     make_consumer,
     make_producer,
     partition_for,
+    start_client,
     stop_client,
     topic_specs,
 )
@@ -118,9 +119,11 @@ class Client(Lifecycle):
             return
         producer = make_producer(self.settings)
         try:
-            await producer.start()
-        except KafkaError as exc:
-            await producer.stop()
+            await start_client(producer, grace=5.0, name="client producer")
+        except BaseException as exc:  # a start that fails or is cancelled holds connections
+            await stop_client(producer, grace=5.0, name="client producer")
+            if not isinstance(exc, KafkaError):
+                raise
             raise ClientError(
                 f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}"
             ) from exc
@@ -130,7 +133,7 @@ class Client(Lifecycle):
         """Flush and disconnect (idempotent)."""
         producer, self._producer = self._producer, None
         if producer is not None:
-            await producer.stop()
+            await stop_client(producer, grace=10.0, name="client producer")
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -375,7 +378,7 @@ class Client(Lifecycle):
         consumer = make_consumer(self.settings, group_id=None)
         table: dict[bytes, bytes | None] = {}
         try:
-            await consumer.start()
+            await start_client(consumer, grace=5.0, name="table reader")
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             ends = await consumer.end_offsets(tps)

@@ -22,7 +22,7 @@ from aiokafka.coordinator.protocol import (
 )
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
-from deferline.topics import Settings, make_admin
+from deferline.topics import Settings, make_admin, start_client
 
 from ._topics import TopicInfo, TopicRole
 
@@ -245,7 +245,7 @@ async def read_live_view(
     groups: list[GroupView] = []
     admin = make_admin(settings)
     try:  # closed even if its start fails or is cancelled (it holds connections)
-        await admin.start()
+        await start_client(admin, grace=5.0, name="live view admin")
         try:
             listed = {str(entry[0]) for entry in await admin.list_consumer_groups()}
         except KafkaError as exc:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from aiokafka.errors import KafkaError
 from deferline.schemas import DeferRequest, encode
-from deferline.topics import Settings, make_producer
+from deferline.topics import Settings, make_producer, start_client, stop_client
 
 from ._errors import ReplayError
 from ._explain import explain_trigger
@@ -125,7 +125,7 @@ async def publish_redrives(settings: Settings, plans: list[RedrivePlan]) -> int:
     stamp = dt.datetime.now(dt.UTC).isoformat().encode()
     done = 0
     try:
-        await producer.start()
+        await start_client(producer, grace=5.0, name="re-drive producer")
         for plan in todo:
             assert plan.request is not None
             assert plan.topic is not None
@@ -149,5 +149,5 @@ async def publish_redrives(settings: Settings, plans: list[RedrivePlan]) -> int:
     except KafkaError as exc:
         raise ReplayError(f"re-drive failed after {done} of {len(todo)} published: {exc}") from exc
     finally:
-        await producer.stop()
+        await stop_client(producer, grace=5.0, name="re-drive producer")
     return done

@@ -17,7 +17,14 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from deferline.topics import BrokerError, Settings, describe_topics, make_consumer, stop_client
+from deferline.topics import (
+    BrokerError,
+    Settings,
+    describe_topics,
+    make_consumer,
+    start_client,
+    stop_client,
+)
 
 from ._errors import ReplayError, TopicsNotFound
 from ._records import RawRecord
@@ -147,15 +154,12 @@ class TopicReader:
             max_partition_fetch_bytes=max(self.fetch_bytes // 8, 256 * 1024),
             client_id=f"{self.settings.client_id}-replay",
         )
-        try:
-            await consumer.start()
-        except BaseException as exc:  # a start that fails or is cancelled holds connections
-            await stop_client(consumer, grace=5.0, name="replay reader")
-            if isinstance(exc, KafkaError):
-                raise ReplayError(
-                    f"cannot connect to {self.settings.bootstrap_servers}: {exc}"
-                ) from exc
-            raise
+        try:  # a start that fails or is cancelled closes the consumer
+            await start_client(consumer, grace=5.0, name="replay reader")
+        except KafkaError as exc:
+            raise ReplayError(
+                f"cannot connect to {self.settings.bootstrap_servers}: {exc}"
+            ) from exc
         self._consumer = consumer
 
     async def stop(self) -> None:

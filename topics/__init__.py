@@ -3,10 +3,12 @@
 from ._acls import ROLES, AclBinding, Role, SchedulerResources, acl_bindings, parse_role_principals
 from ._admin import TopicDescription, describe_topics, ensure_acls, ensure_topics
 from ._clients import (
+    close_client,
     make_admin,
     make_consumer,
     make_producer,
     principal_of,
+    start_client,
     stop_client,
     supports_idempotence,
 )
@@ -71,6 +73,7 @@ __all__ = [
     "TopicSpec",
     "access_error",
     "acl_bindings",
+    "close_client",
     "compare_identity",
     "describe_topics",
     "disable_tracing",
@@ -88,6 +91,7 @@ __all__ = [
     "principal_of",
     "read_log_identity",
     "run_closing",
+    "start_client",
     "stop_client",
     "supports_idempotence",
     "topic_specs",

@@ -27,6 +27,7 @@ from ._clients import (
     make_consumer,
     principal_of,
     probe_access,
+    start_client,
     stop_client,
 )
 from ._errors import AuthorizationError, BrokerError, TopicLayoutError, access_error
@@ -148,7 +149,7 @@ async def _started_admin(settings: Settings) -> AsyncIterator[AIOKafkaAdminClien
     client = make_admin(settings)
     try:
         try:
-            await client.start()
+            await start_client(client, grace=5.0, name="admin")
         except (KafkaError, OSError) as exc:
             mapped = access_error(exc, principal=principal_of(settings))
             if mapped is None and is_bootstrap_failure(exc):
@@ -323,7 +324,7 @@ async def _wait_writable(settings: Settings, topics: dict[str, int]) -> None:
     consumer = make_consumer(settings, request_timeout_ms=int(_VISIBLE_WITHIN_S * 1000))
     partitions = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
     try:
-        await consumer.start()
+        await start_client(consumer, grace=5.0, name="writability probe")
         await consumer.end_offsets(partitions)
     except KafkaError as exc:
         raise BrokerError(f"new topics did not become writable: {exc}") from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any
+from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -150,6 +150,51 @@ def make_consumer(
     return AIOKafkaConsumer(*topics, **{**kwargs, **overrides})
 
 
+Client: TypeAlias = AIOKafkaConsumer | AIOKafkaProducer | AIOKafkaAdminClient
+
+
+async def start_client(client: Client, *, grace: float, name: str = "client") -> None:
+    """Start an aiokafka client; a start that fails or is cancelled closes what it opened.
+
+    aiokafka's bootstrap keeps its first connection in a local while it asks the broker for
+    metadata: a start cancelled there leaks that connection, out of reach of any stop. So a
+    cancellation does not cut the start: it waits for it (at most ``grace`` seconds), closes
+    the client and is re-raised. A start that raises closes the client too.
+    """
+    starting = asyncio.ensure_future(client.start())
+    try:
+        await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        try:
+            await asyncio.wait([starting], timeout=grace)
+        finally:
+            if not starting.done():
+                starting.cancel()
+            elif not starting.cancelled():
+                starting.exception()  # retrieved: the caller's cancellation wins
+            await close_client(client, grace=grace, name=name)
+        raise
+    except BaseException:
+        await close_client(client, grace=grace, name=name)
+        raise
+
+
+async def close_client(client: Client, *, grace: float, name: str = "client") -> bool:
+    """Stop a consumer or producer (:func:`stop_client`) or close an admin client, closing
+    its connections whatever happens. Returns True when the client's own close completed."""
+    if not isinstance(client, AIOKafkaAdminClient):
+        return await stop_client(client, grace=grace, name=name)
+    try:
+        await asyncio.wait_for(client.close(), grace)
+        return True
+    except TimeoutError:
+        logger.warning("%s did not close in time; closing its connections", name)
+    except KafkaError as exc:
+        logger.warning("%s close failed; closing its connections", name, extra={"error": repr(exc)})
+    await _close_connections(client, grace)
+    return False
+
+
 async def stop_client(
     client: AIOKafkaConsumer | AIOKafkaProducer, *, grace: float, name: str = "client"
 ) -> bool:
@@ -179,7 +224,7 @@ async def stop_client(
     return False
 
 
-async def _close_connections(client: AIOKafkaConsumer | AIOKafkaProducer, grace: float) -> None:
+async def _close_connections(client: Client, grace: float) -> None:
     kafka: AIOKafkaClient | None = getattr(client, "_client", None) or getattr(
         client, "client", None
     )

@@ -254,7 +254,7 @@ async def _wait_admin_ready(
     """Poll with an authenticated admin client until ``brokers`` brokers are listed."""
     from aiokafka.errors import KafkaError
 
-    from ._clients import make_admin
+    from ._clients import make_admin, start_client
     from ._settings import Settings
 
     settings = Settings(**settings_kwargs)
@@ -268,7 +268,7 @@ async def _wait_admin_ready(
         admin = make_admin(settings, request_timeout_ms=5000)
         try:
             async with asyncio.timeout(10):
-                await admin.start()
+                await start_client(admin, grace=5.0, name="startup probe")
                 cluster = await admin.describe_cluster()
             if len(cluster["brokers"]) >= brokers:
                 return

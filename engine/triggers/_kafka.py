@@ -207,7 +207,9 @@ class KafkaMessageTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         consumer = self._make_consumer()
         try:  # stopped even if its start fails or the trigger is cancelled meanwhile
-            await consumer.start()
+            from deferline.topics import start_client
+
+            await start_client(consumer, grace=5.0, name="message trigger consumer")
             await self._assign(consumer)
             self.log.debug("reading %s from %s", self.topic, self.since)
             timeout_ms = int(self.poll_timeout * 1000)

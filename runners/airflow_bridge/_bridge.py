@@ -41,6 +41,7 @@ from deferline.topics import (
     ensure_topics,
     make_consumer,
     make_producer,
+    start_client,
     stop_client,
     topic_specs,
 )
@@ -162,11 +163,11 @@ class AirflowBridge(Lifecycle):
             self.settings, [s for s in specs if s.name in wanted or s.name == self.names.dead]
         )
         self._producer = make_producer(self.settings)
-        await self._producer.start()
+        await start_client(self._producer, grace=5.0, name="bridge producer")
         self._consumer = make_consumer(
             self.settings, *sorted(self.names.resume(q) for q in queues), group_id=self.group_id
         )
-        await self._consumer.start()
+        await start_client(self._consumer, grace=5.0, name="bridge consumer")
         leave_from_generation_zero(self._consumer)
         if options.metrics_port is not None:
             self._server = MetricsServer(

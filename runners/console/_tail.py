@@ -14,7 +14,14 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.replay import RawRecord, TopicInfo, TopicsNotFound, classify_topic
-from deferline.topics import Settings, TopicNames, describe_topics, make_consumer, stop_client
+from deferline.topics import (
+    Settings,
+    TopicNames,
+    describe_topics,
+    make_consumer,
+    start_client,
+    stop_client,
+)
 
 from ._feed import RecordFeed
 from ._status import ConsoleState, ConsoleStatus
@@ -77,7 +84,7 @@ class TopicTail:
             client_id=f"{self._settings.client_id}-console",
         )
         try:  # stopped even if its start fails or is cancelled (it holds connections)
-            await consumer.start()
+            await start_client(consumer, grace=5.0, name="console reader")
             await self._follow(consumer)
         finally:
             await stop_client(consumer, grace=5.0, name="console reader")

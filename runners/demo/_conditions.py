@@ -9,7 +9,7 @@ from collections.abc import Container, Sequence
 from pathlib import Path
 
 from aiohttp import web
-from deferline.topics import Settings, make_producer
+from deferline.topics import Settings, make_producer, start_client, stop_client
 
 from ._children import free_port
 from ._plan import TaskSpec
@@ -67,7 +67,7 @@ class ConditionHelpers:
         """Create due files and publish due Kafka signals (again until the task is done)."""
         producer = make_producer(self.settings)
         try:
-            await producer.start()
+            await start_client(producer, grace=5.0, name="demo signal producer")
             files_next = 0
             while True:
                 now = self.elapsed()
@@ -83,7 +83,7 @@ class ConditionHelpers:
                         await producer.send(self.topic, value=value, key=name.encode())
                 await asyncio.sleep(1.0)
         finally:
-            await producer.stop()
+            await stop_client(producer, grace=5.0, name="demo signal producer")
 
 
 def _touch_all(paths: Sequence[str]) -> None:

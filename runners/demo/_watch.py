@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from aiokafka import TopicPartition
 from deferline.engine import progress
 from deferline.schemas import SchemaError, TaskStateRecord, TriggerEventRecord, decode
-from deferline.topics import Settings, TopicNames, make_consumer, stop_client
+from deferline.topics import Settings, TopicNames, make_consumer, start_client, stop_client
 
 from ._plan import KINDS, TaskSpec
 
@@ -99,7 +99,7 @@ async def watch_topics(settings: Settings, watch: Watch) -> None:
     names = TopicNames(settings.topic_prefix)
     consumer = make_consumer(settings, group_id=None, fetch_max_wait_ms=20)
     try:
-        await consumer.start()
+        await start_client(consumer, grace=5.0, name="demo watcher")
         tps: list[TopicPartition] = []
         for topic in (names.tasks, names.resume()):
             partitions = None

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from deferline.schemas import DeadLetter
-from deferline.topics import Settings, TopicNames, make_consumer, stop_client
+from deferline.topics import Settings, TopicNames, make_consumer, start_client, stop_client
 
 from .._aiokafka import client_of, join_once, leave_from_generation_zero
 from ..triggerer import LONG_POLL_MS, answers_fetches_early
@@ -86,7 +86,7 @@ class SchedulerClients:
             self.fetch_wait_ms = LONG_POLL_MS
         tasks = self.consumer()
         self.reader = TasksReader(tasks, self.fold, max_records=self.max_records, dead=self._dead)
-        await tasks.start()
+        await start_client(tasks, grace=5.0, name="tasks reader")
         self.router.partitions = len(await self._tasks_partitions(tasks))
         self.pool_channel = PoolChannel(
             self.settings,
@@ -99,7 +99,7 @@ class SchedulerClients:
         )
         await self.pool_channel.start()
         self.events = self._member()
-        await self.events.start()
+        await start_client(self.events, grace=5.0, name="scheduler member")
         leave_from_generation_zero(self.events)
         join_once(self.events)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from deferline.schemas import DeadLetter
-from deferline.topics import Settings, TopicNames, stop_client
+from deferline.topics import Settings, TopicNames, start_client, stop_client
 
 from .._aiokafka import group_generation, request_rejoin
 from .._local_state import CheckpointError
@@ -216,7 +216,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 fold.table.track_changes()
             consumer = clients.consumer()
             try:  # stopped even if its start fails or is cancelled
-                await consumer.start()
+                await start_client(consumer, grace=5.0, name="takeover reader")
                 side = TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
                 await side.recover(
                     self.names.tasks,

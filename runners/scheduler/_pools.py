@@ -25,6 +25,7 @@ from deferline.topics import (
     TopicNames,
     make_consumer,
     partition_for,
+    start_client,
     stop_client,
 )
 
@@ -95,7 +96,7 @@ class PoolChannel(Lifecycle):
     async def start(self) -> None:
         """Assign the pools partition and read it from its beginning."""
         try:
-            await self.consumer.start()
+            await start_client(self.consumer, grace=5.0, name="pools consumer")
             self.consumer.assign([self.tp])
             await self.consumer.seek_to_beginning(self.tp)
         except BaseException as exc:  # a start that fails or is cancelled holds connections

@@ -19,13 +19,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError, ProducerFenced, UnknownError, UnsupportedVersionError
+from aiokafka.errors import ProducerFenced, UnknownError, UnsupportedVersionError
 from deferline.schemas import DeferlineError
 from deferline.topics import (
     Murmur2Partitioner,
     Settings,
     make_producer,
     partition_for,
+    start_client,
+    stop_client,
     trace_send,
     tracing_on,
 )
@@ -72,10 +74,10 @@ class SchedulerPublisher:
             )
             self._producer = producer  # stop() closes it even if its start is cancelled
             try:
-                await producer.start()  # InitProducerId: bumps the epoch, fences the old owner
+                # InitProducerId: bumps the epoch, fences the old owner.
+                await start_client(producer, grace=5.0, name="scheduler producer")
             except (UnknownError, UnsupportedVersionError) as exc:
-                self._producer = None
-                await producer.stop()
+                self._producer = None  # closed by start_client
                 if transactions:
                     raise SchedulerFenced(f"the broker has no transactions: {exc}") from exc
                 logger.warning(
@@ -93,15 +95,12 @@ class SchedulerPublisher:
         producer = make_producer(self.settings, linger_ms=0, max_batch_size=1 << 20)
         self._producer = producer
         self.transactional = False
-        await producer.start()
+        await start_client(producer, grace=5.0, name="scheduler producer")
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            try:
-                await producer.stop()
-            except KafkaError as exc:
-                logger.warning("scheduler producer did not stop cleanly: %s", exc)
+            await stop_client(producer, grace=5.0, name="scheduler producer")
 
     async def _send(
         self,

@@ -56,6 +56,7 @@ from deferline.topics import (
     Settings,
     TopicNames,
     make_consumer,
+    start_client,
     stop_client,
     trace_receive,
     tracing_on,
@@ -250,8 +251,8 @@ class TriggerLane:
             group_instance_id=self.options.group_instance_id,
             **common,
         )
-        await self._reader.start()
-        await self._consumer.start()
+        await start_client(self._reader, grace=5.0, name="lane reader")
+        await start_client(self._consumer, grace=5.0, name="lane consumer")
         leave_from_generation_zero(self._consumer)
         join_once(self._consumer)
         self._consumer.subscribe([self.defer_topic], listener=_Listener(self, rebalance_ms / 2000))

@@ -30,6 +30,7 @@ from deferline.topics import (
     ensure_topics,
     make_producer,
     run_closing,
+    start_client,
     stop_client,
     topic_specs,
     validate_queue_name,
@@ -268,7 +269,7 @@ class Triggerer(Lifecycle):
         self._producer = make_producer(
             self.settings, client_id=self.member, linger_ms=1, max_batch_size=256 * 1024
         )
-        await self._producer.start()
+        await start_client(self._producer, grace=5.0, name="triggerer producer")
         self.fetch_max_wait_ms = await choose_fetch_wait(
             self.settings, options.fetch_max_wait_ms, client=self._producer.client
         )

@@ -8,7 +8,14 @@ import logging
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 from deferline.schemas import SchemaError, TaskStateRecord, decode_as
-from deferline.topics import Lifecycle, Settings, TopicNames, make_consumer, stop_client
+from deferline.topics import (
+    Lifecycle,
+    Settings,
+    TopicNames,
+    make_consumer,
+    start_client,
+    stop_client,
+)
 
 from ._errors import WorkerError
 from ._state import AttemptProgress
@@ -30,7 +37,7 @@ class TasksTail(Lifecycle):
 
     async def start(self) -> None:
         try:
-            await self._consumer.start()
+            await start_client(self._consumer, grace=5.0, name="tasks tail consumer")
         except KafkaError as exc:
             raise WorkerError(f"cannot read {self._topic}: {exc}") from exc
 

@@ -35,6 +35,7 @@ from deferline.topics import (
     ensure_topics,
     make_consumer,
     make_producer,
+    start_client,
     stop_client,
     topic_specs,
     trace_receive,
@@ -174,7 +175,7 @@ class Worker(Lifecycle):
             await _ensure(self.settings, worker_queues=[self.queue])
         try:
             self._producer = make_producer(self.settings)
-            await self._producer.start()
+            await start_client(self._producer, grace=5.0, name="worker producer")
             self._tail = TasksTail(self.settings, self.progress)
             await self._tail.start()
             self._consumer = make_consumer(
@@ -187,7 +188,7 @@ class Worker(Lifecycle):
             self._consumer.subscribe(
                 [self._resumes_topic, self._work_topic], listener=_Rebalance(self)
             )
-            await self._consumer.start()
+            await start_client(self._consumer, grace=5.0, name="worker consumer")
         except KafkaError as exc:
             await self._close_clients()
             raise WorkerError(

@@ -49,11 +49,22 @@ async def delete_topic(settings: Settings, topic: str) -> None:
 
 
 async def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
-    """The end offset of each partition of ``topic``."""
+    """The end offset of each partition of ``topic``: the listed end raised to the high
+    watermark of a fetch (Tansu lists the base offset of the last batch plus one)."""
     consumer = make_consumer(settings, group_id=None)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
-        return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
+        listed = await consumer.end_offsets(tps)
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, listed[tp])
+
+        async def fetched() -> bool:
+            await consumer.getmany(timeout_ms=50)
+            return all(consumer.highwater(tp) is not None for tp in tps)
+
+        await wait_until(fetched, 30, message=f"a fetch of every partition of {topic}")
+        return {tp.partition: max(listed[tp], int(consumer.highwater(tp))) for tp in tps}
     finally:
         await stop_client(consumer, grace=10.0, name="test consumer")
