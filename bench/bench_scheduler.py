@@ -20,7 +20,11 @@
    before checkpoints) and from its local checkpoint with N/100 records written after it
    (restore, then fold the tail). Also reported: the first (full) checkpoint write and its
    size on disk. ``--backend kafka`` runs it on Apache Kafka.
-8. idle: a ``deferline scheduler`` process (``--deferline``) on an empty broker: its CPU
+8. states: the fold of a partition taken over, or of a start without a checkpoint, without a
+   broker: the tasks-topic records of N tasks (as bytes: scheduled with a resume target,
+   running, deferred) decoded and folded into a fresh table, then drained. Reported: records
+   per second, µs of CPU each.
+9. idle: a ``deferline scheduler`` process (``--deferline``) on an empty broker: its CPU
    share over 30 s.
 
 (2), (3) and (4) run on the embedded Tansu broker, on Apache Kafka with ``--backend kafka``
@@ -31,6 +35,7 @@ it for "before" figures (``cd <checkout> && .venv/bin/python <this file>``).
 Run: .venv/bin/python -m bench.bench_scheduler [--n 20000] [--only apply memory]
      .venv/bin/python -m bench.bench_scheduler --only restart --n 1000000 --backend kafka
      .venv/bin/python -m bench.bench_scheduler --only path apply --backend kafka
+     .venv/bin/python -m bench.bench_scheduler --only states --n 50000
 """
 
 from __future__ import annotations
@@ -274,6 +279,24 @@ def bench_path(n: int) -> None:
     )
 
 
+def bench_states(n: int) -> None:
+    states, _ = life(n)
+    wire = [encode(r) for r in states]
+    best = float("inf")
+    for _ in range(3):
+        table = TaskTable(pools=Pools(slots={}, default_slots=None))
+        cpu = time.process_time()
+        for value in wire:
+            table.apply(read_as(value, TaskStateRecord))
+        table.drain()
+        best = min(best, time.process_time() - cpu)
+    assert len(table) == n
+    print(
+        f"states   n={n:>7}  {len(wire) / best:>10,.0f} tasks-topic records/s decoded and "
+        f"folded ({best / len(wire) * 1e6:5.1f} µs CPU each, best of 3)"
+    )
+
+
 def bench_memory(n: int) -> None:
     states, events = life(n)
     wire = [encode(r) for r in states if r.state == "deferred"]
@@ -425,7 +448,7 @@ async def bench_restart(n: int, backend: str) -> None:
             await producer.stop()
 
 
-CASES = ("fold", "broker", "apply", "memory", "restart", "idle", "path")
+CASES = ("fold", "broker", "apply", "memory", "restart", "idle", "path", "states")
 
 
 def main() -> None:
@@ -454,6 +477,8 @@ def main() -> None:
         asyncio.run(bench_apply(args.n, args.backend))
     if "path" in args.only:
         bench_path(args.n)
+    if "states" in args.only:
+        bench_states(args.n)
     if "memory" in args.only:
         bench_memory(args.n)
     if "restart" in args.only:

@@ -208,15 +208,21 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             # The producers first: each fences the partition's previous owner (its open
             # transaction is aborted), so the ends read next hold all it managed to commit.
             await self.writers.start_publishers(parts)
-            if LEDGER_PARTITION in numbers:
-                await channel.lead()  # its producer fenced the previous ledger owner's grants
+            fenced = time.monotonic()
             table = self.fold.table
             fold = TaskFold(table.pools, ledger=table.ledger)
             if self.checkpoints is not None:
                 fold.table.track_changes()
+            events_tps = [part.events_tp for part in parts]
             consumer = clients.consumer()
             try:  # stopped even if its start fails or is cancelled
                 await start_client(consumer, grace=5.0, name="takeover reader")
+                # Read with this reader before it fetches: the other consumers may have a
+                # fetch waiting at the broker, which answers a connection's requests in
+                # order (a request behind it would wait up to fetch_wait_ms).
+                ends = await consumer.end_offsets([channel.tp, *events_tps])
+                if LEDGER_PARTITION in numbers:
+                    await channel.lead(ends[channel.tp])  # its producer fenced the previous grants
                 side = TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
                 await side.recover(
                     self.names.tasks,
@@ -229,17 +235,19 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 positions = dict(side.positions)
             finally:
                 await stop_client(consumer, grace=5.0, name="scheduler partition reader")
+            folded = time.monotonic()
             self.recovered_records += side.recovered_records
-            events_tps = [part.events_tp for part in parts]
             committed = {tp: await events.committed(tp) for tp in events_tps}
-            ends = await events.end_offsets(events_tps) if not self.writers.transactional else {}
-            async with clients.pool_reads:
-                await channel.catch_up(clients.fetch_wait_ms)  # no want published twice
+            if channel.position < ends[channel.tp]:  # no want published twice
+                async with clients.pool_reads:
+                    await channel.catch_up(clients.fetch_wait_ms, end=ends[channel.tp])
+            caught_up = time.monotonic()
         except CheckpointError as exc:
             raise SchedulerError(f"cannot open the scheduler checkpoint: {exc}") from exc
         except KafkaError as exc:
             raise SchedulerError(f"scheduler could not take over {numbers}: {exc}") from exc
         async with self.writers.lock:
+            locked = time.monotonic()
             self._absorbing = True  # a revocation now waits for the end of this
             try:
                 self.fold.table.absorb(fold.table)
@@ -250,7 +258,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                     offset = committed[part.events_tp]
                     if offset is not None:
                         self.offsets.committed[part.events_tp] = offset
-                    if part.events_tp in ends:
+                    if not self.writers.transactional:
                         # Events below were read before, by a predecessor that may have died
                         # between a batch's task states and its RunTasks (no transactions):
                         # folding them again re-sends the RunTask of a task still queued
@@ -260,6 +268,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 events.resume(*events_tps)
             finally:
                 self._absorbing = False
+        resumed = time.monotonic()
         await self.writers.await_batches(handed)
         self.takeovers += len(numbers)
         self.takeover_seconds = time.monotonic() - began
@@ -271,6 +280,14 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 "transactional": self.writers.transactional,
                 "takeover_seconds": round(self.takeover_seconds, 3),
                 "tasks": len(self.fold.table),
+                "phases": {
+                    "fence": round(fenced - began, 3),
+                    "fold": round(folded - fenced, 3),
+                    "catch_up": round(caught_up - folded, 3),
+                    "lock": round(locked - caught_up, 3),
+                    "absorb": round(resumed - locked, 3),
+                    "first_batch": round(time.monotonic() - resumed, 3),
+                },
             },
         )
         self._running()

@@ -139,13 +139,14 @@ class PoolChannel(Lifecycle):
         """The task partitions whose tables this channel feeds."""
         return set(self._tables)
 
-    async def lead(self) -> None:
+    async def lead(self, end: int | None = None) -> None:
         """Become the ledger owner: a ledger rebuilt from what was read, which decides once
-        the topic is read to its end as of now. Call after fencing partition 0's producer."""
+        the topic is read to its end as of now (``end``, when the caller read it: see
+        :meth:`catch_up`). Call after fencing partition 0's producer."""
         self.ledger = PoolLedger(self.pools)
         for offset, entry in sorted(self._latest.values(), key=lambda pair: pair[0]):
             self.ledger.apply(entry, offset=offset)
-        self._ledger_from = await self._end()
+        self._ledger_from = await self._end() if end is None else end
         logger.info("pool ledger taken over", extra={"topic": self.topic, "end": self._ledger_from})
 
     def resign(self) -> None:
@@ -181,9 +182,20 @@ class PoolChannel(Lifecycle):
         self._position = await self._consumer_position()
         return touched
 
-    async def catch_up(self, timeout_ms: int = 100) -> set[int]:
-        """Read up to the topic's end as of now; returns the tables that got records."""
-        end = await self._end()
+    @property
+    def position(self) -> int:
+        """The offset read up to: every record below it is folded."""
+        return self._position
+
+    async def catch_up(self, timeout_ms: int = 100, *, end: int | None = None) -> set[int]:
+        """Read up to the topic's end as of now; returns the tables that got records.
+
+        ``end``: that end, read by the caller with a client that is not fetching. Asked on
+        this channel's connection, it waits behind a fetch the broker holds there (a broker
+        answers a connection's requests in order): up to ``fetch_max_wait_ms`` on Apache
+        Kafka when nothing new is written."""
+        if end is None:
+            end = await self._end()
         touched: set[int] = set()
         while self._position < end:
             touched |= await self.poll(timeout_ms)

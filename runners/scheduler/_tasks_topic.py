@@ -71,13 +71,15 @@ class TasksReader:
             saved = await checkpoints.restore(  # before any fetch starts
                 self.fold, self.consumer, self.tps, prefix=prefix, group=group
             )
+        # The ends before the first fetch: a broker answers a connection's requests in order,
+        # so asked later they would wait behind a fetch it holds (fetch_max_wait_ms).
+        ends = await self.consumer.end_offsets(self.tps)
         self.consumer.assign(self.tps)
         fresh = [tp for tp in self.tps if tp not in saved]
         if fresh:
             await self.consumer.seek_to_beginning(*fresh)
         for tp, offset in saved.items():
             self.consumer.seek(tp, offset)
-        ends = await self.consumer.end_offsets(self.tps)
         await self._sync()
         while any(self.positions[tp] < ends[tp] for tp in self.tps):
             batches = await self.consumer.getmany(timeout_ms=200, max_records=self.max_records)
