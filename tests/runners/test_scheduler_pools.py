@@ -177,3 +177,28 @@ async def test_a_newly_owned_table_gets_the_latest_records_of_its_tasks() -> Non
         "deferline_scheduler_pool_ledger_owner",
         "deferline_scheduler_pool_wants_waiting",
     }
+
+
+async def test_an_end_read_by_the_caller_is_read_up_to_without_asking_the_channels_consumer() -> (
+    None
+):
+    topic = FakeConsumer()
+    ch = channel(topic)
+    await ch.start()
+    task = task_on(1)
+    want = PoolWant(pool="p", slots=1, scheduled_at=T0, try_number=1, partition=1)
+    topic.append([("", f"want/{task.ti_key}".encode(), PoolEntry("want", "x", want).encode())])
+    end = len(topic.log)  # read by another client, before this channel fetched
+
+    async def busy(tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        raise AssertionError("the channel's own connection was asked for the end")
+
+    topic.end_offsets = busy  # type: ignore[method-assign]
+    await ch.lead(end)
+    before = (ch.position, ch.leading)  # the predecessor's records below the end unread
+    await ch.catch_up(end=end)
+    assert before == (0, False)
+    assert (ch.position, ch.leading) == (end, True)
+    topic.append([("", b"grant/later", b"{}")])  # written after the end: not waited for
+    await ch.catch_up(end=end)
+    assert ch.position == end
