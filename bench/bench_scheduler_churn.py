@@ -198,6 +198,7 @@ async def run_churn(args: argparse.Namespace, bootstrap: str, workdir: Path) -> 
             "--session-timeout", str(args.session_timeout),
             "--state-dir", str(workdir / f"state-{settings.topic_prefix}{name}"),
             "--log-level", "INFO",
+            *(["--standby"] if args.standby else []),
             name=f"scheduler-{settings.topic_prefix}{name}",
         )  # fmt: skip
 
@@ -271,6 +272,7 @@ async def run_churn(args: argparse.Namespace, bootstrap: str, workdir: Path) -> 
             "copies": run.copies,
             "late_fed": run.late_fed,
             "session_timeout_s": args.session_timeout,
+            "standby": args.standby,
             "windows": windows,
             "load": os.getloadavg(),
         }
@@ -285,7 +287,7 @@ def print_report(result: dict[str, Any]) -> None:
         f"{result['backend']}: {result['rate']:.0f} timers/s, {result['tasks']:,} tasks, "
         f"resumed {result['resumed']:,}, lost {result['lost']}, RunTask copies "
         f"{result['copies']}, fed late {result['late_fed']}, session timeout "
-        f"{result['session_timeout_s']} s"
+        f"{result['session_timeout_s']} s{', --standby' if result['standby'] else ''}"
     )
     for w in result["windows"]:
         if "p99_s" not in w:
@@ -310,6 +312,7 @@ async def main() -> None:
     parser.add_argument("--quiet", type=float, default=20.0, help="seconds before the join")
     parser.add_argument("--gap", type=float, default=20.0, help="seconds between changes")
     parser.add_argument("--window", type=float, default=15.0, help="seconds after a change")
+    parser.add_argument("--standby", action="store_true", help="run the schedulers with --standby")
     parser.add_argument("--keep-logs", type=Path, help="write the processes' logs here")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args()

@@ -454,6 +454,14 @@ class Checkpoints:
         failed, _ = await writing
         return not failed
 
+    async def discard(self, partition: int) -> None:
+        """Empty one partition's checkpoint (its table comes from elsewhere: every row will
+        be written again)."""
+        store = self._stores.get(partition)
+        self._saved.pop(partition, None)
+        if store is not None:
+            await asyncio.to_thread(store.discard)
+
     async def close_partition(self, partition: int) -> None:
         """Close one partition's database (it went to another scheduler): after the write
         in flight; the lock is released for another process on this host."""

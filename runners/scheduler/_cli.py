@@ -118,6 +118,13 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     show_default=True,
     help="Seconds between checkpoints of the task table.",
 )
+@click.option(
+    "--standby",
+    is_flag=True,
+    help="Keep the other schedulers' tasks partitions folded here too (the memory and CPU "
+    "of the whole task table in each scheduler): a partition taken over at a join, a leave "
+    "or a failover folds only what was written since. Joins the group once all are folded.",
+)
 @logging_options
 def scheduler_command(
     settings: Settings,
@@ -135,6 +142,7 @@ def scheduler_command(
     state_dir: Path | None,
     no_checkpoint: bool,
     checkpoint_interval: float,
+    standby: bool,
 ) -> None:
     """Run the scheduler: fold trigger events into task state and resume tasks."""
     if default_pool_slots == "unlimited":
@@ -164,6 +172,7 @@ def scheduler_command(
         finished_retention=finished_retention,
         state_dir=state_dir,
         checkpoint_interval=checkpoint_interval,
+        standby=standby,
     )
     collect_less_often()
     try:

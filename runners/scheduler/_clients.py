@@ -103,13 +103,14 @@ class SchedulerClients:
         leave_from_generation_zero(self.events)
         join_once(self.events)
 
-    def consumer(self) -> AIOKafkaConsumer:
-        """A consumer of the tasks topic, outside the group."""
+    def consumer(self, *, fetch_wait_ms: int | None = None) -> AIOKafkaConsumer:
+        """A consumer of the tasks topic, outside the group (``fetch_wait_ms``: the longest
+        an empty fetch waits; by default the broker's, see above)."""
         return make_consumer(
             self.settings,
             group_id=None,
             max_poll_records=None,
-            fetch_max_wait_ms=self.fetch_wait_ms,
+            fetch_max_wait_ms=self.fetch_wait_ms if fetch_wait_ms is None else fetch_wait_ms,
         )
 
     def _member(self) -> AIOKafkaConsumer:

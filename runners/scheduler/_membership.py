@@ -9,9 +9,10 @@ writers (:class:`~._writers.PartitionWriters`), takes new partitions over in the
 it to the table, publish what it calls for, read its events), releases partitions without
 writing, and drops those whose producer was fenced.
 
-It owns the acquisition in progress, whether it is closing, the takeover figures, and the
-generations noted in the sticky assignor. The clients it uses (the group member, the tasks
-reader, the pools channel) are :class:`~._clients.SchedulerClients`'.
+It owns the acquisition in progress and the reader acquisitions fold with, whether it is
+closing, the takeover figures, and the generations noted in the sticky assignor. The
+clients it uses (the group member, the tasks reader, the pools channel) are
+:class:`~._clients.SchedulerClients`'.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from deferline.schemas import DeadLetter
 from deferline.topics import Settings, TopicNames, start_client, stop_client
@@ -37,12 +38,15 @@ from ._fold import TaskFold
 from ._ownership import Hold, Ownership
 from ._publishing import EventOffsets, SchedulerError
 from ._routing import PartitionRouter
+from ._standby import Standby
 from ._tasks_topic import TasksReader
 from ._writers import PartitionWriters
 
 __all__ = ["Membership"]
 
 logger = logging.getLogger(__name__)
+
+TAKEOVER_FETCH_WAIT_MS = 20
 
 
 class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -60,6 +64,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         checkpointer: checkpoints at a revocation.
         clients: the group member, the tasks reader and the pools channel, once connected.
         assignor: the sticky assignor; told each generation.
+        standby: the standby tables of the partitions not owned, if kept.
         max_records: most records folded per fetch.
         dead: the dead letter of an unreadable record.
         moved: called when ownership changed (waiters look again).
@@ -81,6 +86,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         checkpointer: Checkpointer,
         clients: SchedulerClients,
         assignor: StickyAssignor,
+        standby: Standby | None,
         max_records: int,
         dead: Callable[[object, str], DeadLetter],
         moved: Callable[[], None],
@@ -99,6 +105,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.checkpointer = checkpointer
         self.clients = clients
         self.assignor = assignor
+        self.standby = standby
         self.max_records = max_records
         self.takeovers = 0  # partitions acquired
         self.takeover_seconds: float | None = None  # the last acquisition's
@@ -112,6 +119,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self._group: asyncio.TaskGroup | None = None
         self._acquisition: asyncio.Task[None] | None = None
         self._absorbing = False
+        self._reader: AIOKafkaConsumer | None = None  # the takeover reader, once started
 
     def supervise(self, group: asyncio.TaskGroup | None) -> None:
         """Run acquisitions in ``group`` (their failure is the scheduler's); None: none."""
@@ -209,14 +217,14 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             # transaction is aborted), so the ends read next hold all it managed to commit.
             await self.writers.start_publishers(parts)
             fenced = time.monotonic()
+            warm = self.standby.take(numbers) if self.standby is not None else {}
             table = self.fold.table
             fold = TaskFold(table.pools, ledger=table.ledger)
             if self.checkpoints is not None:
                 fold.table.track_changes()
             events_tps = [part.events_tp for part in parts]
-            consumer = clients.consumer()
-            try:  # stopped even if its start fails or is cancelled
-                await start_client(consumer, grace=5.0, name="takeover reader")
+            consumer = await self._takeover_reader()
+            try:
                 # Read with this reader before it fetches: the other consumers may have a
                 # fetch waiting at the broker, which answers a connection's requests in
                 # order (a request behind it would wait up to fetch_wait_ms).
@@ -231,10 +239,11 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                     prefix=self.settings.topic_prefix,
                     group=self.group_id,
                     total=self.router.partitions,
+                    warm=warm,
                 )
                 positions = dict(side.positions)
             finally:
-                await stop_client(consumer, grace=5.0, name="scheduler partition reader")
+                consumer.unsubscribe()  # it fetches nothing until the next acquisition
             folded = time.monotonic()
             self.recovered_records += side.recovered_records
             committed = {tp: await events.committed(tp) for tp in events_tps}
@@ -280,6 +289,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 "transactional": self.writers.transactional,
                 "takeover_seconds": round(self.takeover_seconds, 3),
                 "tasks": len(self.fold.table),
+                "from_standby": sorted(warm),
+                "records_folded": side.recovered_records,
                 "phases": {
                     "fence": round(fenced - began, 3),
                     "fold": round(folded - fenced, 3),
@@ -292,11 +303,28 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         )
         self._running()
 
+    async def _takeover_reader(self) -> AIOKafkaConsumer:
+        """The consumer acquisitions fold with, started at the first and kept (starting one
+        costs a bootstrap and new connections: about 0.2 s under load). Its empty fetches
+        wait briefly: it reads up to ends it knows, and a fetch still waiting at the broker
+        would hold the next acquisition's first request behind it."""
+        if self._reader is None:
+            consumer = self.clients.consumer(fetch_wait_ms=TAKEOVER_FETCH_WAIT_MS)
+            await start_client(consumer, grace=5.0, name="takeover reader")  # closed if it fails
+            self._reader = consumer
+        return self._reader
+
+    async def close(self) -> None:
+        """Stop the takeover reader (the scheduler is closing)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await stop_client(reader, grace=5.0, name="takeover reader")
+
     # -- letting go -------------------------------------------------------------------------
 
     async def release(self, p: int) -> None:
         """Drop partition ``p`` without writing: its tasks, offsets, reader position,
-        checkpoint database and producer."""
+        checkpoint database and producer; the standby folds it again from its start."""
         part = self.writers.pop(p)
         channel = self.clients.pool_channel
         if channel is not None:
@@ -305,6 +333,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 channel.resign()
         self.fold.table.drop_where(lambda key: self.router.partition_of(key) == p)
         self.router.forget(p)
+        if self.standby is not None:
+            self.standby.follow([p])
         if part is None:
             return
         self.fold.forget_unread_writes()  # those of the partition are no longer awaited

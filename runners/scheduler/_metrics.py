@@ -153,6 +153,28 @@ class SchedulerCollector(Collector):
             per_partition.add_metric([str(partition), "applied"], applied)
             per_partition.add_metric([str(partition), "duplicate"], duplicate)
         yield per_partition
+        standby = self.scheduler.standby
+        if standby is not None:
+            yield GaugeMetricFamily(
+                "deferline_scheduler_standby_partitions",
+                "Task partitions another scheduler owns, kept folded here (--standby).",
+                value=len(standby.partitions),
+            )
+            yield GaugeMetricFamily(
+                "deferline_scheduler_standby_tasks",
+                "Tasks in the standby tables.",
+                value=standby.tasks,
+            )
+            yield _counter(
+                "deferline_scheduler_standby_records",
+                "Tasks-topic records folded into the standby tables.",
+                standby.records,
+            )
+            yield _counter(
+                "deferline_scheduler_standby_handovers",
+                "Partitions acquired from a standby table (only their tail folded).",
+                standby.handed,
+            )
         channel = self.scheduler.pool_channel
         if channel is not None:
             yield from pool_ledger_metrics(channel)

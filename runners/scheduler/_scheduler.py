@@ -47,6 +47,7 @@ consistent-point checkpoints       :class:`~._checkpointer.Checkpointer` (databa
 folding fetched events             :class:`~._intake.EventIntake`
 orphans, retention, lag figures    :class:`~._housekeeping.Housekeeping`
 pools topic, the pool ledger       :class:`~._pools.PoolChannel`
+other partitions' tables (opt.)    :class:`~._standby.Standby`
 clients, loops, phase, metrics     :class:`Scheduler` (its lifecycle: :class:`~._phase.Phase`)
 =================================  ======================================================
 """
@@ -92,6 +93,7 @@ from ._publisher import Outgoing, SchedulerFenced
 from ._publishing import EventOffsets, SchedulerError
 from ._records import dead_letter
 from ._routing import PartitionRouter
+from ._standby import Standby
 from ._tasks_topic import TasksReader
 from ._writers import PartitionWriters
 
@@ -134,6 +136,10 @@ class Scheduler(Lifecycle):
         checkpoint_interval: seconds between checkpoints (and one at a clean stop).
         checkpoint_max_age: an older checkpoint is discarded: compaction may have removed
             tombstones written since (keep it below the tasks topic's delete.retention.ms).
+        standby: keep every tasks partition this scheduler does not own folded (see
+            :mod:`._standby`): it folds them all before it joins the group, and a partition
+            it acquires then folds only its tail. Costs each scheduler the memory and CPU of
+            the whole task table.
     """
 
     def __init__(
@@ -155,6 +161,7 @@ class Scheduler(Lifecycle):
         state_dir: str | Path | None = None,
         checkpoint_interval: float = 10.0,
         checkpoint_max_age: float = 12 * 3600.0,
+        standby: bool = False,
     ) -> None:
         if isinstance(pools, Mapping):
             pools = Pools(slots=dict(pools))
@@ -205,6 +212,18 @@ class Scheduler(Lifecycle):
             assignor=assignor,
             dead=self._dead,
         )
+        self.standby = (
+            Standby(
+                self.clients.consumer,
+                topic=self.names.tasks,
+                pools=self.table.pools,
+                ledger=self.table.ledger,
+                max_records=max_records,
+                finished_retention=finished_retention,
+            )
+            if standby
+            else None
+        )
         self.membership = Membership(
             settings,
             group_id=self.group_id,
@@ -217,6 +236,7 @@ class Scheduler(Lifecycle):
             checkpointer=self.checkpointer,
             clients=self.clients,
             assignor=assignor,
+            standby=self.standby,
             max_records=max_records,
             dead=self._dead,
             moved=self.phase.changed,
@@ -411,8 +431,11 @@ class Scheduler(Lifecycle):
     async def _close(self) -> None:
         self.membership.closing = True
         await self.clients.stop_member()
+        await self.membership.close()
         await self.writers.close_all()
         await self.clients.stop_readers()
+        if self.standby is not None:
+            await self.standby.stop()
         if self._metrics is not None:
             await self._metrics.stop()
         if self.checkpoints is not None:
@@ -460,6 +483,9 @@ class Scheduler(Lifecycle):
             await describe_topics(self.settings, [self.names.task_events], configs=False)
             async with asyncio.TaskGroup() as group:
                 self.membership.supervise(group)
+                if self.standby is not None:  # a newcomer takes its partitions over warm
+                    await self.standby.warm(range(self.router.partitions))
+                    group.create_task(self.standby.run(), name="scheduler-standby")
                 events.subscribe([self.names.task_events], listener=self.membership)
                 group.create_task(self.intake.run(events), name="scheduler-events")
                 group.create_task(self._tasks_loop(reader), name="scheduler-tasks")

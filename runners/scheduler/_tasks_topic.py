@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.schemas import DeadLetter
 
 from ._checkpoint import Checkpoints
 from ._fold import TaskFold
+from ._standby import WarmTable
 
 __all__ = ["TasksReader"]
 
@@ -60,17 +61,26 @@ class TasksReader:
         prefix: str,
         group: str,
         total: int,
+        warm: Mapping[int, WarmTable] | None = None,
     ) -> None:
-        """Fold the partitions up to their end as of now, before deciding anything: from the
-        local checkpoint's positions where one matches, else from the beginning."""
+        """Fold the partitions up to their end as of now, before deciding anything: the
+        tail of those with a ``warm`` (standby) table, from the local checkpoint's positions
+        where one matches, else from the beginning."""
         began = time.monotonic()
+        warm = warm or {}
         self.tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         saved: dict[TopicPartition, int] = {}
         if checkpoints is not None:
             checkpoints.open(topic, partitions, total=total)
+            cold = [tp for tp in self.tps if tp.partition not in warm]
             saved = await checkpoints.restore(  # before any fetch starts
-                self.fold, self.consumer, self.tps, prefix=prefix, group=group
+                self.fold, self.consumer, cold, prefix=prefix, group=group
             )
+            for p in warm:  # written whole at the next checkpoint (every key counts as changed)
+                await checkpoints.discard(p)
+        for p, (table, offset) in warm.items():
+            self.fold.table.absorb(table)
+            saved[TopicPartition(topic, p)] = offset
         # The ends before the first fetch: a broker answers a connection's requests in order,
         # so asked later they would wait behind a fetch it holds (fetch_max_wait_ms).
         ends = await self.consumer.end_offsets(self.tps)
@@ -93,7 +103,8 @@ class TasksReader:
             "tasks partitions folded",
             extra={
                 "partitions": sorted(partitions),
-                "from_checkpoint": sorted(tp.partition for tp in saved),
+                "from_checkpoint": sorted(tp.partition for tp in saved if tp.partition not in warm),
+                "from_standby": sorted(warm),
                 "records_read": self.recovered_records,
                 "tasks": len(self.fold.table),
                 "seconds": round(self.recovery_seconds, 3),

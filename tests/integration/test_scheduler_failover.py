@@ -25,6 +25,7 @@ from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
 from tests.integration._failover import _deferral, _publish, _task
 from tests.integration._scheduler_help import (
+    ACQUIRED,
     SESSION_TIMEOUT,
     TARGET,
     SchedulerProcess,
@@ -53,12 +54,17 @@ def spawn(tmp_path: Path) -> Iterator[list[SchedulerProcess]]:
 
 
 async def schedulers(
-    settings: Settings, tmp_path: Path, spawn: list[SchedulerProcess], *names: str
+    settings: Settings,
+    tmp_path: Path,
+    spawn: list[SchedulerProcess],
+    *names: str,
+    extra: tuple[str, ...] = (),
 ) -> list[SchedulerProcess]:
-    """Start ``names`` one after another, each once the ones before share the partitions."""
+    """Start ``names`` one after another, each once the ones before share the partitions;
+    ``extra``: more options for each."""
     started = []
     for name in names:
-        process = SchedulerProcess(settings, name, tmp_path)
+        process = SchedulerProcess(settings, name, tmp_path, *extra)
         spawn.append(process)
         started.append(process)
         await wait_until(
@@ -236,16 +242,19 @@ CHURN_WINDOW = float(os.environ.get("CHURN_WINDOW", "20"))
 
 
 @pytest.mark.timeout(300 + CHURN_TASKS // 100)
+@pytest.mark.parametrize("standby", [False, True], ids=["cold", "standby"])
 async def test_churn_every_task_resumed_once_while_schedulers_join_leave_die_and_pause(
-    settings: Settings, tmp_path: Path, spawn: list[SchedulerProcess]
+    settings: Settings, tmp_path: Path, spawn: list[SchedulerProcess], standby: bool
 ) -> None:
     """Three schedulers and one triggerer; CHURN_TASKS tasks fall due over CHURN_WINDOW
     seconds. Meanwhile a fourth scheduler joins, one leaves with SIGTERM, one is SIGKILLed,
     one is paused (SIGSTOP) past its session and woken. Every task gets exactly one resume
-    RunTask (read committed) and none is left deferred."""
+    RunTask (read committed) and none is left deferred. With ``--standby`` the newcomer
+    takes its share from its standby tables."""
     names = TopicNames(settings.topic_prefix)
     await ensure_topics(settings, topic_specs(settings))
-    a, b, c = await schedulers(settings, tmp_path, spawn, "a", "b", "c")
+    extra = ("--standby",) if standby else ()
+    a, b, c = await schedulers(settings, tmp_path, spawn, "a", "b", "c", extra=extra)
     # Without transactions (Tansu) a paused scheduler is not fenced when it wakes: that step
     # runs only where the broker has them.
     fenced = bool(a.find("scheduler writes in transactions"))
@@ -263,9 +272,12 @@ async def test_churn_every_task_resumed_once_while_schedulers_join_leave_die_and
 
             began = time.monotonic()
             await wait_until(lambda: resumed() >= CHURN_TASKS // 8, timeout=60)
-            [d] = [SchedulerProcess(settings, "d", tmp_path)]
+            [d] = [SchedulerProcess(settings, "d", tmp_path, *extra)]
             spawn.append(d)  # joins
             await wait_until(lambda: d.owned, timeout=60, message="the newcomer owns a share")
+            if standby:  # folded before it joined: it took its share over warm
+                [joined] = d.find(ACQUIRED)
+                assert joined["from_standby"] == sorted(joined["partitions"]), joined
             b.signal(signal.SIGTERM)  # leaves cleanly
             await wait_until(lambda: resumed() >= CHURN_TASKS * 3 // 8, timeout=60)
             c.signal(signal.SIGKILL)  # dies

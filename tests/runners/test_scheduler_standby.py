@@ -1,0 +1,200 @@
+"""Standby without a broker: each followed partition folded into a table of its own, handed
+over with the offset its tail starts at, records of a taken partition still on their way
+ignored, a partition let go folded again from its start."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, cast
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from deferline.engine import Pools
+from deferline.runners.scheduler._standby import Standby
+from deferline.schemas import ResumeTarget, TaskKey, TaskStateRecord, encode
+from deferline.topics import partition_for
+
+TOPIC = "tasks"
+PARTITIONS = 3
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@dataclass
+class Message:
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class FakeConsumer:
+    """Tasks partitions as lists; a fetch returns what the assigned partitions hold past
+    their positions (``held``: a fetch's answer kept back, as one on its way; ``gate``: the
+    answer is made at the call and returned once the gate opens)."""
+
+    def __init__(self) -> None:
+        self.logs: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in range(PARTITIONS)}
+        self.at: dict[TopicPartition, int] = {}
+        self.held: dict[TopicPartition, list[Message]] | None = None
+        self.gate: asyncio.Event | None = None  # set: a fetch answers once it is set
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.at)
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.at = {tp: 0 for tp in tps}  # positions reset, as aiokafka's assign does
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.at[tp] = offset
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        for tp in tps:
+            self.at[tp] = 0
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.at[tp]
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: len(self.logs[tp.partition]) for tp in tps}
+
+    def answer(self) -> dict[TopicPartition, list[Message]]:
+        batches = {}
+        for tp, at in self.at.items():
+            log = self.logs[tp.partition]
+            if at < len(log):
+                batches[tp] = [Message(o, *log[o]) for o in range(at, len(log))]
+                self.at[tp] = len(log)
+        return batches
+
+    async def getmany(self, **_: Any) -> dict[TopicPartition, list[Message]]:
+        held, self.held = self.held, None
+        batches = held if held is not None else self.answer()
+        if self.gate is not None:
+            await self.gate.wait()
+        return batches
+
+
+def task_on(partition: int, n: int) -> TaskKey:
+    """The ``n``-th task key that hashes to ``partition``."""
+    found = 0
+    for i in range(10_000):
+        key = TaskKey(dag_id="d", task_id=f"t{i}", run_id="r", try_number=1)
+        if partition_for(key.ti_key.encode(), PARTITIONS) == partition:
+            if found == n:
+                return key
+            found += 1
+    raise AssertionError("no such key")
+
+
+def write(consumer: FakeConsumer, task: TaskKey, state: str = "scheduled") -> None:
+    record = TaskStateRecord(
+        task=task,
+        state=state,
+        source="client",
+        resume=ResumeTarget(operator="pkg.Op"),
+        updated_at=T0,
+    )
+    p = partition_for(task.ti_key.encode(), PARTITIONS)
+    consumer.logs[p].append((task.ti_key.encode(), encode(record)))
+
+
+def standby(consumer: FakeConsumer) -> Standby:
+    return Standby(
+        lambda: cast(AIOKafkaConsumer, consumer),
+        topic=TOPIC,
+        pools=Pools(),
+        ledger=None,
+        max_records=100,
+        finished_retention=3600.0,
+    )
+
+
+async def test_each_partition_is_handed_over_with_its_table_and_where_its_tail_starts() -> None:
+    consumer = FakeConsumer()
+    for n in range(3):
+        write(consumer, task_on(0, n))
+    write(consumer, task_on(1, 0))
+    s = standby(consumer)
+    await s.warm(range(PARTITIONS))
+    assert s.partitions == [0, 1, 2]
+    assert s.records == 4
+    warm = s.take([0, 2])
+    assert set(warm) == {0}, "a partition with nothing folded has nothing to hand over"
+    table, start = warm[0]
+    assert start == 3
+    assert sorted(table) == sorted(task_on(0, n).ti_key for n in range(3))
+    assert s.partitions == [1]
+    assert s.handed == 1
+
+
+async def test_records_of_a_partition_taken_while_a_fetch_was_on_its_way_are_not_folded() -> None:
+    consumer = FakeConsumer()
+    write(consumer, task_on(0, 0))
+    write(consumer, task_on(1, 0))
+    s = standby(consumer)
+    await s.warm(range(PARTITIONS))
+    write(consumer, task_on(0, 1))
+    write(consumer, task_on(1, 1))
+    consumer.held = consumer.answer()  # on its way when partition 0 is taken
+    table, _ = s.take([0])[0]
+    await s._fetch(timeout_ms=0)
+    assert list(table) == [task_on(0, 0).ti_key], "the table handed over did not move"
+    assert s.records == 3, "partition 1's record was folded, partition 0's was not"
+    assert s.partitions == [1, 2]
+    assert {tp.partition for tp in consumer.assignment()} == {1, 2}, "the consumer dropped 0"
+    table1, start1 = s.take([1])[1]
+    assert start1 == 2
+    assert sorted(table1) == sorted(task_on(1, n).ti_key for n in range(2))
+
+
+async def test_a_partition_let_go_is_folded_again_from_its_start() -> None:
+    consumer = FakeConsumer()
+    write(consumer, task_on(2, 0))
+    s = standby(consumer)
+    await s.warm(range(PARTITIONS))
+    s.take([2])
+    write(consumer, task_on(2, 1))  # written by this scheduler while it owned 2
+    s.follow([2])
+    await s._fetch(timeout_ms=0)
+    table, start = s.take([2])[2]
+    assert start == 2
+    assert sorted(table) == sorted(task_on(2, n).ti_key for n in range(2))
+
+
+async def test_a_followed_partition_keeps_its_position_when_another_is_added() -> None:
+    consumer = FakeConsumer()
+    write(consumer, task_on(0, 0))
+    s = standby(consumer)
+    await s.warm([0])
+    s.follow([1])
+    write(consumer, task_on(0, 1))
+    write(consumer, task_on(1, 0))
+    await s._fetch(timeout_ms=0)
+    assert s.records == 3, "partition 0 was not read again from its start"
+    assert len(s.take([0])[0][0]) == 2
+
+
+async def test_a_partition_taken_and_let_go_during_a_fetch_is_folded_from_its_start() -> None:
+    consumer = FakeConsumer()
+    write(consumer, task_on(0, 0))
+    s = standby(consumer)
+    await s.warm(range(PARTITIONS))
+    write(consumer, task_on(0, 1))
+    consumer.gate = asyncio.Event()
+    fetching = asyncio.create_task(s._fetch(timeout_ms=0))  # waits with offset 1 in hand
+    await asyncio.sleep(0)
+    s.take([0])
+    s.follow([0])  # an acquisition abandoned at once
+    consumer.gate.set()
+    await fetching
+    assert s.records == 1, "the answer to the old table's fetch was not folded into the new"
+    await s._fetch(timeout_ms=0)
+    table, start = s.take([0])[0]
+    assert start == 2
+    assert sorted(table) == sorted(task_on(0, n).ti_key for n in range(2))
