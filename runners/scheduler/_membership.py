@@ -242,8 +242,8 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                     warm=warm,
                 )
                 positions = dict(side.positions)
-            finally:
-                consumer.unsubscribe()  # it fetches nothing until the next acquisition
+            finally:  # it fetches nothing until the next acquisition assigns it partitions
+                consumer.pause(*consumer.assignment())  # (unsubscribe() can kill its fetcher)
             folded = time.monotonic()
             self.recovered_records += side.recovered_records
             committed = {tp: await events.committed(tp) for tp in events_tps}

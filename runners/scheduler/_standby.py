@@ -168,6 +168,10 @@ class Standby:
             and self._next[tp.partition] > 0
         }
         followed = [TopicPartition(self.topic, p) for p in sorted(folds)]
+        if not followed:  # assign([]) would track the metadata of every topic
+            consumer.pause(*consumer.assignment())
+            self._live = {}
+            return
         consumer.assign(followed)
         for tp, offset in kept.items():
             consumer.seek(tp, offset)

@@ -69,6 +69,21 @@ async def _records_on(settings: Settings, partitions: set[int]) -> int:
         await stop_client(consumer, grace=10.0, name="test consumer")
 
 
+def _tasks_on_every_partition(settings: Settings, each: int) -> list[TaskKey]:
+    """``each`` tasks on every tasks partition: every acquisition takes only standby tables
+    (none folds a partition from the beginning), so the takeover reader is handed
+    partitions at their end, with nothing to fetch."""
+    found: dict[int, list[TaskKey]] = {p: [] for p in range(settings.partitions)}
+    n = 0
+    while any(len(keys) < each for keys in found.values()):
+        task = task_key(f"t{n}")
+        keys = found[partition_for(task.ti_key.encode(), settings.partitions)]
+        if len(keys) < each:
+            keys.append(task)
+        n += 1
+    return [task for keys in found.values() for task in keys]
+
+
 def _partitions_of(settings: Settings, tasks: list[TaskKey]) -> set[int]:
     return {partition_for(t.ti_key.encode(), settings.partitions) for t in tasks}
 
@@ -76,8 +91,9 @@ def _partitions_of(settings: Settings, tasks: list[TaskKey]) -> set[int]:
 async def test_takeovers_from_standby_fold_the_tail_into_the_table_a_full_fold_builds(
     settings: Settings, tmp_path: Path
 ) -> None:
-    tasks = [task_key(f"t{n}") for n in range(60)]
+    tasks = _tasks_on_every_partition(settings, 60 // settings.partitions)
     holding = _partitions_of(settings, tasks)
+    assert holding == set(range(settings.partitions))
     options: dict[str, Any] = {"standby": True, "checkpoint_interval": 0.2, **FAST}
     async with TaskFlow(settings) as flow:
         for task in tasks:  # on the topic before any scheduler starts
@@ -133,7 +149,20 @@ async def test_takeovers_from_standby_fold_the_tail_into_the_table_a_full_fold_b
                 < (await _records_on(settings, set(range(settings.partitions)) - taken)) / 4
             )
             assert b.standby.partitions == []
-            for task in tasks[40:]:
+            for task in tasks[40:50]:
+                await flow.fire(task)
+            await flow.wait_for(lambda: all(flow.runs_of(t, "resume") for t in tasks[:50]))
+
+            # c comes and goes: b lets a share go and takes it back (its third acquisition,
+            # with the same takeover reader).
+            c = Scheduler(settings, state_dir=tmp_path / "c", **options)
+            await c.start()
+            try:
+                await until(lambda: c.ready and c.owned and not set(b.owned) & set(c.owned), 60)
+            finally:
+                await c.stop()
+            await until(lambda: b is not None and len(b.owned) == settings.partitions, 60)
+            for task in tasks[50:]:
                 await flow.fire(task)
             await flow.wait_for(lambda: all(flow.runs_of(t, "resume") for t in tasks))
             await _settled(b)

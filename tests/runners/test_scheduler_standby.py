@@ -37,6 +37,7 @@ class FakeConsumer:
         self.at: dict[TopicPartition, int] = {}
         self.held: dict[TopicPartition, list[Message]] | None = None
         self.gate: asyncio.Event | None = None  # set: a fetch answers once it is set
+        self.paused: set[TopicPartition] = set()
 
     async def start(self) -> None:
         pass
@@ -47,8 +48,12 @@ class FakeConsumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self.at)
 
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused.update(tps)
+
     def assign(self, tps: list[TopicPartition]) -> None:
         self.at = {tp: 0 for tp in tps}  # positions reset, as aiokafka's assign does
+        self.paused = set()
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.at[tp] = offset
@@ -66,6 +71,8 @@ class FakeConsumer:
     def answer(self) -> dict[TopicPartition, list[Message]]:
         batches = {}
         for tp, at in self.at.items():
+            if tp in self.paused:
+                continue
             log = self.logs[tp.partition]
             if at < len(log):
                 batches[tp] = [Message(o, *log[o]) for o in range(at, len(log))]
@@ -198,3 +205,16 @@ async def test_a_partition_taken_and_let_go_during_a_fetch_is_folded_from_its_st
     table, start = s.take([0])[0]
     assert start == 2
     assert sorted(table) == sorted(task_on(0, n).ti_key for n in range(2))
+
+
+async def test_with_every_partition_taken_the_consumer_fetches_nothing() -> None:
+    consumer = FakeConsumer()
+    write(consumer, task_on(0, 0))
+    s = standby(consumer)
+    await s.warm(range(PARTITIONS))
+    s.take(range(PARTITIONS))
+    await s._fetch(timeout_ms=0)
+    assert consumer.paused == consumer.assignment(), "paused, not assigned nothing"
+    write(consumer, task_on(0, 1))
+    await s._fetch(timeout_ms=0)
+    assert s.records == 1
