@@ -483,6 +483,7 @@ class Scheduler(Lifecycle):
             await describe_topics(self.settings, [self.names.task_events], configs=False)
             async with asyncio.TaskGroup() as group:
                 self.membership.supervise(group)
+                await self.membership.prepare()
                 if self.standby is not None:  # a newcomer takes its partitions over warm
                     await self.standby.warm(range(self.router.partitions))
                     group.create_task(self.standby.run(), name="scheduler-standby")
