@@ -120,6 +120,13 @@ async def test_a_deployment_runs_its_deferred_tasks_through_the_bridge(
             af.run("dags", "trigger", "bridge_test", "--run-id", RUN)
             for task_id in BAD_EXPECTED:
                 await until(f"{task_id} deferred", partial(deferred, af, BAD_RUN, task_id))
+                # Until Airflow's scheduler has read the executor's report of the run that
+                # deferred, a resume written back makes it fail the task instance as changed
+                # behind its back ("finished with state success, but ... queued"), not run it.
+                await until(
+                    f"{task_id}'s deferring run reported",
+                    partial(executor_reported, af, task_id),
+                )
             snapshot = tmp_path / "deferred.db"
             af.snapshot(snapshot)
             # Undecryptable with Airflow's key: what a rotated-away Fernet key leaves behind.
