@@ -138,6 +138,27 @@ class TaskFlow:
             if run.task.ti_key == task.ti_key and (mode is None or run.mode == mode)
         ]
 
+    def summary(self) -> str:
+        """What the reader has seen: each task's last state, the RunTasks per mode, and the
+        high watermarks it last heard of on the tasks and work topics (a failed wait says
+        it: is the writer or the reader behind?)."""
+        states = {record.task.ti_key: record.state for record in self.tasks_log}
+        modes: dict[str, int] = {}
+        for _, run in self.runs:
+            modes[run.mode] = modes.get(run.mode, 0) + 1
+        ends = {
+            f"{tp.topic}[{tp.partition}]": self._consumer.highwater(tp)
+            for tp in sorted(self._consumer.assignment())
+            if tp.topic in (self.names.tasks, self.names.work())
+        }
+        reader = self._reader
+        failed = reader is not None and reader.done() and not reader.cancelled()
+        return (
+            f"{len(self.tasks_log)} task records, last states {states}; RunTasks {modes}; "
+            f"{len(self.events)} events; high watermarks {ends}; "
+            f"reader {repr(reader.exception()) if failed and reader else 'running'}"
+        )
+
     async def wait_for(self, predicate: Callable[[], Any], within: float = 20.0) -> Any:
         """Wait until ``predicate()`` is truthy (re-checked whenever records arrive)."""
         deadline = time.monotonic() + within
@@ -147,7 +168,10 @@ class TaskFlow:
                 return value
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"timed out after {within}s waiting for {predicate}")
+                raise AssertionError(
+                    f"timed out after {within}s waiting for {predicate}; read so far: "
+                    f"{self.summary()}"
+                )
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
