@@ -269,6 +269,47 @@ class Checkpoints:
                 continue
             self._stores[p] = store
 
+    async def saved_positions(self, partitions: Iterable[int]) -> dict[int, int]:
+        """The position each opened partition's checkpoint was saved at, where it has a
+        readable header (unchecked: :meth:`restore` still checks it against the log)."""
+        positions: dict[int, int] = {}
+        for p in partitions:
+            store = self._stores.get(p)
+            if store is None:
+                continue
+            try:
+                saved = await asyncio.to_thread(store.load)
+            except CheckpointError:
+                continue  # the restore says why and discards it
+            if saved is not None and p in saved.positions:
+                positions[p] = saved.positions[p]
+        return positions
+
+    async def on_disk(self, topic: str, partitions: Iterable[int]) -> set[int]:
+        """The partitions whose checkpoint this host holds with a header and no other process
+        has open: those a takeover here would restore rather than fold from the start. Each
+        database is opened and closed again (the lock is not kept)."""
+
+        def read() -> set[int]:
+            found: set[int] = set()
+            for p in partitions:
+                path = self.path(topic, p)
+                if p in self._stores or not path.exists():
+                    continue
+                store = SchedulerCheckpoint(path)
+                try:
+                    store.open()
+                    saved = store.load()
+                except CheckpointError:  # held by another process, or unreadable
+                    continue
+                finally:
+                    store.close()
+                if saved is not None:
+                    found.add(p)
+            return found
+
+        return await asyncio.to_thread(read)
+
     async def restore(
         self,
         fold: TaskFold,

@@ -289,7 +289,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 "transactional": self.writers.transactional,
                 "takeover_seconds": round(self.takeover_seconds, 3),
                 "tasks": len(self.fold.table),
-                "from_standby": sorted(warm),
+                "from_standby": side.from_standby,
                 "records_folded": side.recovered_records,
                 "phases": {
                     "fence": round(fenced - began, 3),

@@ -137,9 +137,10 @@ class Scheduler(Lifecycle):
         checkpoint_max_age: an older checkpoint is discarded: compaction may have removed
             tombstones written since (keep it below the tasks topic's delete.retention.ms).
         standby: keep every tasks partition this scheduler does not own folded (see
-            :mod:`._standby`): it folds them all before it joins the group, and a partition
-            it acquires then folds only its tail. Costs each scheduler the memory and CPU of
-            the whole task table.
+            :mod:`._standby`): it folds them before it joins the group (those this host
+            holds a checkpoint of once it has joined), and a partition it acquires then
+            folds only its tail. Costs each scheduler the memory and CPU of the whole task
+            table.
     """
 
     def __init__(
@@ -377,6 +378,8 @@ class Scheduler(Lifecycle):
     def _running(self) -> None:
         if self.phase.is_(Phase.JOINING):
             self.phase.move(Phase.RUNNING)
+            if self.standby is not None:
+                self.standby.joined(self.owned)
             logger.info(
                 "scheduler ready",
                 extra={"group_id": self.group_id, "partitions": self.owned},
@@ -485,7 +488,13 @@ class Scheduler(Lifecycle):
                 self.membership.supervise(group)
                 await self.membership.prepare()
                 if self.standby is not None:  # a newcomer takes its partitions over warm
-                    await self.standby.warm(range(self.router.partitions))
+                    everything = range(self.router.partitions)
+                    restorable = (
+                        await self.checkpoints.on_disk(self.names.tasks, everything)
+                        if self.checkpoints is not None
+                        else set()
+                    )
+                    await self.standby.warm(everything, later=restorable)
                     group.create_task(self.standby.run(), name="scheduler-standby")
                 events.subscribe([self.names.task_events], listener=self.membership)
                 group.create_task(self.intake.run(events), name="scheduler-events")

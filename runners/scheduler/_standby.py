@@ -6,7 +6,11 @@ standby (``deferline scheduler --standby``, as Kafka Streams keeps standby repli
 partition this scheduler does not own is folded as it is written, each into a table of its
 own; an acquisition takes the table and folds only the tail written since. A scheduler with a
 standby folds every partition before it joins the group, so a newcomer takes its share over
-warm, and a leave or a failover finds the partitions already folded by those who stay.
+warm, and a leave or a failover finds the partitions already folded by those who stay. The
+partitions this host holds a checkpoint of are folded only once it has joined: restoring
+one is quicker than folding it from the start, and a lone scheduler restarting takes every
+partition from its checkpoints, as it does without a standby. An acquisition takes whichever
+of the table and the checkpoint is further along.
 
 The folds are those a takeover makes (records read ``read_committed``, no decision taken: a
 table's decisions are made when its owner drains it), so a table handed over is the one the
@@ -72,6 +76,7 @@ class Standby:
         self._folds: dict[int, TaskFold] = {}
         self._next: dict[int, int] = {}  # per partition: the offset after the last one folded
         self._live: dict[int, TaskFold] = {}  # the tables the consumer is positioned for
+        self._later: set[int] = set()  # followed once the scheduler has joined
         self._following = asyncio.Event()  # set while there are partitions to follow
 
     @property
@@ -88,16 +93,19 @@ class Standby:
     def tasks(self) -> int:
         return sum(len(fold.table) for fold in self._folds.values())
 
-    async def warm(self, partitions: Iterable[int]) -> None:
+    async def warm(self, partitions: Iterable[int], *, later: Iterable[int] = ()) -> None:
         """Start, follow ``partitions`` from their start, and fold them up to their ends as
-        of now."""
+        of now. Those also in ``later`` are followed only once the scheduler has joined
+        (:meth:`joined`): this host's checkpoint of each is a quicker takeover meanwhile,
+        and a lone scheduler restarting takes them all."""
         began = time.monotonic()
         consumer = self._make_consumer()
         await start_client(consumer, grace=5.0, name="standby reader")  # closed if it fails
         self._consumer = consumer
-        numbers = sorted(set(partitions))
+        self._later = set(later)
+        numbers = sorted(set(partitions) - self._later)
         tps = [TopicPartition(self.topic, p) for p in numbers]
-        ends = await consumer.end_offsets(tps)  # before any fetch (see TasksReader)
+        ends = await consumer.end_offsets(tps) if tps else {}  # before any fetch (TasksReader)
         self.follow(numbers)
         await self._assign()
         while True:
@@ -109,6 +117,7 @@ class Standby:
             "standby tasks partitions folded",
             extra={
                 "partitions": numbers,
+                "later": sorted(self._later),
                 "records_read": self.records,
                 "tasks": self.tasks,
                 "seconds": round(time.monotonic() - began, 3),
@@ -121,10 +130,17 @@ class Standby:
             await self._following.wait()
             await self._fetch(timeout_ms=1000)
 
+    def joined(self, owned: Iterable[int]) -> None:
+        """The scheduler took its first assignment over: follow the partitions left for
+        later that it does not own."""
+        later, self._later = self._later, set()
+        self.follow(later - set(owned))
+
     def follow(self, partitions: Iterable[int]) -> None:
         """Fold ``partitions`` from their start (they are another scheduler's now); the
         consumer is moved at its next fetch (a rebalance does not wait for it)."""
         for p in partitions:
+            self._later.discard(p)
             if p not in self._folds:
                 self._folds[p] = TaskFold(self._pools, ledger=self._ledger)
                 self._next[p] = 0
@@ -136,6 +152,7 @@ class Standby:
         them at its next fetch."""
         warm: dict[int, WarmTable] = {}
         for p in partitions:
+            self._later.discard(p)
             fold = self._folds.pop(p, None)
             start = self._next.pop(p, 0)
             self._live.pop(p, None)
@@ -147,6 +164,7 @@ class Standby:
         return warm
 
     async def stop(self) -> None:
+        self._later.clear()
         self._folds.clear()
         self._next.clear()
         self._live.clear()

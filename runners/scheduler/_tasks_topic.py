@@ -49,6 +49,7 @@ class TasksReader:
         self.followed = asyncio.Event()  # set while there are partitions to follow
         self.idle = False
         self.recovered_records = 0
+        self.from_standby: list[int] = []  # the partitions the last recover took warm
         self.recovery_seconds: float | None = None
         self._dead = dead
 
@@ -65,22 +66,32 @@ class TasksReader:
     ) -> None:
         """Fold the partitions up to their end as of now, before deciding anything: the
         tail of those with a ``warm`` (standby) table, from the local checkpoint's positions
-        where one matches, else from the beginning."""
+        where one matches, else from the beginning. Of a warm table and a checkpoint, the one
+        further along is taken (a standby still folding a partition from its start is
+        behind the checkpoint this host wrote of it)."""
         began = time.monotonic()
-        warm = warm or {}
+        warm = dict(warm or {})
         self.tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         saved: dict[TopicPartition, int] = {}
         if checkpoints is not None:
             checkpoints.open(topic, partitions, total=total)
-            cold = [tp for tp in self.tps if tp.partition not in warm]
+            further = await checkpoints.saved_positions(warm)
+            cold = [
+                tp
+                for tp in self.tps
+                if tp.partition not in warm or further.get(tp.partition, -1) > warm[tp.partition][1]
+            ]
             saved = await checkpoints.restore(  # before any fetch starts
                 self.fold, self.consumer, cold, prefix=prefix, group=group
             )
+            for tp in saved:  # the checkpoint was further along than the standby table
+                warm.pop(tp.partition, None)
             for p in warm:  # written whole at the next checkpoint (every key counts as changed)
                 await checkpoints.discard(p)
         for p, (table, offset) in warm.items():
             self.fold.table.absorb(table)
             saved[TopicPartition(topic, p)] = offset
+        self.from_standby = sorted(warm)
         # The ends before the first fetch: a broker answers a connection's requests in order,
         # so asked later they would wait behind a fetch it holds (fetch_max_wait_ms).
         ends = await self.consumer.end_offsets(self.tps)
@@ -104,7 +115,7 @@ class TasksReader:
             extra={
                 "partitions": sorted(partitions),
                 "from_checkpoint": sorted(tp.partition for tp in saved if tp.partition not in warm),
-                "from_standby": sorted(warm),
+                "from_standby": self.from_standby,
                 "records_read": self.recovered_records,
                 "tasks": len(self.fold.table),
                 "seconds": round(self.recovery_seconds, 3),

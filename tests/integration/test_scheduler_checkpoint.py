@@ -61,9 +61,12 @@ async def _records_after(settings: Settings, positions: dict[int, int]) -> int:
         await stop_client(consumer, grace=10.0, name="test consumer")
 
 
+@pytest.mark.parametrize("standby", [False, True], ids=["plain", "standby"])
 async def test_restart_from_a_checkpoint_reads_only_the_tail(
-    settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path, standby: bool
 ) -> None:
+    """With a standby too: it does not fold the partitions this host holds a checkpoint of
+    before joining, and a lone scheduler restores them all, as it does without one."""
     state: dict[str, Any] = {"state_dir": tmp_path / "state", "checkpoint_interval": 0.2}
     old = [task_key(f"old{n}") for n in range(12)]
     new = [task_key(f"new{n}") for n in range(3)]
@@ -93,10 +96,14 @@ async def test_restart_from_a_checkpoint_reads_only_the_tail(
             await flow.fire(task)
         tail = await _records_after(settings, saved)
         assert tail >= len(new)
-        async with Scheduler(settings, **state, **FAST) as second:
+        async with Scheduler(settings, **state, standby=standby, **FAST) as second:
             await second.wait_active()
             assert second.restored_tasks == len(old)
             assert second.recovered_records == tail
+            if second.standby is not None:
+                assert second.standby.records == 0, "nothing folded from the start"
+                assert second.standby.handed == 0
+                assert second.standby.partitions == [], "it owns every partition"
             await flow.wait_for(lambda: all(flow.runs_of(t, "resume") for t in old))
             await flow.wait_for(lambda: all(flow.runs_of(t, "start") for t in new))
             await barrier(flow, second)

@@ -218,3 +218,28 @@ async def test_with_every_partition_taken_the_consumer_fetches_nothing() -> None
     write(consumer, task_on(0, 1))
     await s._fetch(timeout_ms=0)
     assert s.records == 1
+
+
+async def test_partitions_left_for_later_are_followed_once_joined_unless_owned() -> None:
+    consumer = FakeConsumer()
+    for p in range(PARTITIONS):
+        write(consumer, task_on(p, 0))
+    s = standby(consumer)
+    await s.warm(range(PARTITIONS), later=[1, 2])
+    assert s.partitions == [0]
+    assert s.records == 1, "partitions left for later were not folded before joining"
+    s.joined(owned=[2])
+    assert s.partitions == [0, 1], "the owned partition is not followed"
+    await s._fetch(timeout_ms=0)
+    table, start = s.take([1])[1]
+    assert (list(table), start) == ([task_on(1, 0).ti_key], 1)
+
+
+async def test_a_partition_left_for_later_and_taken_before_joining_is_not_followed() -> None:
+    consumer = FakeConsumer()
+    s = standby(consumer)
+    await s.warm(range(PARTITIONS), later=range(PARTITIONS))
+    assert s.partitions == []
+    assert s.take([0, 1]) == {}, "nothing folded, nothing handed over"
+    s.joined(owned=[])
+    assert s.partitions == [2]
