@@ -27,6 +27,9 @@
    per second, µs of CPU each.
 9. idle: a ``deferline scheduler`` process (``--deferline``) on an empty broker: its CPU
    share over 30 s.
+10. takeover: a scheduler's first acquisition (``takeover_seconds``: fence, fold, catch up,
+   join the table, first batch out), eight starts in a row on a tasks topic of N deferred
+   tasks, no checkpoint; median, min and max.
 
 (2), (3) and (4) run on the embedded Tansu broker, on Apache Kafka with ``--backend kafka``
 (or on DEFERLINE_BENCH_BOOTSTRAP=host:port).
@@ -466,7 +469,37 @@ async def bench_restart(n: int, backend: str) -> None:
             await producer.stop()
 
 
-CASES = ("fold", "broker", "apply", "memory", "restart", "idle", "path", "states")
+async def bench_takeover(n: int, backend: str, rounds: int = 8) -> None:
+    """A scheduler's first acquisition, ``rounds`` times: one starts on a tasks topic of
+    ``n`` deferred tasks (no checkpoint) and takes every partition over."""
+    async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
+        settings = Settings(
+            bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
+        )
+        pools = Pools(slots={}, default_slots=None)
+        async with Scheduler(settings, pools=pools) as first:
+            await first.wait_ready()  # creates the topics
+        producer = make_producer(settings, linger_ms=20, max_batch_size=512 * 1024)
+        await producer.start()
+        try:
+            names = TopicNames(settings.topic_prefix)
+            await produce_batched(producer, names.tasks, _deferred_rows(0, n), settings.partitions)
+        finally:
+            await producer.stop()
+        seconds = []
+        for _ in range(rounds):
+            sched, _ready = await _time_to_ready(settings, pools)
+            seconds.append(sched.takeover_seconds or 0.0)
+            await sched.stop()
+        seconds.sort()
+        print(
+            f"takeover n={n:>7}  {backend:<6} first acquisition of 12 partitions, {rounds} starts: "
+            f"median {seconds[len(seconds) // 2]:.3f}s, min {seconds[0]:.3f}s, "
+            f"max {seconds[-1]:.3f}s"
+        )
+
+
+CASES = ("fold", "broker", "apply", "memory", "restart", "idle", "path", "states", "takeover")
 
 
 def main() -> None:
@@ -501,6 +534,8 @@ def main() -> None:
         bench_memory(args.n)
     if "restart" in args.only:
         asyncio.run(bench_restart(args.n, args.backend))
+    if "takeover" in args.only:
+        asyncio.run(bench_takeover(args.n, args.backend))
     if "idle" in args.only:
         asyncio.run(bench_idle(args.deferline, args.backend))
 

@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError
 from deferline.schemas import DeadLetter
 from deferline.topics import Settings, TopicNames, start_client, stop_client
 
-from .._aiokafka import group_generation, request_rejoin
+from .._aiokafka import client_of, group_generation, request_rejoin
 from .._local_state import CheckpointError
 from ..triggerer._sticky_assignor import StickyAssignor
 from ._admission import LEDGER_PARTITION
@@ -224,6 +224,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 fold.table.track_changes()
             events_tps = [part.events_tp for part in parts]
             consumer = await self._takeover_reader()
+            await self._track(consumer)
             try:
                 # Read with this reader before it fetches: the other consumers may have a
                 # fetch waiting at the broker, which answers a connection's requests in
@@ -304,9 +305,22 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self._running()
 
     async def prepare(self) -> None:
-        """Start the takeover reader before joining: the first acquisition does not wait
-        for it."""
-        await self._takeover_reader()
+        """Start the takeover reader before joining, with the metadata of every topic it
+        reads: the first acquisition waits for neither."""
+        await self._track(await self._takeover_reader())
+
+    async def _track(self, consumer: AIOKafkaConsumer) -> None:
+        """Have the takeover reader know the partitions of the tasks, pools and events topics
+        before it asks for their ends. Asked for the ends of a partition it does not know,
+        aiokafka refreshes its metadata, then sleeps ``retry_backoff_ms`` (100 ms) before it
+        asks again; and each assignment (of the tasks topic alone) narrows the topics it
+        tracks, so a metadata refresh between two acquisitions forgets the others. Waits for
+        one metadata request when a topic is not tracked, else for nothing."""
+        channel = self.clients.pool_channel
+        topics = [self.names.tasks, self.names.task_events]
+        if channel is not None:
+            topics.append(channel.tp.topic)
+        await client_of(consumer).set_topics(topics)
 
     async def _takeover_reader(self) -> AIOKafkaConsumer:
         """The consumer acquisitions fold with, started once and kept (starting one costs a

@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.engine import LedgerAdmission, Pools, TaskTable
 from deferline.topics import start_client, stop_client
 
+from .._aiokafka import client_of
 from ._fold import TaskFold
 
 __all__ = ["Standby", "WarmTable"]
@@ -105,6 +106,7 @@ class Standby:
         self._later = set(later)
         numbers = sorted(set(partitions) - self._later)
         tps = [TopicPartition(self.topic, p) for p in numbers]
+        await client_of(consumer).set_topics([self.topic])  # see Membership._track
         ends = await consumer.end_offsets(tps) if tps else {}  # before any fetch (TasksReader)
         self.follow(numbers)
         await self._assign()

@@ -27,6 +27,17 @@ class Message:
     value: bytes | None
 
 
+class FakeClient:
+    """The network client's metadata tracking: the topics it was told to track."""
+
+    def __init__(self) -> None:
+        self.topics: set[str] = set()
+
+    async def set_topics(self, topics: list[str]) -> bool:
+        self.topics = set(topics)
+        return True
+
+
 class FakeConsumer:
     """Tasks partitions as lists; a fetch returns what the assigned partitions hold past
     their positions (``held``: a fetch's answer kept back, as one on its way; ``gate``: the
@@ -38,6 +49,7 @@ class FakeConsumer:
         self.held: dict[TopicPartition, list[Message]] | None = None
         self.gate: asyncio.Event | None = None  # set: a fetch answers once it is set
         self.paused: set[TopicPartition] = set()
+        self._client = FakeClient()
 
     async def start(self) -> None:
         pass
