@@ -399,16 +399,23 @@ async def _time_to_ready(
     return sched, time.perf_counter() - began
 
 
+async def _scheduler_topics(bootstrap: str) -> tuple[Settings, Pools]:
+    """Settings of a fresh topic prefix with 12 partitions, its topics created by a first
+    scheduler, and unbounded pools."""
+    settings = Settings(
+        bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
+    )
+    pools = Pools(slots={}, default_slots=None)
+    async with Scheduler(settings, pools=pools) as first:
+        await first.wait_ready()  # creates the topics
+    return settings, pools
+
+
 async def bench_restart(n: int, backend: str) -> None:
     tail = max(1, n // 100)
     async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
-        settings = Settings(
-            bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
-        )
+        settings, pools = await _scheduler_topics(bootstrap)
         names = TopicNames(settings.topic_prefix)
-        pools = Pools(slots={}, default_slots=None)
-        async with Scheduler(settings, pools=pools) as first:
-            await first.wait_ready()  # creates the topics
         producer = make_producer(settings, linger_ms=20, max_batch_size=512 * 1024)
         await producer.start()
         try:
@@ -473,12 +480,7 @@ async def bench_takeover(n: int, backend: str, rounds: int = 8) -> None:
     """A scheduler's first acquisition, ``rounds`` times: one starts on a tasks topic of
     ``n`` deferred tasks (no checkpoint) and takes every partition over."""
     async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
-        settings = Settings(
-            bootstrap_servers=bootstrap, topic_prefix=f"bench{uuid.uuid4().hex[:6]}.", partitions=12
-        )
-        pools = Pools(slots={}, default_slots=None)
-        async with Scheduler(settings, pools=pools) as first:
-            await first.wait_ready()  # creates the topics
+        settings, pools = await _scheduler_topics(bootstrap)
         producer = make_producer(settings, linger_ms=20, max_batch_size=512 * 1024)
         await producer.start()
         try:
