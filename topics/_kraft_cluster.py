@@ -226,6 +226,7 @@ class KRaftCluster:
 # One node of a three-node cluster: broker and controller in one process. Internal topics
 # are replicated three ways with min ISR 2, like the data topics, so losing one node loses
 # neither offsets nor transaction state.
+# Small index files: see ``_STORAGE_PROPERTIES`` in ``_kraft``.
 _CLUSTER_PROPERTIES = """\
 process.roles=broker,controller
 node.id={node}
@@ -249,6 +250,7 @@ share.coordinator.state.topic.replication.factor={replicas}
 share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
 log.cleaner.backoff.ms=500
+log.index.size.max.bytes=262144
 num.network.threads=2
 num.io.threads=2
 num.replica.fetchers=1
