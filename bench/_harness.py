@@ -57,14 +57,24 @@ async def local_broker(backend: str = "tansu", bootstrap: str | None = None) -> 
     ``backend``: ``tansu`` (embedded) or ``kafka`` (Apache Kafka from its jars); the broker
     is stopped when the block ends.
     """
+    async with local_broker_process(backend, bootstrap) as (address, _):
+        yield address
+
+
+@contextlib.asynccontextmanager
+async def local_broker_process(
+    backend: str = "tansu", bootstrap: str | None = None
+) -> AsyncIterator[tuple[str, int | None]]:
+    """:func:`local_broker`, yielding the address and the broker's process id (None for a
+    broker given by ``bootstrap``, which the bench did not start)."""
     if bootstrap:
-        yield bootstrap
+        yield bootstrap, None
         return
     from deferline.topics import KRaftBroker, TansuBroker
 
     broker: TansuBroker | KRaftBroker = TansuBroker() if backend == "tansu" else KRaftBroker()
     async with broker:
-        yield broker.bootstrap
+        yield broker.bootstrap, broker.pid
 
 
 def cpu_seconds(pid: int) -> float:

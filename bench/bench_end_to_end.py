@@ -5,7 +5,9 @@ then its DeferRequest for a DateTimeTrigger); all triggers fall due at one momen
 the task states are written (a few seconds after, more on a slow machine). One
 ``deferline triggerer`` and one ``deferline scheduler`` process run on the same machine.
 Reported: due time → no task ``deferred`` on the tasks topic, the scheduler's CPU over that
-span and its peak RSS. The same method as Airflow's figure in ANCHORS.md.
+span and its peak RSS, and the CPU of the triggerer and (when the bench started it) the
+broker over the same span: on a small machine they share its cores. The same method as
+Airflow's figure in ANCHORS.md.
 
 ``--schedulers K`` runs K scheduler processes (each owning a share of the task partitions,
 waited for until the group has settled); CPU and RSS are then the sum and the largest.
@@ -51,7 +53,7 @@ from deferline.topics import (
     topic_specs,
 )
 
-from bench._harness import cpu_seconds, local_broker, peak_rss_mb
+from bench._harness import cpu_seconds, local_broker_process, peak_rss_mb
 
 DEFERLINE = str(Path(sys.executable).with_name("deferline"))
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"
@@ -149,8 +151,10 @@ async def produce(producer: AIOKafkaProducer, records: list[tuple[str, bytes, by
 
 
 async def run_one(
-    exe: str, bootstrap: str, n: int, workdir: Path, schedulers: int = 1
+    exe: str, bootstrap: str, n: int, workdir: Path, schedulers: int = 1, broker: int | None = None
 ) -> dict[str, float]:
+    """One run; ``broker``: the broker's process id, when the bench started it (its CPU is
+    then reported too)."""
     settings = Settings(
         bootstrap_servers=bootstrap, topic_prefix=f"e{uuid.uuid4().hex[:8]}.", partitions=12
     )
@@ -217,6 +221,7 @@ async def run_one(
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         cpu_at_due: float | None = None
+        others_at_due = (0.0, 0.0)  # the triggerer's and the broker's CPU
         last_state_ms = 0
         last_event = dt.datetime.min.replace(tzinfo=dt.UTC)
         try:
@@ -239,6 +244,7 @@ async def run_one(
                 now = dt.datetime.now(dt.UTC)
                 if cpu_at_due is None and now >= due:
                     cpu_at_due = sum(cpu_seconds(p.proc.pid) for p in processes)
+                    others_at_due = _others_cpu(triggerer, broker)
                 if seen >= n and not deferred and cpu_at_due is not None:
                     elapsed = (now - due).total_seconds()
                     break
@@ -246,6 +252,7 @@ async def run_one(
                     raise RuntimeError(f"{len(deferred)} still deferred after 600 s")
         finally:
             await consumer.stop()
+        others = _others_cpu(triggerer, broker)
         due_ms = due.timestamp() * 1000
         return {
             "n": n,
@@ -254,11 +261,18 @@ async def run_one(
             "due_to_last_state_s": (last_state_ms - due_ms) / 1000,
             "scheduler_cpu_s": sum(cpu_seconds(p.proc.pid) for p in processes) - cpu_at_due,
             "scheduler_peak_rss_mb": max(peak_rss_mb(p.proc.pid) for p in processes),
+            "triggerer_cpu_s": others[0] - others_at_due[0],
+            "broker_cpu_s": others[1] - others_at_due[1] if broker is not None else float("nan"),
         }
     finally:
         for process in processes:
             process.stop()
         triggerer.stop()
+
+
+def _others_cpu(triggerer: Process, broker: int | None) -> tuple[float, float]:
+    """CPU seconds so far of the triggerer and of the broker (0 when not ours)."""
+    return cpu_seconds(triggerer.proc.pid), cpu_seconds(broker) if broker is not None else 0.0
 
 
 async def main() -> None:
@@ -272,13 +286,13 @@ async def main() -> None:
         "--schedulers", type=int, nargs="+", default=[1], help="scheduler processes (each K)"
     )
     args = parser.parse_args()
-    async with local_broker(args.backend, args.bootstrap) as bootstrap:
+    async with local_broker_process(args.backend, args.bootstrap) as (bootstrap, broker):
         with tempfile.TemporaryDirectory(prefix="deferline-e2e-") as tmp:
             workdir = args.keep_logs or Path(tmp)
             workdir.mkdir(parents=True, exist_ok=True)
             for n in args.n:
                 for k in args.schedulers:
-                    result = await run_one(args.deferline, bootstrap, n, workdir, k)
+                    result = await run_one(args.deferline, bootstrap, n, workdir, k, broker)
                     airflow = AIRFLOW.get(n)
                     vs = f" (Airflow: {airflow} s)" if airflow else ""
                     print(
@@ -287,7 +301,9 @@ async def main() -> None:
                         f"{result['scheduler_cpu_s']:.1f} s, peak RSS "
                         f"{result['scheduler_peak_rss_mb']:.0f} MB; by record time: last event "
                         f"+{result['due_to_last_event_s']:.2f} s, last resumed state "
-                        f"+{result['due_to_last_state_s']:.2f} s",
+                        f"+{result['due_to_last_state_s']:.2f} s; CPU from the due moment to "
+                        f"the end: triggerer {result['triggerer_cpu_s']:.1f} s, broker "
+                        f"{result['broker_cpu_s']:.1f} s",
                         flush=True,
                     )
 

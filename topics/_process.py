@@ -99,6 +99,11 @@ class _BrokerProcess:
         return f"{self._advertised_host()}:{self._port}"
 
     @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (for CPU figures), else None."""
+        return None if self._proc is None else self._proc.pid
+
+    @property
     def log_path(self) -> Path | None:
         """Where the broker's own output goes (removed on stop unless ``data_dir`` is set)."""
         return None if self._workdir is None else self._workdir / "broker.log"
