@@ -110,6 +110,13 @@ def test_demo_with_a_scheduler_killed_halfway_applies_nothing_twice(
     assert wait_gone(marker, within=5.0) == [], "a demo process outlived it"
 
 
+def _interruptible() -> None:
+    """SIGINT as a terminal leaves it to the demo: a suite started as a background job of a
+    shell runs with SIGINT ignored, which every child inherits (the demo then finished on
+    its own, or not within the timeout)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_interrupted_demo_leaves_no_process() -> None:
     marker = f"demo-test-{uuid.uuid4().hex[:8]}."
@@ -117,6 +124,7 @@ def test_interrupted_demo_leaves_no_process() -> None:
         demo_argv("--tasks", "100", "--duration", "30", "--plain", "--topic-prefix", marker),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        preexec_fn=_interruptible,
     )
     try:
         assert demo.stdout is not None
@@ -135,3 +143,5 @@ def test_interrupted_demo_leaves_no_process() -> None:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+        if demo.stdout is not None:
+            demo.stdout.close()  # read to its end only when the demo stopped as asked
