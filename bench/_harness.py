@@ -74,7 +74,8 @@ async def local_broker_process(
 
     broker: TansuBroker | KRaftBroker = TansuBroker() if backend == "tansu" else KRaftBroker()
     async with broker:
-        yield broker.bootstrap, broker.pid
+        # An older build's broker (a before/after run imports it) has no ``pid``.
+        yield broker.bootstrap, getattr(broker, "pid", None)
 
 
 def cpu_seconds(pid: int) -> float:

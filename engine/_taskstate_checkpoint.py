@@ -342,25 +342,34 @@ def _read_rows(
     deadlines: list[tuple[dt.datetime, str]] = []
     fromiso = dt.datetime.fromisoformat
     new = object.__new__
+    loads, view_of, stored, holding = orjson.loads, _View, _Stored, HOLDING_STATES
+    # Most tasks share their target with many others: the last shared target's line (with
+    # its newline) is compared in place, without a slice or a lookup.
+    last_line, last_target = b"null\n", None
     try:
         for raw_key, raw in rows:
             key = raw_key[skip:].decode()
             cut = raw.index(b"\n")
-            state_name, at, updated_at, timeout_at, has_resume = orjson.loads(raw[:cut])
-            target_row = raw[cut + 1 : raw.index(b"\n", cut + 1)]
-            if target_row in targets:  # most tasks share their target with many others
-                target = targets[target_row]
+            state_name, at, updated_at, timeout_at, has_resume = loads(raw[:cut])
+            if raw.startswith(last_line, cut + 1):
+                target = last_target
             else:
-                row = orjson.loads(target_row)
-                target = _target_of(row)
-                if len(row) == 6:  # no op_kwargs: one object per distinct target
-                    target = targets[target_row] = shared(target)
-            record: _Stored = new(_Stored)
+                target_row = raw[cut + 1 : raw.index(b"\n", cut + 1)]
+                if target_row in targets:
+                    target = targets[target_row]
+                    last_line, last_target = target_row + b"\n", target
+                else:
+                    row = loads(target_row)
+                    target = _target_of(row)
+                    if len(row) == 6:  # no op_kwargs: one object per distinct target
+                        target = targets[target_row] = shared(target)
+                        last_line, last_target = target_row + b"\n", target
+            record: _Stored = new(stored)
             record.raw = raw
             record.state = state_name
             record.resume = target if has_resume else None
-            view = _View(record, (at[0], at[1], at[2]), target)
-            if target is not None and state_name in HOLDING_STATES:
+            view = view_of(record, (at[0], at[1], at[2]), target)
+            if target is not None and state_name in holding:
                 view.holds = holds = (target.pool, target.pool_slots)
                 used[holds[0]] = used.get(holds[0], 0) + holds[1]
             views[key] = view

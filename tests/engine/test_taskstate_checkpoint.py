@@ -261,3 +261,27 @@ def test_a_restore_decodes_a_deferred_or_finished_task_only_when_it_is_read() ->
     assert rows[key(1).ti_key].raw is None
     assert rows[key(2).ti_key].raw is not None
     _same(table, restored)
+
+
+def test_a_restore_shares_a_target_between_tasks_only_without_op_kwargs() -> None:
+    """Rows whose targets alternate (plain, with op_kwargs, none) restore each task's own
+    target: a plain target is one object for all its tasks, one with op_kwargs (a dict a
+    task may be given) is each task's own."""
+    plain = ResumeTarget(operator="pkg.Op")
+    other = ResumeTarget(operator="pkg.Other", pool="p")
+    table = TaskTable()
+    table.track_changes()
+    resumes = [plain, plain, target(), target(), None, plain, other, other, target(), plain]
+    for n, resume in enumerate(resumes):
+        deferred_task(table, key(n), resume=resume)
+    store = _Store()
+    store.save(table)
+    restored = store.restore(table.pools)
+    _same(table, restored)
+    views = restored._views
+    got = [views[key(n).ti_key].target for n in range(len(resumes))]
+    assert got == resumes
+    assert got[0] is got[1] is got[5] is got[9]
+    assert got[6] is got[7]
+    kwargs_targets = [got[n] for n in (2, 3, 8)]
+    assert len({id(t) for t in kwargs_targets}) == 3
