@@ -289,9 +289,9 @@ async def _wait_admin_ready(
 # ``log.index.size.max.bytes``: each segment's offset and time indexes are sparse files of
 # this size, mapped into memory. Where the disk's readahead is large (8 MB on some VMs), the
 # first touch of an index page reads a readahead window of holes, which the kernel zeroes:
-# with Kafka's 10 MB default, every partition that starts writing costs ~20 MB of memset,
-# the broker's main cost in a benchmark on fresh topics. 256 KB still rolls a segment only
-# after ~85 MB (an entry per 4 KB of log).
+# with Kafka's 10 MB default, every partition that starts writing can cost up to 20 MB of
+# memset (half the broker's CPU in a benchmark on fresh topics, docs/benchmarks.md). 256 KB
+# still rolls a segment only after ~85 MB (an index entry per 4 KB of log).
 _STORAGE_PROPERTIES = """\
 log.dirs={data}
 num.partitions=1

@@ -102,12 +102,14 @@ def seed(env: dict[str, str], n: int, moment: dt.datetime, workers: int = 2) -> 
         raise RuntimeError("seeding failed: deferring the task instances")
 
 
-def retime(env: dict[str, str], moment: dt.datetime) -> None:
-    """Move every deferral's moment to ``moment``: the one trigger-kwargs value a deferral at
-    ``moment`` writes (made by Airflow's code, see ``_kwargs_column``), set on every trigger row
-    in one UPDATE. A seeded database copied per run is thus due when the run wants it."""
+def retime(env: dict[str, str], moment: dt.datetime, every: int = 1) -> None:
+    """Move the deferrals' moment to ``moment``: the one trigger-kwargs value a deferral at
+    ``moment`` writes (made by Airflow's code, see ``_kwargs_column``), set in one UPDATE on
+    every trigger row, or on those whose id is a multiple of ``every``. A seeded database
+    copied per run is thus due when the run wants it."""
     command = [sys.executable, "-m", __name__, "--n", "0", "--moment", moment.isoformat()]
-    subprocess.run([*command, "--retime"], env=env, cwd=Path(__file__).parents[2], check=True)
+    command += ["--retime", "--every", str(every)]
+    subprocess.run(command, env=env, cwd=Path(__file__).parents[2], check=True)
 
 
 def stop_group(proc: subprocess.Popen[Any]) -> None:
@@ -224,13 +226,14 @@ def _kwargs_column(moment: dt.datetime) -> str:
     return column
 
 
-def _retime(moment: dt.datetime) -> None:
+def _retime(moment: dt.datetime, every: int) -> None:
     from airflow.models.trigger import Trigger
     from airflow.utils.session import create_session
     from sqlalchemy import update
 
+    rows = update(Trigger).where(Trigger.id % every == 0)
     with create_session() as session:
-        session.execute(update(Trigger).values(encrypted_kwargs=_kwargs_column(moment)))
+        session.execute(rows.values(encrypted_kwargs=_kwargs_column(moment)))
 
 
 def _defer_3(moment: dt.datetime, part: int, parts: int) -> None:
@@ -323,11 +326,12 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true", help="the DAG, its run, queued TIs")
     parser.add_argument("--part", type=int, default=0, help="defer the TIs of this share")
     parser.add_argument("--parts", type=int, default=1)
-    parser.add_argument("--retime", action="store_true", help="move every deferral's moment")
+    parser.add_argument("--retime", action="store_true", help="move the deferrals' moment")
+    parser.add_argument("--every", type=int, default=1, help="retime ids multiple of this")
     args = parser.parse_args()
     three = airflow_line() >= 3
     if args.retime:
-        _retime(args.moment)
+        _retime(args.moment, args.every)
     elif args.prepare:
         (_prepare_3 if three else _prepare_2)(args.n, args.moment)
     else:
