@@ -522,14 +522,12 @@ class TriggerSupervisor:
         self._firing = True
         try:
             while (due := deadlines.pop_due(now_ms)) is not None:
-                key, tids = due
-                for index, tid in enumerate(tids):
-                    self._due(key, tid)
+                key, tids, start = due
+                for index in range(start, len(tids)):
+                    self._due(key, tids[index])
                     handled += 1
                     if self._held or (not handled & 63 and time.perf_counter() > stop_at):
-                        rest = list(tids[index + 1 :])
-                        if rest:
-                            deadlines.requeue(key, rest)
+                        deadlines.requeue(key, tids, index + 1)
                         return
         finally:
             self._firing = False

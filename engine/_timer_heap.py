@@ -13,7 +13,9 @@ _COMPACT_MIN: Final = 10_000  # rebuild the heap once this many entries went sta
 
 class DeadlineHeap:
     """A heap of millisecond keys, each naming a bucket of trigger ids in the order they were
-    pushed (a bare id while alone).
+    pushed (a bare id while alone). A bucket put back part-handled keeps its list and the
+    index of its first id left (``_starts``): handling a bucket of a million ids in a
+    thousand slices then copies nothing, where copying the rest at each slice cost seconds.
 
     Nothing is removed early: the owner checks each id it pops against its own book (an id
     that is gone, or whose deadline moved to another key, is stale) and reports each entry
@@ -21,11 +23,12 @@ class DeadlineHeap:
     :meth:`rebuild` with the live ones.
     """
 
-    __slots__ = ("_buckets", "_heap", "_stale")
+    __slots__ = ("_buckets", "_heap", "_stale", "_starts")
 
     def __init__(self) -> None:
         self._heap: list[int] = []
         self._buckets: dict[int, str | list[str]] = {}
+        self._starts: dict[int, int] = {}
         self._stale = 0
 
     def push(self, deadline: float, tid: str) -> None:
@@ -45,24 +48,35 @@ class DeadlineHeap:
         """The earliest queued moment (epoch seconds), or None when empty."""
         return self._heap[0] / 1000.0 if self._heap else None
 
-    def pop_due(self, now_ms: float) -> tuple[int, Sequence[str]] | None:
-        """Take the earliest bucket if its millisecond is at or before ``now_ms``."""
+    def pop_due(self, now_ms: float) -> tuple[int, Sequence[str], int] | None:
+        """Take the earliest bucket if its millisecond is at or before ``now_ms``: its key,
+        its ids and the index of the first one not handled yet."""
         heap = self._heap
         if not heap or heap[0] > now_ms:
             return None
         key = heappop(heap)
         bucket = self._buckets.pop(key)
-        return key, (bucket,) if type(bucket) is str else bucket
+        start = self._starts.pop(key, 0)
+        return key, (bucket,) if type(bucket) is str else bucket, start
 
-    def requeue(self, key: int, rest: list[str]) -> None:
-        """Put back the part of a popped bucket not yet handled, ahead of ids pushed since."""
+    def requeue(self, key: int, tids: Sequence[str], start: int) -> None:
+        """Put back a popped bucket whose ids before ``start`` were handled, ahead of ids
+        pushed since. The handled part is dropped once it is the larger one, so a bucket
+        handled in many slices costs time in proportion to its size alone."""
+        if start >= len(tids):
+            return
+        rest = tids if type(tids) is list else list(tids)
+        if start * 2 > len(rest):
+            del rest[:start]
+            start = 0
         later = self._buckets.get(key)
         if later is None:
-            self._buckets[key] = rest
             heappush(self._heap, key)
         else:
             rest.extend((later,) if type(later) is str else later)
-            self._buckets[key] = rest
+        self._buckets[key] = rest
+        if start:
+            self._starts[key] = start
 
     def forget(self, live: int) -> bool:
         """Count one entry made stale early; True once a rebuild is due (stale entries are
@@ -80,4 +94,5 @@ class DeadlineHeap:
         """Drop every entry."""
         self._heap = []
         self._buckets = {}
+        self._starts = {}
         self._stale = 0
