@@ -6,14 +6,14 @@ never asserted. Usage::
 
     .venv/bin/python -m bench.bench_triggerer [--backend tansu|kafka] [--n 100000]
         [--only throughput,latency,failover,burst,idle] [--burst-sizes 10000,100000,1000000]
-        [--member-flags "--fetch-max-wait-ms 5"]
+        [--member-flags "--fetch-max-wait-ms 5"] [--deferline <another checkout's deferline>]
 
 ``burst`` is the memory curve: N timers wait in one member (RSS sampled), then all fall
 due at once; the RSS is sampled every 20 ms while they fire, and events/s and CPU per
 fired trigger come from the events read back. ``idle`` is the CPU of a member that owns
 12 empty partitions, over 20 s. Both only use flags every version of the triggerer has,
-so the script can measure an older checkout too: from this checkout's root, run
-``<that checkout>/.venv/bin/python -m bench.bench_triggerer`` (its ``deferline``).
+so the script can measure an older checkout too: ``--deferline`` runs that checkout's
+``deferline`` (its ``.venv/bin/deferline``) as the members.
 """
 
 from __future__ import annotations
@@ -106,13 +106,15 @@ _STARTED: list[Member] = []
 class Member:
     """A ``deferline triggerer`` subprocess with its metrics endpoint and resource use."""
 
+    executable = DEFERLINE  # ``--deferline``: another checkout's, for before/after figures
+
     def __init__(self, settings: Settings, name: str, workdir: Path, *flags: str) -> None:
         self.name = name
         self.log = workdir / f"{name}.log"
         self.port = free_port()
         self.proc = subprocess.Popen(
             [
-                DEFERLINE,
+                self.executable,
                 "triggerer",
                 "--bootstrap-servers",
                 settings.bootstrap_servers,
@@ -551,11 +553,13 @@ async def main() -> None:
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--only", default="throughput,latency,failover")
     parser.add_argument("--burst-sizes", default="10000,100000,1000000")
+    parser.add_argument("--deferline", default=DEFERLINE, help="the executable to run")
     parser.add_argument(
         "--member-flags", default="", help="extra triggerer flags (latency, burst, idle)"
     )
     args = parser.parse_args()
     flags = args.member_flags.split()
+    Member.executable = args.deferline
     wanted = set(args.only.split(","))
     print(f"backend {args.backend}; python {sys.version.split()[0]}; {os.cpu_count()} cores")
     results: dict[str, float] = {}

@@ -20,6 +20,7 @@ from deferline.schemas import (
     decode,
     encode,
     make_trigger_id,
+    to_tagged,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -237,3 +238,13 @@ def test_an_emits_destination_attributes_are_what_its_record_says(
         assert (emit.worker_queue, emit.resumes) == (None, False)
     if not isinstance(record, CancelRequest):
         assert Emit(record, key=record.task.ti_key).key == emit.key
+
+
+def test_a_moment_tagged_again_is_the_same_form_and_other_zones_are_not_mixed_up() -> None:
+    """The last datetime payload's tagged form is reused while equal: an equal instant in
+    another zone is another value to encode (its offset is in the JSON)."""
+    utc = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
+    paris = utc.astimezone(dt.timezone(dt.timedelta(hours=1)))
+    for moment in (utc, paris, paris, utc, utc.replace(microsecond=1)):
+        assert _taskstate_values._tagged_value(moment) == to_tagged(moment)
+    assert _taskstate_values._tagged_value(utc) is _taskstate_values._tagged_value(utc)
