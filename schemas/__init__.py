@@ -1,6 +1,7 @@
 """Wire contract: versioned records, the tagged value codec and kwargs encryption. No I/O."""
 
 from ._codec import (
+    MomentTagger,
     canonical_json,
     dumps_kept,
     dumps_record,
@@ -59,6 +60,7 @@ __all__ = [
     "EventStatus",
     "InvalidKwargsKey",
     "KwargsCipher",
+    "MomentTagger",
     "PoolGrant",
     "PoolWant",
     "ResumeTarget",

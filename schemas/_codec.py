@@ -23,6 +23,7 @@ import orjson
 from ._errors import SchemaError
 
 __all__ = [
+    "MomentTagger",
     "dumps_kept",
     "dumps_record",
     "dumps_value",
@@ -112,6 +113,27 @@ def to_tagged(value: Any) -> JsonValue:
         return _encode(value, "", False)
     except RecursionError:
         raise SchemaError("value is nested too deeply to encode") from None
+
+
+class MomentTagger:
+    """:func:`to_tagged` that keeps the last datetime it tagged with its tagged form: the
+    events of a burst of timers carry one moment, tagged again for every event otherwise.
+    The form returned is shared: read it, never change it."""
+
+    __slots__ = ("_moment", "_tagged")
+
+    def __init__(self) -> None:
+        self._moment: dt.datetime | None = None
+        self._tagged: JsonValue = None
+
+    def __call__(self, value: Any) -> JsonValue:
+        if type(value) is not dt.datetime:
+            return to_tagged(value)
+        last = self._moment
+        # Equal instants in other zones are equal datetimes: the zone must be the same too.
+        if last is None or value != last or value.tzinfo is not last.tzinfo:
+            self._moment, self._tagged = value, to_tagged(value)
+        return self._tagged
 
 
 def canonical_json(value: Any) -> bytes:

@@ -14,7 +14,7 @@ import datetime as dt
 from typing import Any
 
 import orjson
-from deferline.schemas import SCHEMA_VERSION, dumps_kept, to_tagged
+from deferline.schemas import SCHEMA_VERSION, MomentTagger, dumps_kept, to_tagged
 
 __all__ = ["EventEncoder", "encode_event", "request_fields"]
 
@@ -37,13 +37,12 @@ class EventEncoder:
     form and reused while equal, so the bytes are those :func:`encode_event` gives.
     """
 
-    __slots__ = ("_due", "_due_text", "_payload", "_tagged")
+    __slots__ = ("_due", "_due_text", "tagged")
 
     def __init__(self) -> None:
         self._due: dt.datetime | None = None
         self._due_text: str | None = None
-        self._payload: dt.datetime | None = None
-        self._tagged: Any = None
+        self.tagged = MomentTagger()  # the payload, tagged
 
     def emitted_at(self) -> str:
         """Now in UTC as ISO 8601, to the microsecond (never rounded: rebalance checks
@@ -57,14 +56,6 @@ class EventEncoder:
         if last is None or moment != last or moment.tzinfo is not last.tzinfo:
             self._due, self._due_text = moment, moment.isoformat()
         return self._due_text
-
-    def tagged(self, payload: Any) -> Any:
-        if type(payload) is not dt.datetime:
-            return to_tagged(payload)
-        last = self._payload
-        if last is None or payload != last or payload.tzinfo is not last.tzinfo:
-            self._payload, self._tagged = payload, to_tagged(payload)
-        return self._tagged
 
     def encode(
         self,
