@@ -1,8 +1,11 @@
 """Least-privilege ACLs per role: which principal may read, write or describe what.
 
 The trust boundary of the design is "who may write to a defer topic": whoever can, can make
-a triggerer run any allowed trigger class. So only workers, the scheduler (cancels) and
-clients (start-from-trigger, clear) get Write there, and the broker enforces it.
+a triggerer run any allowed trigger class. So only workers, the scheduler (cancels),
+clients (start-from-trigger, clear) and the triggerers get Write there, and the broker
+enforces it. A triggerer writes only tombstones there (the defer topic is a table: a
+finished trigger's entry is deleted by its owner), but Kafka cannot grant Write for
+tombstones alone; a triggerer's principal runs the triggers anyway.
 
 Every binding is LITERAL (exact topic, group or transactional id names) and built from the
 same TopicNames/topic_specs the processes use, so a new queue needs ``topics ensure --acls``
@@ -126,6 +129,9 @@ def acl_bindings(
         f"{prefix}triggerer" + ("" if q in (None, DEFAULT_QUEUE) else f".{q}")
         for q in trigger_queues
     ]
+    # On Apache Kafka the owner of defer partition p writes through <group>.<p>, as the
+    # scheduler does (deferline.runners.triggerer's transactional_id).
+    triggerer_txns = [f"{g}.{p}" for g in triggerer_groups for p in range(settings.partitions)]
     worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
     scheduler = SchedulerResources.for_prefix(prefix, settings.partitions)
     pools = names.scheduler_pools
@@ -149,12 +155,14 @@ def acl_bindings(
             ("GROUP", worker_groups, "READ"),
         ],
         # Runs triggers: reads DeferRequests, writes events (on its resume topic and on
-        # tasks.events, and direct resumes), scans its resume topic on recovery, dead-letters
-        # bad requests. Never writes defer or tasks.
+        # tasks.events, and direct resumes) and the tombstones of finished triggers (defer),
+        # scans its resume topic on recovery, dead-letters bad requests. Never writes tasks.
         "triggerer": [
             ("TOPIC", [*defer, *resume], "READ"),
-            ("TOPIC", [*resume, names.task_events, *resumes, names.dead], "WRITE"),
+            ("TOPIC", [*resume, names.task_events, *defer, *resumes, names.dead], "WRITE"),
             ("GROUP", triggerer_groups, "READ"),
+            ("TRANSACTIONAL_ID", triggerer_txns, "WRITE"),
+            ("TRANSACTIONAL_ID", triggerer_txns, "DESCRIBE"),
         ],
         # Folds events into task state; writes state, RunTasks, cancels and dead letters;
         # reads and writes the pool ledger (wants of its tasks; grants, as the ledger owner).

@@ -163,7 +163,7 @@ class RecordDispatcher:
             "are copied) and writing its missing tombstone",
             extra=self._log(part.number, trigger_id=key.decode(errors="replace")),
         )
-        self._sink.tombstone(part.number, key, event)
+        self._sink.tombstone(part, key, event)
 
     def _dead_letter(
         self, part: OwnedPartition, key: bytes | None, value: bytes, offset: int, bad: BadRecord
@@ -197,13 +197,13 @@ class RecordDispatcher:
             part.book.claim(key)
             part.table.note_emitting(key)
         if not bad.identified:
-            self._sink.dead_letter(letter, event=None)
+            self._sink.dead_letter(letter, part=part, event=None)
             return
         assert bad.trigger_id is not None
         assert bad.task is not None
         error = f"{bad.error_type}: {bad.error}"
         record = self._event(part, bad.trigger_id, bad.task, bad.defer_seq, "failed", error)
-        self._sink.dead_letter(letter, event=(part, key or bad.trigger_id.encode(), record))
+        self._sink.dead_letter(letter, part=part, event=(key or bad.trigger_id.encode(), record))
 
     def _event(
         self,

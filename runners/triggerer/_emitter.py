@@ -15,6 +15,15 @@ tells the source to stop submitting (the triggerer holds the supervisor's due ti
 ``on_pressure(False)`` follows once the backlog has drained to half of it. The bound is
 soft, since ``submit`` never refuses (coroutine triggers and bad records may still add a
 few), but a burst of due timers waits in the supervisor's heap, in order, not in here.
+
+**Transactions.** An emission with an ``owner`` (the transactional id of its defer
+partition, :meth:`Emitter.open`) goes through that partition's own transactional producer
+instead: its records and its tombstone commit in one transaction, together with the rest
+of the batch, so a reader in ``read_committed`` sees an event, its copies and its tombstone
+all at once or not at all. A crash between them leaves nothing half written, and a paused
+old owner is fenced by the new owner's producer (same transactional id): its transaction
+fails with :class:`PartitionFenced`'s cause, its emissions are dropped, and ``on_fenced``
+tells the lane, whose partition it no longer is.
 """
 
 from __future__ import annotations
@@ -29,16 +38,21 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from aiokafka.errors import (
+    InvalidProducerEpoch,
     InvalidTopicError,
     MessageSizeTooLargeError,
+    ProducerFenced,
     RecordListTooLargeError,
     RecordTooLargeError,
 )
 from deferline.topics import trace_send
 
-__all__ = ["Ack", "Emission", "Emitter", "Send"]
+__all__ = ["Ack", "Emission", "Emitter", "Send", "TransactionalProducer"]
 
 logger = logging.getLogger(__name__)
+
+# A transaction of a producer whose transactional id another producer has taken over.
+_FENCED: tuple[type[BaseException], ...] = (ProducerFenced, InvalidProducerEpoch)
 
 # Errors that no retry can fix; everything else (timeouts, leader moves, a broker that is
 # down) is retried until it succeeds.
@@ -69,6 +83,16 @@ class Producer(Protocol):
     async def send_batch(
         self, batch: Any, topic: str, *, partition: int
     ) -> asyncio.Future[Any]: ...
+
+
+class TransactionalProducer(Producer, Protocol):
+    """A started producer with a ``transactional_id``: what a partition's pipeline uses."""
+
+    async def begin_transaction(self) -> None: ...
+
+    async def commit_transaction(self) -> None: ...
+
+    async def abort_transaction(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +132,24 @@ class Emission:
     on_acked: Callable[[Sequence[Any]], None] | None = None
     on_done: Callable[[], None] | None = None
     on_failed: Callable[[BaseException], None] | None = None
+    owner: str | None = None
+    """The transactional id of the defer partition it belongs to (its records and tombstone
+    then commit in one transaction, see :meth:`Emitter.open`); None: the two stages."""
     attempts: int = field(default=0)
+
+
+@dataclass(eq=False)
+class _Owner:
+    """One defer partition's transactional pipeline: its producer, queue and task."""
+
+    transactional_id: str
+    producer: TransactionalProducer
+    on_fenced: Callable[[str], None]
+    queue: deque[Emission] = field(default_factory=deque)
+    inflight: list[Emission] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    fenced: bool = False
 
 
 class Emitter:
@@ -157,8 +198,11 @@ class Emitter:
         self._idle.set()
         self._outstanding = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._owners: dict[str, _Owner] = {}
         self.sent = 0
         self.failures = 0
+        self.transactions = 0
+        """Transactions committed by the partitions' pipelines."""
 
     @property
     def backlog(self) -> int:
@@ -179,12 +223,59 @@ class Emitter:
         if bound is not None and not self._full and self._outstanding >= bound:
             self._set_full(True)
         self._idle.clear()
-        if emission.sends:
+        if emission.owner is not None:
+            owner = self._owners.get(emission.owner)
+            if owner is None or owner.fenced:  # gone: its next owner runs the trigger again
+                self._done()
+            else:
+                owner.queue.append(emission)
+                owner.ready.set()
+        elif emission.sends:
             self._first.append(emission)
             self._first_ready.set()
         else:
             self._second.append(emission)
             self._second_ready.set()
+
+    def open(
+        self,
+        transactional_id: str,
+        producer: TransactionalProducer,
+        *,
+        on_fenced: Callable[[str], None],
+    ) -> None:
+        """Write the emissions owned by ``transactional_id`` through ``producer`` (started,
+        so the previous owner is fenced), in transactions. ``on_fenced(transactional_id)``
+        runs once if another producer takes the id over (its emissions are then dropped)."""
+        if transactional_id in self._owners:
+            raise ValueError(f"{transactional_id} is already open")
+        owner = _Owner(transactional_id, producer, on_fenced)
+        owner.task = asyncio.create_task(self._transact(owner), name=f"emitter-{transactional_id}")
+        self._owners[transactional_id] = owner
+
+    async def close(self, transactional_id: str) -> TransactionalProducer | None:
+        """Stop writing for ``transactional_id``: what it has not committed is dropped (the
+        partition's next owner runs those triggers again). Returns its producer, for the
+        caller to stop; None if it was not open."""
+        owner = self._owners.pop(transactional_id, None)
+        if owner is None:
+            return None
+        if owner.task is not None:
+            owner.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await owner.task
+        if owner.inflight and not owner.fenced:
+            # Cut short mid-transaction: abort it rather than leave it open (readers in
+            # read_committed would wait for it until the broker's transaction timeout).
+            try:
+                await asyncio.wait_for(owner.producer.abort_transaction(), 5.0)
+            except Exception as exc:
+                logger.warning(
+                    "open transaction not aborted",
+                    extra={"transactional_id": transactional_id, "error": repr(exc)},
+                )
+        self._drop(owner)
+        return owner.producer
 
     async def start(self) -> None:
         """Start both stages."""
@@ -218,6 +309,8 @@ class Emitter:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for transactional_id in list(self._owners):
+            await self.close(transactional_id)  # their producers are their lanes' to stop
 
     async def __aenter__(self) -> Emitter:
         await self.start()
@@ -265,9 +358,11 @@ class Emitter:
                 logger.exception("emission completion callback failed")
         self._done()
 
-    async def _send_one(self, send: Send) -> asyncio.Future[Any] | BaseException:
+    async def _send_one(
+        self, producer: Producer, send: Send
+    ) -> asyncio.Future[Any] | BaseException:
         try:
-            return await self._producer.send(
+            return await producer.send(
                 send.topic,
                 value=send.value,
                 key=send.key,
@@ -277,7 +372,7 @@ class Emitter:
         except Exception as exc:  # rejected before sending (e.g. record too large)
             return exc
 
-    async def _send_all(self, sends: list[Send]) -> list[Any]:
+    async def _send_all(self, producer: Producer, sends: list[Send]) -> list[Any]:
         """Send every record; one ack (or exception) per record, in order.
 
         Records with a partition are packed into one producer batch per topic-partition
@@ -289,12 +384,12 @@ class Emitter:
         groups: dict[tuple[str, int], list[int]] = {}
         for index, send in enumerate(sends):
             if send.partition is None:
-                singles.append((index, await self._send_one(send)))
+                singles.append((index, await self._send_one(producer, send)))
             else:
                 groups.setdefault((send.topic, send.partition), []).append(index)
         for (topic, partition), indexes in groups.items():
             members: list[int] = []
-            batch = self._producer.create_batch()
+            batch = producer.create_batch()
             for index in indexes:
                 send = sends[index]
                 headers = trace_send(topic, send.value)
@@ -303,19 +398,21 @@ class Emitter:
                     is None
                 ):
                     if members:
-                        batches.append((members, await self._submit(batch, topic, partition)))
-                        batch, members = self._producer.create_batch(), []
+                        batches.append(
+                            (members, await self._submit(producer, batch, topic, partition))
+                        )
+                        batch, members = producer.create_batch(), []
                     if (
                         batch.append(
                             timestamp=None, key=send.key, value=send.value, headers=headers
                         )
                         is None
                     ):
-                        singles.append((index, await self._send_one(send)))  # too large
+                        singles.append((index, await self._send_one(producer, send)))
                         continue
                 members.append(index)
             if members:
-                batches.append((members, await self._submit(batch, topic, partition)))
+                batches.append((members, await self._submit(producer, batch, topic, partition)))
         waits = [f for _, f in singles if not isinstance(f, BaseException)]
         waits += [f for _, f in batches if not isinstance(f, BaseException)]
         await asyncio.gather(*waits, return_exceptions=True)
@@ -331,10 +428,10 @@ class Emitter:
         return results
 
     async def _submit(
-        self, batch: Any, topic: str, partition: int
+        self, producer: Producer, batch: Any, topic: str, partition: int
     ) -> asyncio.Future[Any] | BaseException:
         try:
-            return await self._producer.send_batch(batch, topic, partition=partition)
+            return await producer.send_batch(batch, topic, partition=partition)
         except Exception as exc:
             return exc
 
@@ -343,7 +440,7 @@ class Emitter:
             await self._first_ready.wait()
             batch = self._take(self._first, self._first_ready)
             sends = [send for emission in batch for send in emission.sends]
-            results = await self._send_all(sends)
+            results = await self._send_all(self._producer, sends)
             retry: list[Emission] = []
             position = 0
             for emission in batch:
@@ -375,7 +472,7 @@ class Emitter:
             await self._second_ready.wait()
             batch = self._take(self._second, self._second_ready)
             sends = [emission.tombstone for emission in batch if emission.tombstone is not None]
-            results = await self._send_all(sends)
+            results = await self._send_all(self._producer, sends)
             retry: list[Emission] = []
             position = 0
             for emission in batch:
@@ -394,6 +491,108 @@ class Emitter:
                 await asyncio.sleep(self._retry_backoff)
                 self._second.extendleft(reversed(retry))
                 self._second_ready.set()
+
+    async def _transact(self, owner: _Owner) -> None:
+        """One partition's pipeline: each batch's records and tombstones in one transaction;
+        the callbacks run once it is committed. A batch whose transaction failed is aborted
+        and sent again whole (an emission that failed for a reason no retry fixes, a record
+        too large say, is given up as in the stages)."""
+        while True:
+            await owner.ready.wait()
+            batch = owner.inflight = self._take(owner.queue, owner.ready)
+            sends = [send for emission in batch for send in emission.sends]
+            tombstones = [e.tombstone for e in batch if e.tombstone is not None]
+            try:
+                results = await self._in_transaction(owner.producer, [*sends, *tombstones])
+            except _FENCED as exc:
+                self._fenced(owner, exc)
+                return
+            if not any(isinstance(r, BaseException) for r in results):
+                self.transactions += 1
+                self.sent += len(results)
+                position = 0
+                for emission in batch:
+                    mine = results[position : position + len(emission.sends)]
+                    position += len(emission.sends)
+                    if emission.on_acked is not None:
+                        try:
+                            emission.on_acked(mine)
+                        except Exception:
+                            logger.exception("emission ack callback failed")
+                    self._finish(emission)
+                owner.inflight = []
+                continue
+            retry: list[Emission] = []
+            position, tombstone = 0, len(sends)
+            for emission in batch:
+                mine = results[position : position + len(emission.sends)]
+                position += len(emission.sends)
+                if emission.tombstone is not None:
+                    mine.append(results[tombstone])
+                    tombstone += 1
+                error = next((r for r in mine if isinstance(r, BaseException)), None)
+                if error is None or self._note_failure(emission, error):
+                    retry.append(emission)  # aborted with the batch, or to try again
+            owner.inflight = retry
+            await asyncio.sleep(self._retry_backoff)
+            owner.queue.extendleft(reversed(retry))
+            owner.inflight = []
+            if owner.queue:
+                owner.ready.set()
+
+    async def _in_transaction(
+        self, producer: TransactionalProducer, sends: list[Send]
+    ) -> list[Any]:
+        """Send ``sends`` in one transaction: their acks once it is committed; else (aborted)
+        an exception for each record that failed, or for every record when the commit did.
+        Raises the fencing error when another producer holds the transactional id."""
+        try:
+            await producer.begin_transaction()
+        except _FENCED:
+            raise
+        except Exception as exc:  # nothing begun, nothing to abort
+            return [exc] * len(sends)
+        results = await self._send_all(producer, sends)
+        error = next((r for r in results if isinstance(r, BaseException)), None)
+        if error is None:
+            try:
+                await producer.commit_transaction()
+                return results
+            except _FENCED:
+                raise
+            except Exception as exc:
+                error = exc
+                results = [exc] * len(sends)
+        if isinstance(error, _FENCED):
+            raise error
+        try:
+            await producer.abort_transaction()
+        except _FENCED:
+            raise
+        except Exception as exc:
+            logger.warning("aborting a failed transaction failed", extra={"error": repr(exc)})
+        return results
+
+    def _fenced(self, owner: _Owner, error: BaseException) -> None:
+        """Another producer took the partition's transactional id over: drop what it holds."""
+        owner.fenced = True
+        logger.warning(
+            "partition fenced: another member writes its events now; dropping its emissions",
+            extra={"transactional_id": owner.transactional_id, "error": repr(error)},
+        )
+        self._drop(owner)
+        try:
+            owner.on_fenced(owner.transactional_id)
+        except Exception:
+            logger.exception("fenced callback failed")
+
+    def _drop(self, owner: _Owner) -> None:
+        """Forget the emissions of a closed or fenced partition (their triggers stay in the
+        defer table: its next owner runs them again)."""
+        for _ in range(len(owner.queue) + len(owner.inflight)):
+            self._done()
+        owner.queue.clear()
+        owner.inflight = []
 
     def _note_failure(self, emission: Emission, error: BaseException) -> bool:
         """Count a failed attempt; True to retry, False when the emission was given up."""

@@ -10,7 +10,9 @@ trigger id (the wire contract), and on tasks.events keyed by the task's ``ti_key
 partition the tasks topic gives that key, where the scheduler owning the task reads it.
 Both are sends of one emission, so the tombstone follows only once both are acked. Where no
 deferline scheduler reads the prefix (``Settings.copy_events_to_tasks`` off, the Airflow
-bridge's triggerers) there is no copy: the event goes out once.
+bridge's triggerers) there is no copy: the event goes out once. Where the partition writes
+in transactions (its ``owner``, on Apache Kafka), the event, its copy and its tombstone
+commit together: a reader in ``read_committed`` sees each exactly once.
 """
 
 from __future__ import annotations
@@ -208,11 +210,12 @@ class EventSink:
             tombstone=tombstone,
         )
 
-    def tombstone(self, number: int, key: bytes, event: bytes | None) -> None:
+    def tombstone(self, part: OwnedPartition, key: bytes, event: bytes | None) -> None:
         """Queue the tombstone of ``key``, whose event is already on the resume topic, after
         that event (its bytes, ``event``) is sent again to tasks.events: an owner that died
         before the tombstone may also have died before the copy, and a copy the scheduler
         already has is dropped there as a duplicate. No copy when ``event`` names no task."""
+        number = part.number
         task = peek_identity(event)[1]
         sends = () if task is None or event is None else self._task_sends(task.ti_key, event)
         if task is None and self._task_partitions is not None:
@@ -221,7 +224,11 @@ class EventSink:
                 extra=self._log(number, trigger_id=key.decode(errors="replace")),
             )
         self._emitter.submit(
-            Emission(sends=sends, tombstone=Send(self._defer_topic, key, None, number))
+            Emission(
+                sends=sends,
+                tombstone=Send(self._defer_topic, key, None, number),
+                owner=part.owner,
+            )
         )
 
     def _task_sends(self, ti_key: str, value: bytes) -> tuple[Send, ...]:
@@ -233,19 +240,23 @@ class EventSink:
         return (Send(self._task_events, key, value, partition_for(key, self._task_partitions)),)
 
     def dead_letter(
-        self, letter: DeadLetter, *, event: tuple[OwnedPartition, bytes, TriggerEventRecord] | None
+        self,
+        letter: DeadLetter,
+        *,
+        part: OwnedPartition,
+        event: tuple[bytes, TriggerEventRecord] | None,
     ) -> None:
-        """Queue a dead letter, with the failure event of its trigger when it names one
-        (``event``: partition, key, record), else with the tombstone of its key."""
+        """Queue a dead letter of a record of ``part``, with the failure event of its trigger
+        when it names one (``event``: key, record), else with the tombstone of its key."""
         sends = (Send(self._names.dead, letter.key, encode(letter), None),)
         if event is not None:
-            part, key, record = event
+            key, record = event
             # A keyless record has no table entry to delete: event and letter only.
             self.record(part, key, record, extra=sends, tombstone=letter.key is not None)
             return
         bad = letter.key
-        tombstone = None if bad is None else Send(self._defer_topic, bad, None, letter.partition)
-        self._emitter.submit(Emission(sends=sends, tombstone=tombstone))
+        tombstone = None if bad is None else Send(self._defer_topic, bad, None, part.number)
+        self._emitter.submit(Emission(sends=sends, tombstone=tombstone, owner=part.owner))
 
     def _submit(
         self,
@@ -270,6 +281,7 @@ class EventSink:
                 tombstone=Send(self._defer_topic, key, None, number) if tombstone else None,
                 on_acked=queued.acked,
                 on_failed=queued.failed,
+                owner=part.owner,
             )
         )
 

@@ -30,6 +30,8 @@ a partition's ``saved``      :class:`~._checkpointer.Checkpointer`
 committed offsets, topic     :class:`~._commit_tracker.CommitTracker`
 deleted
 rebalance summaries          :class:`~._rebalance_recorder.RebalanceRecorder`
+a partition's producer       :class:`~._emitter.Emitter` (opened and closed by the lane;
+(transactions)               started and stopped by :class:`~._transactions.PartitionProducers`)
 event counters, encoder      :class:`~._event_sink.EventSink`
 trigger classes, deferrals   :class:`~._dispatcher.RecordDispatcher`
 fetch paused, its bound      :class:`~._backpressure.FetchGate`
@@ -62,7 +64,13 @@ from deferline.topics import (
     tracing_on,
 )
 
-from .._aiokafka import group_generation, join_once, leave_from_generation_zero, set_fetch_wait
+from .._aiokafka import (
+    group_generation,
+    join_once,
+    leave_from_generation_zero,
+    request_rejoin,
+    set_fetch_wait,
+)
 from ._backpressure import FetchGate
 from ._checkpoint import CheckpointStore
 from ._checkpointer import Checkpointer
@@ -86,6 +94,7 @@ from ._partition_book import Verdict
 from ._rebalance_recorder import RebalanceRecorder
 from ._rebuild import Rebuilder, RebuildReader
 from ._sticky_assignor import StickyAssignor
+from ._transactions import PartitionProducers, transactional_id
 
 __all__ = [
     "BootstrapError",
@@ -126,10 +135,13 @@ class TriggerLane:
         cancel: StopTrigger,
         on_fatal: Callable[[BaseException], None],
         task_partitions: int | None,
+        producers: PartitionProducers | None = None,
     ) -> None:
         """``task_partitions``: the partition count of tasks.events, where every event is
         copied keyed by its task (see :mod:`._event_sink`); None: no copies
-        (``Settings.copy_events_to_tasks`` off)."""
+        (``Settings.copy_events_to_tasks`` off). ``producers``: starts each acquired
+        partition's transactional producer (see :mod:`._transactions`); None: no
+        transactions, every record goes through the emitter's shared producer."""
         self.settings = settings
         self.queue = queue
         self.label = queue or "default"
@@ -144,6 +156,7 @@ class TriggerLane:
         """Set while no rebuild is running (cleared while new partitions are rebuilt)."""
         self._supervisor = supervisor
         self._emitter = emitter
+        self._producers = producers
         self._metrics = metrics
         self._cancel = cancel
         self._on_fatal = on_fatal
@@ -507,6 +520,7 @@ class TriggerLane:
         try:
             if previous is not None:
                 await previous
+            await self._close_writers(parts)
             await self._supervisor.cancel_many(trigger_ids)
             for part in parts:
                 await self._checkpointer.release(part.number)
@@ -543,6 +557,7 @@ class TriggerLane:
         if cancel:
             await self._supervisor.cancel_many(ids)
         await self._flush()
+        await self._close_writers(parts)
         for part in parts:
             await self._checkpointer.save(part, rebuilt=part in rebuilt)
             await self._checkpointer.release(part.number)
@@ -567,6 +582,58 @@ class TriggerLane:
                 extra=self._log(backlog=self._emitter.backlog),
             )
 
+    # -- transactions ---------------------------------------------------------------------------
+
+    async def _open_writers(self, parts: list[OwnedPartition]) -> None:
+        """Start the transactional producers of newly acquired ``parts`` (each start fences
+        the previous owner's), before their resume partitions are read back: from here on
+        the old owner can add nothing there. No-op where no transactions are used."""
+        producers = self._producers
+        if producers is None:
+            return
+        ids = [transactional_id(self.group_id, p.number) for p in parts]
+        starts = [asyncio.ensure_future(producers.start(tid)) for tid in ids]
+        try:
+            await asyncio.gather(*starts)
+        except BaseException:  # one failed, or the rebuild was cancelled: close the others
+            for start in starts:
+                start.cancel()
+            for start in starts:
+                with contextlib.suppress(BaseException):
+                    if (producer := await start) is not None:
+                        await producers.stop(producer)
+            raise
+        for part, tid, start in zip(parts, ids, starts, strict=True):
+            producer = start.result()
+            if producer is not None:
+                self._emitter.open(tid, producer, on_fenced=self._fenced)
+                part.owner = tid
+
+    async def _close_writers(self, parts: list[OwnedPartition]) -> None:
+        """Stop writing for ``parts`` (what they have not committed is dropped: their next
+        owner runs those triggers again) and close their producers."""
+        for part in parts:
+            tid, part.owner = part.owner, None
+            if tid is not None:
+                producer = await self._emitter.close(tid)
+                if producer is not None and self._producers is not None:
+                    await self._producers.stop(producer)
+
+    def _fenced(self, tid: str) -> None:
+        """Another member's producer took a partition's transactional id over: this member
+        lost the partition without hearing of it yet (paused past its session, say). It is
+        dropped now, without emitting, and the member rejoins to learn its assignment."""
+        part = next((p for p in self._parts.values() if p.owner == tid), None)
+        if part is None:
+            return
+        logger.warning(
+            "partition fenced by its new owner; dropped, rejoining the group",
+            extra=self._log(part.number, transactional_id=tid),
+        )
+        self._lose([part])
+        if self._consumer is not None and not self._closing:
+            request_rejoin(self._consumer)
+
     # -- rebuild --------------------------------------------------------------------------------
 
     async def _cancel_rebuild(self) -> None:
@@ -584,6 +651,7 @@ class TriggerLane:
             consumer, reader = self._consumer, self._reader
             assert consumer is not None
             assert reader is not None
+            await self._open_writers(parts)
             await self._rebuilder.run(consumer, reader, parts, started=started)
             self._rebuild = None
             self._rebalances.finish()

@@ -112,6 +112,9 @@ class OwnedPartition:
     table: ActiveTriggerTable = field(default_factory=ActiveTriggerTable)
     book: PartitionBook[Held] = field(default_factory=PartitionBook)
     saved: SavePoint = field(default_factory=SavePoint)
+    owner: str | None = None
+    """The transactional id its records are written under (None: no transactions): set
+    once its producer has started, which fenced the previous owner's."""
 
     @property
     def live(self) -> bool:

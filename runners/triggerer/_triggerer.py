@@ -59,6 +59,7 @@ from ._lane import (
     TriggerRef,
 )
 from ._metrics import TriggererMetrics
+from ._transactions import PartitionProducers
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -107,6 +108,11 @@ class TriggererOptions:
             (a restart then rebuilds from the topics).
         direct_resume: also produce ``RunTask(mode="resume")`` for fired triggers whose
             DeferRequest carries ``resume`` (the event is marked ``resumed_directly``).
+        transactions: write each owned partition's events, their tasks.events copies and
+            tombstones in Kafka transactions, under one transactional id per partition
+            (True; a broker without them is an error), never (False), or when the broker
+            has them (None). With them a reader in ``read_committed`` sees every event once
+            and a paused old owner is fenced (see :mod:`._transactions`).
         max_pending: pause fetching while pending triggers plus unsent events exceed this;
             resume below half of it. Default: ten times the capacity (a memory guard
             against floods: while paused, cancels and new deferrals wait in Kafka too).
@@ -141,6 +147,7 @@ class TriggererOptions:
     static: bool = False
     state_dir: Path | None = None
     direct_resume: bool = False
+    transactions: bool | None = None
     max_pending: int | None = None
     max_unsent: int = 10_000
     session_timeout_ms: int = 10_000
@@ -286,6 +293,9 @@ class Triggerer(Lifecycle):
             on_pressure=self._supervisor.hold_timers,
         )
         await self._emitter.start()
+        producers = PartitionProducers(
+            self.settings, transactions=options.transactions, client_id=self.member
+        )
         mismatches = self.metrics.checkpoint_mismatches.inc
         self._store = (
             RocksCheckpointStore(options.state_dir, on_mismatch=mismatches)
@@ -312,6 +322,7 @@ class Triggerer(Lifecycle):
                 options=lane_options,
                 supervisor=self._supervisor,
                 emitter=self._emitter,
+                producers=producers,
                 store=self._store,
                 metrics=self.metrics,
                 cipher=cipher,
@@ -482,6 +493,15 @@ def _split(value: str | None) -> tuple[str, ...]:
     help="Also enqueue RunTask(mode=resume) for fired triggers carrying `resume`.",
 )
 @click.option(
+    "--transactions",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Write each partition's events, copies and tombstones in Kafka transactions "
+    "(exactly once for read_committed readers; fences a paused old owner); auto: when the "
+    "broker has transactions.",
+)
+@click.option(
     "--max-pending",
     type=click.IntRange(min=1),
     default=None,
@@ -524,6 +544,7 @@ def triggerer_command(
     state_dir: Path | None,
     no_checkpoint: bool,
     direct_resume: bool,
+    transactions: str,
     max_pending: int | None,
     max_unsent: int,
     session_timeout_ms: int,
@@ -542,6 +563,7 @@ def triggerer_command(
             static=static,
             state_dir=None if no_checkpoint else (state_dir or default_state_dir()),
             direct_resume=direct_resume,
+            transactions={"auto": None, "on": True, "off": False}[transactions],
             max_pending=max_pending,
             max_unsent=max_unsent,
             session_timeout_ms=session_timeout_ms,

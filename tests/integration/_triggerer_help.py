@@ -228,6 +228,12 @@ class TriggererProcess(DeferlineProcess):
     def terminate(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
 
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def wait(self, timeout: float = 30.0) -> int:
         return self.proc.wait(timeout)
 

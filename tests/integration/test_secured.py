@@ -20,6 +20,7 @@ from deferline.runners.cli import main
 from deferline.runners.scheduler import Scheduler
 from deferline.runners.triggerer import Triggerer, TriggererOptions
 from deferline.runners.worker import Worker
+from deferline.schemas import DeferRequest
 from deferline.topics import (
     ROLES,
     TopicNames,
@@ -35,6 +36,7 @@ from deferline.topics._tls import ThrowawayTLS
 from tests.conftest import SecuredKafka
 
 from ._taskflow import TaskFlow
+from ._triggerer_help import TopicReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -61,12 +63,14 @@ def prefix(secured_kafka: SecuredKafka) -> str:
 def test_the_full_loop_runs_with_each_role_its_own_principal(
     secured_kafka: SecuredKafka, prefix: str
 ) -> None:
-    """client submits, scheduler/worker/triggerer each as their own principal: it completes."""
+    """client submits, scheduler/worker/triggerer each as their own principal: it completes,
+    and the triggerer deletes the finished trigger from the defer table (its tombstone)."""
 
     async def scenario() -> None:
         as_ = {role: secured_kafka.settings(role, prefix=prefix) for role in ROLES}
         options = TriggererOptions(session_timeout_ms=6000, checkpoint_interval=0.5)
         async with (
+            TopicReader(as_["replay"], TopicNames(prefix).defer()) as table,
             TaskFlow(as_["replay"]) as flow,
             Scheduler(as_["scheduler"], orphan_check_interval=0.5, commit_interval=0.2) as sched,
             Triggerer(as_["triggerer"], options),
@@ -84,6 +88,10 @@ def test_the_full_loop_runs_with_each_role_its_own_principal(
             done = await flow.wait_state(key, "success")
             assert done.xcoms == {"return_value": {"ok": True}}
             assert len(flow.runs_of(key, "resume")) == 1
+            (request,) = await flow.wait_for(
+                lambda: [v for v in table.values() if isinstance(v, DeferRequest)]
+            )
+            await flow.wait_for(lambda: request.trigger_id.encode() in table.tombstones())
 
     asyncio.run(scenario())
 
@@ -106,9 +114,10 @@ def test_each_role_can_write_only_its_own_topics(secured_kafka: SecuredKafka, pr
     names = TopicNames(prefix)
 
     async def scenario() -> None:
-        # The trust boundary: only worker, scheduler and client may write a defer topic.
-        assert await _write_refused(secured_kafka, "triggerer", prefix, names.defer())
+        # The trust boundary: only worker, scheduler, client and triggerer (its tombstones)
+        # may write a defer topic.
         assert await _write_refused(secured_kafka, "replay", prefix, names.defer())
+        assert await _write_refused(secured_kafka, "triggerer", prefix, names.tasks)
         assert not await _write_refused(secured_kafka, "worker", prefix, names.defer())
         # A worker publishes no trigger events and no RunTasks.
         assert await _write_refused(secured_kafka, "worker", prefix, names.resume())

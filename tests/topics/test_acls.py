@@ -21,6 +21,7 @@ from deferline.topics import (
     acl_bindings,
     parse_role_principals,
 )
+from deferline.runners.triggerer._transactions import transactional_id
 from deferline.topics._clients import is_bootstrap_failure
 
 SETTINGS = Settings(bootstrap_servers="x:1", topic_prefix="p.")
@@ -36,9 +37,11 @@ def writes(role: str, **queues: object) -> set[str]:
     return {name for kind, name, op in grants(role, **queues) if kind == "TOPIC" and op == "WRITE"}
 
 
-def test_only_workers_the_scheduler_and_clients_may_write_a_defer_topic() -> None:
+def test_only_workers_the_scheduler_clients_and_triggerers_may_write_a_defer_topic() -> None:
+    # Triggerers write the tombstones of finished triggers there; replay never writes.
     writers = {role for role in ROLES if NAMES.defer() in writes(role)}
-    assert writers == {"worker", "scheduler", "client"}
+    assert writers == {"worker", "scheduler", "client", "triggerer"}
+    assert NAMES.tasks not in writes("triggerer")
 
 
 def test_a_worker_never_writes_events_or_run_tasks() -> None:
@@ -69,6 +72,14 @@ def test_the_scheduler_may_use_its_group_and_one_transactional_id_per_partition(
         assert ("TRANSACTIONAL_ID", transactional_id, "WRITE") in scheduler
         assert ("TRANSACTIONAL_ID", transactional_id, "DESCRIBE") in scheduler
     assert ("TRANSACTIONAL_ID", "p.scheduler.11", "WRITE") in scheduler
+
+
+def test_a_triggerer_may_use_one_transactional_id_per_partition_of_each_queue() -> None:
+    triggerer = grants("triggerer", queues=["fast"])
+    ids = {name for kind, name, op in triggerer if kind == "TRANSACTIONAL_ID" and op == "WRITE"}
+    groups = ("p.triggerer", "p.triggerer.fast")
+    assert ids == {transactional_id(g, p) for g in groups for p in range(SETTINGS.partitions)}
+    assert all(("TRANSACTIONAL_ID", i, "DESCRIBE") in triggerer for i in ids)
 
 
 def test_role_principals_are_parsed_or_refused_clearly() -> None:
