@@ -9,9 +9,11 @@ refreshes the lag. The table, the writers and the offsets it reads are their own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import IllegalStateError, KafkaError
 from deferline.schemas import EventFields
 
 from ._fold import TaskFold
@@ -122,9 +124,15 @@ class Housekeeping:
             return
         ends = await events.end_offsets(assigned)
         done, committed = self.offsets.done, self.offsets.committed
-        self.events_lag = {
-            tp.partition: max(0, ends[tp] - done.get(tp, committed.get(tp, ends[tp])))
-            for tp in assigned
-            if tp in ends
-        }
+        lag: dict[int, int] = {}
+        for tp in assigned:
+            if tp not in ends:
+                continue
+            read = done.get(tp, committed.get(tp, ends[tp]))
+            # Past the last event there may be a transaction's marker (the triggerers write
+            # in transactions on Apache Kafka): the consumer's position has skipped it.
+            with contextlib.suppress(KafkaError, IllegalStateError):
+                read = max(read, await events.position(tp))
+            lag[tp.partition] = max(0, ends[tp] - read)
+        self.events_lag = lag
         self.lag["events"] = sum(self.events_lag.values())

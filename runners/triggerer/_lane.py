@@ -630,6 +630,7 @@ class TriggerLane:
             "partition fenced by its new owner; dropped, rejoining the group",
             extra=self._log(part.number, transactional_id=tid),
         )
+        self._metrics.partitions_fenced.labels(queue=self.label).inc()
         self._lose([part])
         if self._consumer is not None and not self._closing:
             request_rejoin(self._consumer)

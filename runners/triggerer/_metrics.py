@@ -214,6 +214,13 @@ class TriggererMetrics:
             "Later events of a trigger that had already emitted (the task resumed on the first).",
             registry=r,
         )
+        self.partitions_fenced = Counter(
+            "deferline_triggerer_partitions_fenced",
+            "Partitions dropped because another member's producer took their transactional "
+            "id over (this member was paused past its session): their writes were refused.",
+            ["queue"],
+            registry=r,
+        )
         self.fetch_paused = Gauge(
             "deferline_triggerer_fetch_paused",
             "1 while fetching is paused for backpressure.",

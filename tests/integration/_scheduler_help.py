@@ -93,19 +93,42 @@ def shared_out(processes: Sequence[SchedulerProcess], partitions: int) -> bool:
 
 
 async def all_events_committed(settings: Settings, flow: TaskFlow) -> bool:
-    """Every tasks.events partition's committed offset (group ``<prefix>scheduler``) is its end:
-    everything the events caused is published."""
+    """Every tasks.events partition's committed offset (group ``<prefix>scheduler``) is past
+    its last event: everything the events caused is published. (Not "is its end": a
+    partition written in transactions ends with a commit marker, which no consumer is given.)
+    """
     consumer = make_consumer(settings, group_id=f"{settings.topic_prefix}scheduler")
     await consumer.start()
     try:
         tps = [TopicPartition(flow.names.task_events, p) for p in range(settings.partitions)]
-        ends = await consumer.end_offsets(tps)
+        last = await last_record_offsets(settings, tps)
         for tp in tps:
-            if ((await consumer.committed(tp)) or 0) < ends[tp]:
+            if ((await consumer.committed(tp)) or 0) <= last.get(tp, -1):
                 return False
         return True
     finally:
         await consumer.stop()
+
+
+async def last_record_offsets(
+    settings: Settings, tps: list[TopicPartition]
+) -> dict[TopicPartition, int]:
+    """The offset of each partition's last committed record (absent: none), read
+    ``read_committed`` from the beginning to the end."""
+    reader = make_consumer(settings, group_id=None)
+    await reader.start()
+    try:
+        reader.assign(tps)
+        await reader.seek_to_beginning(*tps)
+        ends = await reader.end_offsets(tps)
+        last: dict[TopicPartition, int] = {}
+        while any([await reader.position(tp) < ends[tp] for tp in tps]):
+            for tp, records in (await reader.getmany(timeout_ms=200)).items():
+                if records:
+                    last[tp] = records[-1].offset
+        return last
+    finally:
+        await reader.stop()
 
 
 async def flow_caught_up(flow: TaskFlow) -> bool:

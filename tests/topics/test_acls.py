@@ -9,6 +9,7 @@ from aiokafka.errors import (
     SaslAuthenticationFailed,
     TopicAuthorizationFailedError,
 )
+from deferline.runners.triggerer._transactions import transactional_id as triggerer_txn_id
 from deferline.topics import (
     ROLES,
     AuthenticationError,
@@ -21,7 +22,6 @@ from deferline.topics import (
     acl_bindings,
     parse_role_principals,
 )
-from deferline.runners.triggerer._transactions import transactional_id
 from deferline.topics._clients import is_bootstrap_failure
 
 SETTINGS = Settings(bootstrap_servers="x:1", topic_prefix="p.")
@@ -78,7 +78,7 @@ def test_a_triggerer_may_use_one_transactional_id_per_partition_of_each_queue() 
     triggerer = grants("triggerer", queues=["fast"])
     ids = {name for kind, name, op in triggerer if kind == "TRANSACTIONAL_ID" and op == "WRITE"}
     groups = ("p.triggerer", "p.triggerer.fast")
-    assert ids == {transactional_id(g, p) for g in groups for p in range(SETTINGS.partitions)}
+    assert ids == {triggerer_txn_id(g, p) for g in groups for p in range(SETTINGS.partitions)}
     assert all(("TRANSACTIONAL_ID", i, "DESCRIBE") in triggerer for i in ids)
 
 
