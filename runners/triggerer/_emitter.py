@@ -16,16 +16,14 @@ tells the source to stop submitting (the triggerer holds the supervisor's due ti
 soft, since ``submit`` never refuses (coroutine triggers and bad records may still add a
 few), but a burst of due timers waits in the supervisor's heap, in order, not in here.
 
-**Transactions.** The records of an emission with an ``owner`` (the transactional id of its
-defer partition, :meth:`Emitter.open`) go through that partition's own transactional
-producer instead, and commit in one transaction with the rest of the batch: a reader in
-``read_committed`` sees an event and its copy together or not at all. A paused old owner is
-fenced by the new owner's producer (same transactional id): its transaction is refused, its
-emissions are dropped, and ``on_fenced`` tells the lane, whose partition it no longer is.
-The tombstone follows the commit through stage two, as above: the defer topic holds no
-transactions, so the DeferRequests written behind a tombstone are read at once rather than
-once its transaction commits, and a crash between commit and tombstone leaves a trigger
-whose event (and copy) its next owner finds.
+**Transactions.** An emission with an ``owner`` (the transactional id of its defer
+partition, :meth:`Emitter.open`) goes through that partition's own transactional producer
+instead: its records and its tombstone commit in one transaction, together with the rest
+of the batch, so a reader in ``read_committed`` sees an event, its copies and its tombstone
+all at once or not at all. A crash between them leaves nothing half written, and a paused
+old owner is fenced by the new owner's producer (same transactional id): its transaction
+is refused (``ProducerFenced``), its emissions are dropped, and ``on_fenced`` tells the
+lane, whose partition it no longer is.
 """
 
 from __future__ import annotations
@@ -225,7 +223,7 @@ class Emitter:
         if bound is not None and not self._full and self._outstanding >= bound:
             self._set_full(True)
         self._idle.clear()
-        if emission.owner is not None and emission.sends:
+        if emission.owner is not None:
             owner = self._owners.get(emission.owner)
             if owner is None or owner.fenced:  # gone: its next owner runs the trigger again
                 self._done()
@@ -495,16 +493,17 @@ class Emitter:
                 self._second_ready.set()
 
     async def _transact(self, owner: _Owner) -> None:
-        """One partition's pipeline: each batch's records in one transaction; once it is
-        committed the acks are handed over and the tombstones go to stage two. A batch whose
-        transaction failed is aborted and sent again whole (an emission that failed for a
-        reason no retry fixes, a record too large say, is given up as in the stages)."""
+        """One partition's pipeline: each batch's records and tombstones in one transaction;
+        the callbacks run once it is committed. A batch whose transaction failed is aborted
+        and sent again whole (an emission that failed for a reason no retry fixes, a record
+        too large say, is given up as in the stages)."""
         while True:
             await owner.ready.wait()
             batch = owner.inflight = self._take(owner.queue, owner.ready)
             sends = [send for emission in batch for send in emission.sends]
+            tombstones = [e.tombstone for e in batch if e.tombstone is not None]
             try:
-                results = await self._in_transaction(owner.producer, sends)
+                results = await self._in_transaction(owner.producer, [*sends, *tombstones])
             except _FENCED as exc:
                 self._fenced(owner, exc)
                 return
@@ -520,18 +519,17 @@ class Emitter:
                             emission.on_acked(mine)
                         except Exception:
                             logger.exception("emission ack callback failed")
-                    if emission.tombstone is None:
-                        self._finish(emission)
-                    else:
-                        self._second.append(emission)
-                        self._second_ready.set()
+                    self._finish(emission)
                 owner.inflight = []
                 continue
             retry: list[Emission] = []
-            position = 0
+            position, tombstone = 0, len(sends)
             for emission in batch:
                 mine = results[position : position + len(emission.sends)]
                 position += len(emission.sends)
+                if emission.tombstone is not None:
+                    mine.append(results[tombstone])
+                    tombstone += 1
                 error = next((r for r in mine if isinstance(r, BaseException)), None)
                 if error is None or self._note_failure(emission, error):
                     retry.append(emission)  # aborted with the batch, or to try again

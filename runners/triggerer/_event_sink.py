@@ -11,9 +11,8 @@ partition the tasks topic gives that key, where the scheduler owning the task re
 Both are sends of one emission, so the tombstone follows only once both are acked. Where no
 deferline scheduler reads the prefix (``Settings.copy_events_to_tasks`` off, the Airflow
 bridge's triggerers) there is no copy: the event goes out once. Where the partition writes
-in transactions (its ``owner``, on Apache Kafka), the event and its copy commit together,
-and the tombstone follows the commit: a reader in ``read_committed`` sees each event exactly
-once on either topic.
+in transactions (its ``owner``, on Apache Kafka), the event, its copy and its tombstone
+commit together: a reader in ``read_committed`` sees each exactly once.
 """
 
 from __future__ import annotations
@@ -212,18 +211,13 @@ class EventSink:
         )
 
     def tombstone(self, part: OwnedPartition, key: bytes, event: bytes | None) -> None:
-        """Queue the tombstone of ``key``, whose event is already on the resume topic.
-
-        Where the partition writes in transactions the event and its copy committed
-        together: the tombstone goes alone. Elsewhere the event (its bytes, ``event``) is
-        first sent again to tasks.events: an owner that died before the tombstone may also
-        have died before the copy, and a copy the scheduler already has is dropped there as
-        a duplicate. No copy when ``event`` names no task."""
+        """Queue the tombstone of ``key``, whose event is already on the resume topic, after
+        that event (its bytes, ``event``) is sent again to tasks.events: an owner that died
+        before the tombstone may also have died before the copy, and a copy the scheduler
+        already has is dropped there as a duplicate. No copy when ``event`` names no task."""
         number = part.number
         task = peek_identity(event)[1]
-        sends: tuple[Send, ...] = ()
-        if part.owner is None and task is not None and event is not None:
-            sends = self._task_sends(task.ti_key, event)
+        sends = () if task is None or event is None else self._task_sends(task.ti_key, event)
         if task is None and self._task_partitions is not None:
             logger.warning(
                 "event on the resume topic names no task: tombstone only, no tasks.events copy",

@@ -611,10 +611,10 @@ class TriggerLane:
 
     async def _close_writers(self, parts: list[OwnedPartition]) -> None:
         """Stop writing for ``parts`` (what they have not committed is dropped: their next
-        owner runs those triggers again) and close their producers."""
+        owner runs those triggers again) and close their producers. ``owner`` stays set: an
+        emission of theirs from here on is dropped, never sent without a transaction."""
         for part in parts:
-            tid, part.owner = part.owner, None
-            if tid is not None:
+            if (tid := part.owner) is not None:
                 producer = await self._emitter.close(tid)
                 if producer is not None and self._producers is not None:
                     await self._producers.stop(producer)
