@@ -175,3 +175,18 @@ def group_timing_options(func: F) -> F:
     return click.option(
         "--session-timeout-ms", type=click.IntRange(min=1000), default=10_000, show_default=True
     )(func)
+
+
+TRANSACTIONS: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
+"""``--transactions`` as the processes take it: None means "when the broker has them"."""
+
+
+def transactions_option(what: str) -> Callable[[F], F]:
+    """Add ``--transactions auto|on|off``; ``what`` says what goes in each transaction."""
+    return click.option(
+        "--transactions",
+        type=click.Choice(list(TRANSACTIONS)),
+        default="auto",
+        show_default=True,
+        help=f"{what}; auto: when the broker has transactions.",
+    )

@@ -15,7 +15,14 @@ from deferline.schemas import DeferlineError
 from deferline.topics import Settings, run_closing
 
 from .._gc import collect_less_often, spare_what_lives_now
-from .._options import connection_options, layout_options, logging_options, metrics_options
+from .._options import (
+    TRANSACTIONS,
+    connection_options,
+    layout_options,
+    logging_options,
+    metrics_options,
+    transactions_option,
+)
 from .._signals import run_until_signal
 
 __all__ = ["scheduler_command"]
@@ -83,14 +90,7 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
     help="Seconds without a heartbeat after which the other schedulers take this one's "
     "partitions over (group session; --lease-timeout is its former name).",
 )
-@click.option(
-    "--transactions",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="Write each batch in a Kafka transaction (fences a paused old owner); "
-    "auto: when the broker has transactions.",
-)
+@transactions_option("Write each batch in a Kafka transaction (fences a paused old owner)")
 @click.option(
     "--finished-retention",
     type=click.FloatRange(min=0.0),
@@ -168,7 +168,7 @@ def scheduler_command(
         metrics_host=metrics_host,
         orphan_check_interval=orphan_check_interval,
         session_timeout=session_timeout,
-        transactions={"auto": None, "on": True, "off": False}[transactions],
+        transactions=TRANSACTIONS[transactions],
         finished_retention=finished_retention,
         state_dir=state_dir,
         checkpoint_interval=checkpoint_interval,

@@ -41,10 +41,12 @@ from .._gc import collect_less_often
 from .._local_state import state_home
 from .._metrics import MetricsServer
 from .._options import (
+    TRANSACTIONS,
     connection_options,
     group_timing_options,
     logging_options,
     metrics_options,
+    transactions_option,
 )
 from .._signals import STOP_SIGNALS, run_until_signal
 from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
@@ -492,14 +494,9 @@ def _split(value: str | None) -> tuple[str, ...]:
     is_flag=True,
     help="Also enqueue RunTask(mode=resume) for fired triggers carrying `resume`.",
 )
-@click.option(
-    "--transactions",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="Write each partition's events, copies and tombstones in Kafka transactions "
-    "(exactly once for read_committed readers; fences a paused old owner); auto: when the "
-    "broker has transactions.",
+@transactions_option(
+    "Write each partition's events, copies and tombstones in Kafka transactions (exactly "
+    "once for read_committed readers; fences a paused old owner)"
 )
 @click.option(
     "--max-pending",
@@ -563,7 +560,7 @@ def triggerer_command(
             static=static,
             state_dir=None if no_checkpoint else (state_dir or default_state_dir()),
             direct_resume=direct_resume,
-            transactions={"auto": None, "on": True, "off": False}[transactions],
+            transactions=TRANSACTIONS[transactions],
             max_pending=max_pending,
             max_unsent=max_unsent,
             session_timeout_ms=session_timeout_ms,
