@@ -110,6 +110,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.takeovers = 0  # partitions acquired
         self.takeover_seconds: float | None = None  # the last acquisition's
         self.rebalances = 0
+        self.fenced = 0  # partitions dropped because another member's producer fenced ours
         self.recovered_records = 0
         self.closing = False
         self._dead = dead
@@ -375,6 +376,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             if self.clients.events is not None:
                 self.clients.events.pause(TopicPartition(self.names.task_events, p))
             await self.release(p)
+        self.fenced += len(lost)
         if lost:
             self._moved()
             logger.warning(

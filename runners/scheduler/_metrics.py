@@ -125,6 +125,12 @@ class SchedulerCollector(Collector):
             "Group assignments this scheduler received.",
             self.scheduler.rebalances,
         )
+        yield _counter(
+            "deferline_scheduler_partitions_fenced",
+            "Task partitions dropped because another member's producer took their "
+            "transactional id over (this scheduler was paused past its session; Apache Kafka).",
+            self.scheduler.partitions_fenced,
+        )
         lag = GaugeMetricFamily(
             "deferline_scheduler_lag", "Records not yet read, per input.", labels=["input"]
         )

@@ -308,6 +308,11 @@ class Scheduler(Lifecycle):
         return self.membership.rebalances
 
     @property
+    def partitions_fenced(self) -> int:
+        """Partitions dropped because another member's producer fenced this one's."""
+        return self.membership.fenced
+
+    @property
     def lag(self) -> dict[str, int]:
         """Records not yet read, per input."""
         return self.housekeeping.lag

@@ -376,6 +376,7 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     assert "deferline_scheduler_duplicates_dropped_total 0.0" in text
     assert "deferline_scheduler_active 1.0" in text, "it owns partition 0"
     assert "deferline_scheduler_takeovers_total 0.0" in text
+    assert "deferline_scheduler_partitions_fenced_total 0.0" in text
     assert 'deferline_scheduler_pool_ledger_slots{pool="default_pool"} 1.0' in text
     assert "deferline_scheduler_pool_ledger_owner 0.0" in text, "it has not led yet"
     assert 'deferline_scheduler_partition_events_total{partition="0",verdict="applied"} 0.0' in text
@@ -444,6 +445,8 @@ async def test_a_fenced_transaction_drops_its_partition_without_writing(
     assert 0 not in sched.writers
     assert len(sched.table) == 0
     assert sched.offsets.done == {}
+    text = generate_latest(sched.registry).decode()
+    assert "deferline_scheduler_partitions_fenced_total 1.0" in text
 
 
 def test_finished_tasks_leave_memory_after_retention(sched: Scheduler) -> None:
