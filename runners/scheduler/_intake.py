@@ -10,12 +10,13 @@ without output are committed. The table is the fold's, the offsets
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 from deferline.schemas import DeadLetter
 from deferline.topics import trace_receive
 
@@ -70,6 +71,7 @@ class EventIntake:
         writers = self.writers
         last_commit = time.monotonic()
         counters = self.fold.table.counters
+        folded: set[TopicPartition] = set()  # partitions folded since the last commit round
         while True:
             try:
                 batches = await events.getmany(timeout_ms=1000, max_records=self.max_records)
@@ -103,6 +105,7 @@ class EventIntake:
                         part.duplicates += counters.events_duplicate - duplicates
                         read[tp] = messages[-1].offset + 1
                     self.offsets.done.update(read)
+                    folded.update(read)
                     out = self.fold.drain()
                     writers.publish(out, dead, offsets={tp.partition for tp in read})
                 if writers.transactional:
@@ -125,8 +128,39 @@ class EventIntake:
                 # Offsets that moved without output (orphans dropped, pending resolved).
                 async with writers.lock:
                     owned = self.ownership.owned(Hold.ACTIVE)
+                    await self._past_markers(events, owned, busy=folded)
                     if writers.transactional:
                         writers.publish([], [], offsets=set(owned))
                     else:
                         await writers.commit(events, owned)
                 last_commit = now
+                folded.clear()
+
+    async def _past_markers(
+        self, events: AIOKafkaConsumer, owned: Iterable[int], *, busy: set[TopicPartition]
+    ) -> None:
+        """Move how far each idle owned partition is read up to the consumer's position.
+
+        Past a partition's last event come the markers of the transactions that wrote it
+        (the triggerers write in transactions on Apache Kafka; one per writer whose
+        transaction touched the partition): they take offsets but are no records, and the
+        consumer's position has skipped them. Committed at the last event, the group would
+        show that many records of lag forever (end offset less committed offset, as every
+        tool computes it); committed at the position, 0 once everything is folded.
+
+        Only partitions not folded since the last round (``busy``): a busy one's next batch
+        carries its offsets, and an offsets-only transaction for its markers would cost a
+        round trip for nothing. An active partition's position is past what its fetches
+        returned, and all of that was folded (a rebalance seeks a kept partition back to
+        how far it is folded): what lies between is markers or aborted records only.
+        """
+        done, committed = self.offsets.done, self.offsets.committed
+        for p in owned:
+            tp = TopicPartition(self.topic, p)
+            if tp in busy:
+                continue
+            with contextlib.suppress(KafkaError, IllegalStateError, TimeoutError):
+                # No wait while the position is known (it is, for a partition being read).
+                position = await asyncio.wait_for(events.position(tp), 0.1)
+                if position > done.get(tp, committed.get(tp, -1)):
+                    done[tp] = position

@@ -41,6 +41,10 @@ class CommitTracker:
         self._committed: dict[TopicPartition, int] = {}
         self._topic_deleted = False
 
+    def committed(self, tp: TopicPartition) -> int | None:
+        """The offset this lane last committed for ``tp`` (None: none since acquired)."""
+        return self._committed.get(tp)
+
     def forget(self, tp: TopicPartition) -> None:
         """A partition acquired anew: its next commit is not skipped as a repeat."""
         self._committed.pop(tp, None)

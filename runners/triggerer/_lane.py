@@ -51,7 +51,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 from deferline.engine import TriggerOutcome, TriggerSupervisor
 from deferline.schemas import KwargsCipher
 from deferline.topics import (
@@ -688,8 +688,28 @@ class TriggerLane:
         await self._commit([p for p in parts if p.ready])
 
     async def _commit(self, parts: list[OwnedPartition]) -> None:
-        offsets = {p.defer_tp: p.table.defer_offset for p in parts}
+        offsets = {p.defer_tp: await self._read_to(p) for p in parts}
         await self._commits.commit(self._consumer, self._reader, offsets)
+
+    async def _read_to(self, part: OwnedPartition) -> int:
+        """How far ``part`` is read: the next offset its table folds or, while it is live,
+        the consumer's position when that is further.
+
+        Past the partition's last record come the markers of the transactions that wrote its
+        tombstones (Apache Kafka): offsets, but no records, which the consumer's position has
+        skipped. Committed at the last record, the group would show a lag of one for ever
+        (end offset less committed offset, as every tool computes it). A live partition's
+        position is past only what its fetches returned, all of it folded (it went live
+        with a seek to its table's offset, and records are applied as they are returned).
+        """
+        offset = part.table.defer_offset
+        consumer = self._consumer
+        if consumer is None or not (part.live and part.ready):
+            return offset
+        with contextlib.suppress(KafkaError, IllegalStateError, TimeoutError):
+            # No wait while the position is known (it is, for a partition being read).
+            offset = max(offset, await asyncio.wait_for(consumer.position(part.defer_tp), 0.1))
+        return offset
 
     def set_max_pending(self, bound: int) -> None:
         """Pause fetching while pending triggers plus unsent events exceed ``bound``."""
@@ -706,7 +726,9 @@ class TriggerLane:
             if consumer is not None:
                 high = consumer.highwater(part.defer_tp)
                 if high is not None:
-                    lag = max(0, high - part.table.defer_offset)
+                    # The last commit may be past the table's offset: past the markers.
+                    read = max(part.table.defer_offset, self._commits.committed(part.defer_tp) or 0)
+                    lag = max(0, high - read)
             rows.append((self.label, part.number, len(part.table), lag))
         return rows
 

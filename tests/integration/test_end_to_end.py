@@ -7,17 +7,19 @@ come from ``deferline.engine.examples`` and ``tests.integration._e2e_ops``.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import pytest
+from aiokafka import TopicPartition
 from deferline.client import Client
 from deferline.engine import Pools
 from deferline.runners.scheduler import Scheduler
 from deferline.runners.triggerer import Triggerer, TriggererOptions
 from deferline.runners.worker import Worker
 from deferline.schemas import TaskKey, make_trigger_id
-from deferline.topics import Settings
+from deferline.topics import Settings, TopicNames, make_consumer
 
 from . import _e2e_ops
 from ._taskflow import TaskFlow
@@ -199,3 +201,59 @@ async def test_direct_resume(settings: Settings) -> None:
         assert counters.resumes == 0, "the triggerer enqueued every resume itself"
         assert all(len(d.flow.runs_of(t, "resume")) == 1 for t in tasks)
         assert d.worker.metrics.resumed == 5
+
+
+async def group_lag(settings: Settings, group: str, topic: str) -> dict[int, int]:
+    """Per partition of ``topic``: its end less ``group``'s committed offset, as
+    ``kafka-consumer-groups`` and the console compute a lag. The end is the high watermark of
+    a fetch response (Tansu's ListOffsets answers short of it: docs/operations.md, "Broker
+    notes")."""
+    consumer = make_consumer(settings, group_id=group)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        committed = {tp: (await consumer.committed(tp)) or 0 for tp in tps}
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, committed[tp])
+        ends: dict[TopicPartition, int] = {}
+        while len(ends) < len(tps):
+            await consumer.getmany(timeout_ms=200)
+            ends.update({tp: end for tp in tps if (end := consumer.highwater(tp)) is not None})
+        return {tp.partition: ends[tp] - committed[tp] for tp in tps}
+    finally:
+        await consumer.stop()
+
+
+async def test_at_rest_no_group_shows_lag(settings: Settings) -> None:
+    """Once every event is folded, the scheduler group's committed offsets on tasks.events
+    and the triggerer group's on defer are the partitions' ends. On Apache Kafka the
+    triggerer writes events, their copies and its tombstones in transactions, so each
+    partition ends with commit markers (one per transaction that touched it), which are no
+    records: committed at the last record, a group would show that many records of lag for
+    ever."""
+    names = TopicNames(settings.topic_prefix)
+    async with deployment(settings) as d:
+        tasks = [
+            await d.submit(f"rest-{n}", f"{EXAMPLES}.WaitOperator", op_kwargs={"seconds": 0.2})
+            for n in range(24)
+        ]
+        for task in tasks:
+            await d.flow.wait_state(task, "success")
+        for group, topic in [("scheduler", names.task_events), ("triggerer", names.defer())]:
+            await wait_until(
+                functools.partial(_no_lag, settings, f"{settings.topic_prefix}{group}", topic),
+                timeout=20,
+                interval=0.5,
+                message=f"the {group} group's lag on {topic} came to 0",
+            )
+        # The triggerer's own lag gauge says the same, once its next commit is made.
+        await wait_until(
+            lambda: not [row for lane in d.triggerer.lanes for row in lane.partitions() if row[3]],
+            timeout=10,
+            message="deferline_triggerer_consumer_lag came to 0",
+        )
+
+
+async def _no_lag(settings: Settings, group: str, topic: str) -> bool:
+    return not any((await group_lag(settings, group, topic)).values())
