@@ -180,6 +180,10 @@ STARTERS: dict[str, Callable[[Processes, dict[str, str], Path, str], None]] = {
 }
 
 
+_TAIL = 64
+"""Offsets before a resume partition's end read for its last event (markers come between)."""
+
+
 async def _event_span(bootstrap: str, moment: dt.datetime) -> tuple[float, float] | None:
     """Seconds from ``moment`` to the first and to the last event on the bridge's resume
     topic, by the broker's record times: when the triggerer fired, apart from the write-back."""
@@ -194,16 +198,19 @@ async def _event_span(bootstrap: str, moment: dt.datetime) -> tuple[float, float
         if not tps:
             return None
         consumer.assign(tps)
-        times: list[int] = []
-        for at_end in (False, True):
-            for tp in tps:
-                if at_end:
-                    consumer.seek(tp, ends[tp] - 1)
-                else:
-                    await consumer.seek_to_beginning(tp)
-                times.append((await consumer.getone(tp)).timestamp)
-        half = len(tps)
-        first, last = min(times[:half]), max(times[half:])
+        firsts: list[int] = []
+        for tp in tps:
+            await consumer.seek_to_beginning(tp)
+            firsts.append((await consumer.getone(tp)).timestamp)
+        # The last record is not at the end offset less one: a triggerer writing in
+        # transactions (Apache Kafka) ends each partition with a commit marker, no record.
+        lasts: list[int] = []
+        for tp in tps:
+            consumer.seek(tp, max(0, ends[tp] - _TAIL))
+            while await consumer.position(tp) < ends[tp]:
+                batch = (await consumer.getmany(tp, timeout_ms=1000)).get(tp, [])
+                lasts += [record.timestamp for record in batch]
+        first, last = min(firsts), max(lasts)
     finally:
         await stop_client(consumer, grace=5.0, name="resume topic reader")
     due_ms = moment.timestamp() * 1000
