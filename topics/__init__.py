@@ -4,6 +4,7 @@ from ._acls import ROLES, AclBinding, Role, SchedulerResources, acl_bindings, pa
 from ._admin import TopicDescription, describe_topics, ensure_acls, ensure_topics
 from ._clients import (
     close_client,
+    known_position,
     make_admin,
     make_consumer,
     make_producer,
@@ -81,6 +82,7 @@ __all__ = [
     "ensure_acls",
     "ensure_topics",
     "fetch_kafka_jars",
+    "known_position",
     # Clients
     "make_admin",
     "make_consumer",

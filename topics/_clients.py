@@ -7,10 +7,10 @@ import logging
 import ssl
 from typing import Any, TypeAlias
 
-from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import IllegalStateError, KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.transaction import InitProducerIdRequest
 
@@ -148,6 +148,18 @@ def make_consumer(
     """A consumer (not started): manual commits, earliest reset, short fetch wait."""
     kwargs = {**connection_kwargs(settings), **CONSUMER_DEFAULTS, "group_id": group_id}
     return AIOKafkaConsumer(*topics, **{**kwargs, **overrides})
+
+
+async def known_position(
+    consumer: AIOKafkaConsumer, tp: TopicPartition, *, within: float = 0.1
+) -> int | None:
+    """The consumer's position of ``tp`` (past any transaction markers it has read over), or
+    None when it has none within ``within`` seconds (not assigned, its offset being looked
+    up): a caller holding a lock does not wait for an offset lookup."""
+    try:
+        return await asyncio.wait_for(consumer.position(tp), within)
+    except (KafkaError, IllegalStateError, TimeoutError):
+        return None
 
 
 Client: TypeAlias = AIOKafkaConsumer | AIOKafkaProducer | AIOKafkaAdminClient

@@ -10,15 +10,14 @@ without output are committed. The table is the fold's, the offsets
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import KafkaError
 from deferline.schemas import DeadLetter
-from deferline.topics import trace_receive
+from deferline.topics import known_position, trace_receive
 
 from ._fold import TaskFold
 from ._ownership import Hold, Ownership
@@ -159,8 +158,6 @@ class EventIntake:
             tp = TopicPartition(self.topic, p)
             if tp in busy:
                 continue
-            with contextlib.suppress(KafkaError, IllegalStateError, TimeoutError):
-                # No wait while the position is known (it is, for a partition being read).
-                position = await asyncio.wait_for(events.position(tp), 0.1)
-                if position > done.get(tp, committed.get(tp, -1)):
-                    done[tp] = position
+            position = await known_position(events, tp)
+            if position is not None and position > done.get(tp, committed.get(tp, -1)):
+                done[tp] = position

@@ -51,12 +51,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import KafkaError
 from deferline.engine import TriggerOutcome, TriggerSupervisor
 from deferline.schemas import KwargsCipher
 from deferline.topics import (
     Settings,
     TopicNames,
+    known_position,
     make_consumer,
     start_client,
     stop_client,
@@ -703,13 +704,10 @@ class TriggerLane:
         with a seek to its table's offset, and records are applied as they are returned).
         """
         offset = part.table.defer_offset
-        consumer = self._consumer
-        if consumer is None or not (part.live and part.ready):
+        if self._consumer is None or not (part.live and part.ready):
             return offset
-        with contextlib.suppress(KafkaError, IllegalStateError, TimeoutError):
-            # No wait while the position is known (it is, for a partition being read).
-            offset = max(offset, await asyncio.wait_for(consumer.position(part.defer_tp), 0.1))
-        return offset
+        position = await known_position(self._consumer, part.defer_tp)
+        return offset if position is None else max(offset, position)
 
     def set_max_pending(self, bound: int) -> None:
         """Pause fetching while pending triggers plus unsent events exceed ``bound``."""

@@ -1,10 +1,13 @@
 """Client factories: what each aiokafka client gets from Settings (no broker needed)."""
 
+import asyncio
 import datetime as dt
 import ssl
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import IllegalStateError
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -13,6 +16,7 @@ from deferline.topics import (
     BrokerError,
     Murmur2Partitioner,
     Settings,
+    known_position,
     make_admin,
     make_consumer,
     make_producer,
@@ -186,3 +190,27 @@ async def test_clients_accept_sasl_ssl_settings(tls_files, closing):
         assert client._sasl_mechanism == "SCRAM-SHA-512"
         assert client._sasl_plain_username == "alice"
         assert isinstance(client._ssl_context, ssl.SSLContext)
+
+
+class _Positions:
+    """Stands for a consumer's ``position``: known, not assigned, or being looked up."""
+
+    def __init__(self, answer: int | BaseException | None) -> None:
+        self.answer = answer
+
+    async def position(self, tp: Any) -> int:
+        if self.answer is None:
+            await asyncio.Event().wait()  # an offset lookup that does not come back
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        assert isinstance(self.answer, int)
+        return self.answer
+
+
+async def test_known_position_answers_at_once_or_says_none():
+    tp = TopicPartition("t", 0)
+    assert await known_position(_Positions(42), tp) == 42
+    unassigned = _Positions(IllegalStateError("Partition t-0 is not assigned"))
+    assert await known_position(unassigned, tp) is None
+    lookup = _Positions(None)  # a lookup that never comes back is not waited for
+    assert await known_position(lookup, tp, within=0.05) is None
