@@ -6,8 +6,15 @@ Pure asyncio logic; Kafka reaches it only through the runners. Built-in triggers
 """
 
 from ._airflow import preload_airflow, prepare_airflow_import
+from ._airflow_support import (
+    KNOWN_BREAKS,
+    KnownBreak,
+    airflow_environment_problems,
+    check_airflow_environment,
+)
 from ._errors import (
     AirflowDatabaseUnavailable,
+    AirflowEnvironmentError,
     SupervisorError,
     TriggerImportError,
     TriggerKwargsError,
@@ -79,8 +86,10 @@ from ._watchdog import BlockedLoop
 __all__ = [
     "FAIL_METHOD",
     "HOLDING_STATES",
+    "KNOWN_BREAKS",
     "TERMINAL_STATES",
     "AirflowDatabaseUnavailable",
+    "AirflowEnvironmentError",
     "BaseOperator",
     "BaseSensorOperator",
     "BaseTaskEndEvent",
@@ -90,6 +99,7 @@ __all__ = [
     "Deferred",
     "Emit",
     "Failed",
+    "KnownBreak",
     "LagHistogram",
     "LedgerAdmission",
     "OperatorError",
@@ -133,6 +143,8 @@ __all__ = [
     "TriggerSupervisor",
     "Verdict",
     "WrittenState",
+    "airflow_environment_problems",
+    "check_airflow_environment",
     "deferral_records",
     "grant_matches",
     "import_operator",

@@ -36,6 +36,7 @@ import threading
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from typing import Any, ClassVar
 
+from ._airflow_support import airflow_environment_problems
 from ._errors import AirflowDatabaseUnavailable
 from ._trigger import (
     BaseTaskEndEvent,
@@ -240,6 +241,8 @@ def preload_airflow(allowed_prefixes: Sequence[str]) -> bool:
         return False
     if not _airflow_installed():
         return False
+    for problem in airflow_environment_problems():
+        logger.warning("unsupported Airflow environment: %s", problem)
     prepare_airflow_import()
     importlib.import_module("airflow.triggers.base")
     _stand_in_for_airflow_services()

@@ -6,6 +6,7 @@ from deferline.schemas import DeferlineError
 
 __all__ = [
     "AirflowDatabaseUnavailable",
+    "AirflowEnvironmentError",
     "SupervisorError",
     "TriggerImportError",
     "TriggerKwargsError",
@@ -40,3 +41,7 @@ class SupervisorError(DeferlineError):
 
 class AirflowDatabaseUnavailable(DeferlineError):
     """An Airflow trigger needed Airflow's metadata database, which deferline runs without."""
+
+
+class AirflowEnvironmentError(DeferlineError):
+    """An installed dependency is at a version the installed Airflow is known not to run with."""

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from deferline.engine import check_airflow_environment
+
 from ._rows import BridgeEvent, ClaimedRow, RowRef
 
 __all__ = ["AirflowDatabase", "AppliedEvents"]
@@ -52,10 +54,12 @@ class AirflowDatabase:
     """Airflow's triggerer's share of the metadata database, for one bridge process.
 
     Airflow is imported (and its configuration read, its ORM set up, as in every Airflow
-    process) when this object is built.
+    process) when this object is built, once the installed versions are checked: an
+    environment Airflow is known not to run in raises ``AirflowEnvironmentError``.
     """
 
     def __init__(self, *, queues: Collection[str] | None, team_name: str | None) -> None:
+        check_airflow_environment()
         self._airflow = importlib.import_module("airflow")
         self._settings: Any = importlib.import_module("airflow.settings")
         if getattr(self._settings, "engine", None) is None:

@@ -6,6 +6,7 @@ import logging
 import os
 
 import click
+from deferline.engine import AirflowEnvironmentError
 from deferline.topics import Settings, run_closing
 from pydantic import ValidationError
 
@@ -129,6 +130,8 @@ def bridge_command(
             "Airflow is not installed here: run the bridge where your Airflow processes run "
             "(pip install 'deferline[airflow]', or 'deferline[airflow2]' for 2.10)"
         ) from exc
+    except AirflowEnvironmentError as exc:
+        raise click.ClickException(f"unsupported Airflow environment: {exc}") from exc
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     root.handlers[:] = handlers
