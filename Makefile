@@ -6,24 +6,48 @@ BIN := $(VENV)/bin
 VENV_AIRFLOW2 ?= .venv-airflow2
 BIN_AIRFLOW2 := $(VENV_AIRFLOW2)/bin
 PKG_DIRS := engine schemas topics runners replay client
+# What make installs is pinned: one lock per environment and Python version (locks/), refreshed
+# only by `make lock`, so an upstream release cannot change a test run between two commits.
+PY_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+LOCK_MAIN := locks/python$(PY_VERSION)/main.txt
+LOCK_AIRFLOW2 := locks/python$(PY_VERSION)/airflow2.txt
+# Every runtime dependency at the lowest version pyproject.toml allows: the other end of its ranges.
+LOCK_FLOORS := locks/python$(PY_VERSION)/floors.txt
+VENV_FLOORS ?= .venv-floors
+BIN_FLOORS := $(VENV_FLOORS)/bin
+COMMA := ,
 
-.PHONY: install test lint typecheck unit integration airflow2 bench schemas clean kafka-jars demo
+.PHONY: install test lint typecheck unit integration airflow2 bench schemas clean kafka-jars demo lock floors
 
-# A virtualenv is made anew when pyproject.toml changes: pip cannot move an installed Airflow
-# from one major line to another in place (Airflow 3 split into packages 2.10 did not have).
-$(BIN)/.deps: pyproject.toml
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -e '.[dev,airflow]' --config-settings editable_mode=strict
-	touch $@
+$(LOCK_MAIN) $(LOCK_AIRFLOW2) $(LOCK_FLOORS):
+	@echo "no lock for Python $(PY_VERSION) ($@): 'make lock' resolves one from pyproject.toml" >&2
+	@exit 1
 
-$(BIN_AIRFLOW2)/.deps: pyproject.toml
-	rm -rf $(VENV_AIRFLOW2)
-	$(PYTHON) -m venv $(VENV_AIRFLOW2)
-	$(BIN_AIRFLOW2)/pip install -q --upgrade pip setuptools wheel
-	$(BIN_AIRFLOW2)/pip install -q -e '.[dev,airflow2]' --config-settings editable_mode=strict
-	touch $@
+# A virtualenv is made anew when pyproject.toml or its lock changes: pip cannot move an installed
+# Airflow from one major line to another in place (Airflow 3 split into packages 2.10 did not
+# have). Built with the lock's setuptools (no build isolation); the stamp names the lock, which
+# tests/test_environment.py holds the virtualenv to. $(call make_venv,DIR,LOCK,EXTRAS)
+define make_venv
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q -c $(2) pip setuptools wheel
+	$(1)/bin/pip install -q -c $(2) --no-build-isolation -e '.[$(3)]' \
+		--config-settings editable_mode=strict
+	echo $(2) > $(1)/bin/.deps
+endef
+
+$(BIN)/.deps: pyproject.toml $(LOCK_MAIN)
+	$(call make_venv,$(VENV),$(LOCK_MAIN),dev$(COMMA)airflow)
+
+$(BIN_AIRFLOW2)/.deps: pyproject.toml $(LOCK_AIRFLOW2)
+	$(call make_venv,$(VENV_AIRFLOW2),$(LOCK_AIRFLOW2),dev$(COMMA)airflow2)
+
+$(BIN_FLOORS)/.deps: pyproject.toml $(LOCK_FLOORS)
+	$(call make_venv,$(VENV_FLOORS),$(LOCK_FLOORS),dev)
+
+# Resolve the locks anew from pyproject.toml's ranges; commit them once `make test` passes.
+lock:
+	PYTHON=$(PYTHON) bash locks/refresh
 
 # Re-link the editable install so new modules are importable and visible to mypy.
 install: $(BIN)/.deps
@@ -37,12 +61,18 @@ typecheck: install
 	$(BIN)/mypy $(PKG_DIRS) tests bench
 
 test: lint typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=30
 	$(MAKE) airflow2
+	$(MAKE) floors
 
-# The tests of Airflow's trigger classes again on the Airflow 2.10 line.
+# The tests of Airflow's trigger classes again on the Airflow 2.10 line, and its environment's.
 airflow2: install $(BIN_AIRFLOW2)/.deps
-	$(BIN_AIRFLOW2)/pytest -m airflow
+	$(BIN_AIRFLOW2)/pytest -m "airflow or environment"
+
+# The tests that need no broker, with every runtime dependency at its floor.
+floors: $(BIN_FLOORS)/.deps
+	$(BIN_FLOORS)/pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+	$(BIN_FLOORS)/pytest -m "not integration and not airflow"
 
 unit: install
 	$(BIN)/pytest -m "not integration"
@@ -64,4 +94,4 @@ schemas: install
 	$(BIN)/python -m deferline.schemas.export docs/schemas
 
 clean:
-	rm -rf $(VENV) $(VENV_AIRFLOW2) build .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_AIRFLOW2) $(VENV_FLOORS) build .mypy_cache .pytest_cache .ruff_cache
