@@ -124,7 +124,7 @@ class TriggererOptions:
         session_timeout_ms / heartbeat_interval_ms: consumer-group liveness; a crashed
             member's partitions move after the session timeout. The other members hear of
             a rebalance (a join, a leave) at their next heartbeat, so the interval is part
-            of the pause of every rebalance (docs/operations.md, its cost).
+            of the pause of every rebalance (docs/design.md, its cost).
         fetch_max_wait_ms: broker-side fetch wait of the group consumer; ``None`` (default)
             chooses at start from the brokers' ApiVersions answer: 500 ms on Apache Kafka,
             which answers as soon as a record arrives (a long poll costs no latency and keeps
