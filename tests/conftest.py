@@ -18,8 +18,20 @@ start).
 (treated as Apache Kafka). Each broker starts once per session and is stopped at the end, at
 exit, or when pytest gets SIGTERM.
 
-Tests that use ``broker`` (or ``settings``) must be marked ``integration``; ``kafka_only``
-tests run only on the Apache Kafka backends.
+Tests that use ``broker`` (or ``settings``) must be marked ``integration``. Each runs once,
+on the broker its markers name (this is the one place that decides which):
+
+- ``brokers_differ("why")``: on every selected backend. The behaviour under test takes a
+  different path by broker (transactions and fencing, Tansu's short ListOffsets and its
+  time-blind offset lookups, group generations and join timing, log identities, compaction);
+  the reason says which. ``pytest --collect-only -q -m brokers_differ`` lists them.
+- ``tansu_first``: on Tansu when it is selected, else on the first backend. For tests that
+  join no consumer group (client, topics, replay over written histories, CLIs): Tansu answers
+  them fastest, and they behave the same everywhere.
+- ``kafka_only``: on the Apache Kafka backends only (a feature Tansu lacks).
+- unmarked: on Apache Kafka when it is selected, else on the first backend: the production
+  broker, and the faster one wherever a group is joined (Tansu holds every JoinGroup for half
+  the session timeout). ``DEFERLINE_TEST_BACKENDS=tansu`` runs these on Tansu.
 """
 
 from __future__ import annotations
@@ -323,10 +335,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "broker_backend" not in metafunc.fixturenames:
         return
+    metafunc.parametrize(
+        "broker_backend", brokers_for(metafunc.definition), indirect=True, scope="session"
+    )
+
+
+def brokers_for(test: pytest.Item) -> list[str]:
+    """The backends ``test`` runs on, by its markers (see the module's docstring)."""
     backends = selected_backends()
-    if metafunc.definition.get_closest_marker("kafka_only"):
-        backends = [b for b in backends if b in REAL_KAFKA] or [_NO_REAL_KAFKA]
-    metafunc.parametrize("broker_backend", backends, indirect=True, scope="session")
+    if test.get_closest_marker("kafka_only"):
+        return [b for b in backends if b in REAL_KAFKA] or [_NO_REAL_KAFKA]
+    if differ := test.get_closest_marker("brokers_differ"):
+        if not differ.args:
+            raise pytest.UsageError(f"{test.nodeid}: brokers_differ needs the reason")
+        return backends
+    if test.get_closest_marker("tansu_first") and "tansu" in backends:
+        return ["tansu"]
+    return [next((b for b in backends if b in REAL_KAFKA), backends[0])]
 
 
 @pytest.fixture(scope="session")

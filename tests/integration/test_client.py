@@ -26,7 +26,7 @@ from deferline.topics import Settings, TopicNames, make_consumer, partition_for
 
 from tests.integration._util import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.tansu_first]
 
 MOMENT = dt.datetime(2031, 1, 1, tzinfo=dt.UTC)
 

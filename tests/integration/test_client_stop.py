@@ -57,6 +57,7 @@ async def test_a_consumer_stopped_while_its_fetch_backs_off_stops_and_closes_eve
     await asyncio.gather(fetching, return_exceptions=True)  # woken by the stop
 
 
+@pytest.mark.tansu_first
 @pytest.mark.parametrize("kind", ["consumer", "producer", "admin"])
 async def test_a_start_cancelled_at_any_moment_leaves_no_connection_open(
     settings: Settings, kind: str

@@ -201,6 +201,7 @@ async def test_a_broker_that_does_not_answer_is_said(tmp_path: Path):
     assert "No broker answered at 127.0.0.1:" in text
 
 
+@pytest.mark.tansu_first
 @pytest.mark.integration
 async def test_an_empty_cluster_is_said(settings: Settings, tmp_path: Path):
     async with page(settings, tmp_path) as browser:

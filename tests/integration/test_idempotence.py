@@ -6,6 +6,7 @@ from deferline.topics import Settings, make_producer, supports_idempotence
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.brokers_differ("Tansu has no idempotent producer")
 async def test_idempotence_is_detected_per_backend(settings: Settings, broker_backend: str) -> None:
     supported = await supports_idempotence(settings)
     assert supported is (broker_backend != "tansu")

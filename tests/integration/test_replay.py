@@ -117,6 +117,7 @@ def evidence(verdict: Verdict, kind: str):
 # -- verdicts ---------------------------------------------------------------------------------
 
 
+@pytest.mark.tansu_first
 async def test_never_requested(settings: Settings):
     h = history(settings)
     task, request = deferred(h, publish=False)
@@ -133,6 +134,7 @@ async def test_never_requested(settings: Settings):
     assert ev.at == at(2)
 
 
+@pytest.mark.tansu_first
 async def test_no_live_triggerer(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -148,6 +150,9 @@ async def test_no_live_triggerer(settings: Settings):
     assert verdict.task == task
 
 
+@pytest.mark.brokers_differ(
+    "a live group is tied to its topic by member assignment on Kafka, by committed offsets on Tansu"
+)
 async def test_no_triggerer_for_the_queue(settings: Settings):
     h = history(settings)
     task, _ = deferred(h, queue="gpu")
@@ -160,6 +165,9 @@ async def test_no_triggerer_for_the_queue(settings: Settings):
     assert any(f"{settings.topic_prefix}triggerer" in e.note for e in verdict.evidence)
 
 
+@pytest.mark.brokers_differ(
+    "a live group is tied to its topic by member assignment on Kafka, by committed offsets on Tansu"
+)
 async def test_running_on_a_live_member(settings: Settings, broker_backend: str):
     h = history(settings)
     task, _ = deferred(h)
@@ -176,6 +184,9 @@ async def test_running_on_a_live_member(settings: Settings, broker_backend: str)
         assert verdict.facts["member"] == "trig-a"
 
 
+@pytest.mark.brokers_differ(
+    "a live group is tied to its topic by member assignment on Kafka, by committed offsets on Tansu"
+)
 async def test_fired_but_the_scheduler_has_not_read_it(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -201,6 +212,7 @@ async def test_fired_but_the_scheduler_has_not_read_it(settings: Settings):
     assert verdict.since == at(70)
 
 
+@pytest.mark.tansu_first
 async def test_fired_but_never_copied_to_the_tasks_partition(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -218,6 +230,7 @@ async def test_fired_but_never_copied_to_the_tasks_partition(settings: Settings)
     assert event.position.offset == offsets[(names.resume(), part)][0]
 
 
+@pytest.mark.tansu_first
 async def test_fired_with_no_scheduler(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -228,6 +241,7 @@ async def test_fired_with_no_scheduler(settings: Settings):
     assert verdict.cause == "no_scheduler"
 
 
+@pytest.mark.tansu_first
 async def test_fired_after_the_task_moved_on(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -243,6 +257,7 @@ async def test_fired_after_the_task_moved_on(settings: Settings):
     assert verdict.state == "running"
 
 
+@pytest.mark.tansu_first
 async def test_duplicate_event_is_named(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -258,6 +273,7 @@ async def test_duplicate_event_is_named(settings: Settings):
     assert "trig-b" in (dup[0].detail or "")
 
 
+@pytest.mark.tansu_first
 async def test_timed_out(settings: Settings):
     h = history(settings)
     task, request = deferred(h, timeout_at=at(30))
@@ -269,6 +285,7 @@ async def test_timed_out(settings: Settings):
     assert evidence(verdict, "trigger_event").at == at(30.2)
 
 
+@pytest.mark.tansu_first
 async def test_trigger_failed_with_traceback(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -296,6 +313,7 @@ async def test_trigger_failed_with_traceback(settings: Settings):
         ("DecryptionError", VerdictKind.UNDECRYPTABLE_KWARGS),
     ],
 )
+@pytest.mark.tansu_first
 async def test_dead_lettered(settings: Settings, error_type: str, kind: VerdictKind):
     h = history(settings)
     task, request = deferred(h, classpath="somewhere.else.Trigger")
@@ -310,6 +328,7 @@ async def test_dead_lettered(settings: Settings, error_type: str, kind: VerdictK
     assert verdict.facts["classpath"] == "somewhere.else.Trigger"
 
 
+@pytest.mark.tansu_first
 async def test_cancelled(settings: Settings):
     h = history(settings)
     _, request = deferred(h)
@@ -322,6 +341,7 @@ async def test_cancelled(settings: Settings):
     assert {"cancel_request", "trigger_event"} <= {e.kind for e in verdict.evidence}
 
 
+@pytest.mark.tansu_first
 async def test_resumed_but_no_worker_for_its_queue(settings: Settings):
     h = history(settings)
     task, request = deferred(h, worker_queue="gpu")
@@ -335,6 +355,9 @@ async def test_resumed_but_no_worker_for_its_queue(settings: Settings):
     assert run.position.topic == TopicNames(settings.topic_prefix).resumes("gpu")
 
 
+@pytest.mark.brokers_differ(
+    "a live group is tied to its topic by member assignment on Kafka, by committed offsets on Tansu"
+)
 async def test_resumed_but_the_worker_queue_lags(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -372,6 +395,7 @@ async def test_replay_creates_no_group_and_commits_nothing(settings: Settings):
     assert {g for g in after - before if str(g).startswith(settings.topic_prefix)} == set()
 
 
+@pytest.mark.tansu_first
 async def test_stuck_lists_each_waiting_task_once_with_its_verdict(settings: Settings):
     h = history(settings)
     never, _ = deferred(h, "never", publish=False)
@@ -394,6 +418,9 @@ async def test_stuck_lists_each_waiting_task_once_with_its_verdict(settings: Set
     assert recent == []
 
 
+@pytest.mark.brokers_differ(
+    "Tansu ignores the time of an offsets-for-times lookup; the per-record check must hold"
+)
 async def test_time_and_offset_bounds(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -413,6 +440,7 @@ async def test_time_and_offset_bounds(settings: Settings):
         assert await session.timeline(parse_subject(task.ti_key)) == []
 
 
+@pytest.mark.tansu_first
 async def test_timeline_records_in_order_with_positions(settings: Settings):
     h = history(settings)
     task, request = deferred(h)
@@ -437,6 +465,9 @@ async def test_timeline_records_in_order_with_positions(settings: Settings):
     assert request_entry.owner == "trig-a"  # seen on that partition around that time
 
 
+@pytest.mark.brokers_differ(
+    "Tansu's ListOffsets answers short of the end; the end comes from a fetch's high watermark"
+)
 async def test_large_batches_are_read_to_the_end(settings: Settings):
     """Every record of a partition is read even when the broker reports a short end offset."""
     h = history(settings)
@@ -452,6 +483,7 @@ async def test_large_batches_are_read_to_the_end(settings: Settings):
     assert all(r.verdict.kind is VerdictKind.WAITING for r in reports)
 
 
+@pytest.mark.tansu_first
 async def test_a_reader_stopped_as_soon_as_it_started_closes_its_connections(settings: Settings):
     # aiokafka's stop() of a consumer without a group raises CancelledError when nothing ran
     # in between (its committed-offsets task was never started), before it closes anything.

@@ -19,7 +19,7 @@ from deferline.topics import Settings, TopicNames, make_consumer, partition_for
 
 from tests.integration.test_replay import NOW, deferred, history, publish
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.tansu_first]
 
 
 def invoke(settings: Settings, *args: str) -> tuple[int, str, str]:

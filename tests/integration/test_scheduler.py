@@ -246,6 +246,9 @@ async def test_direct_resume_events(settings: Settings) -> None:
         assert flow.latest(b).state == "success"  # type: ignore[union-attr]
 
 
+@pytest.mark.brokers_differ(
+    "without transactions (Tansu) a takeover re-reads its partitions and re-sends"
+)
 async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> None:
     pools = {"p": 2}
     a, b, c = task_key("a"), task_key("b"), task_key("c")
@@ -291,6 +294,9 @@ async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> Non
             assert len(flow.runs) == runs_after + counters.resends
 
 
+@pytest.mark.brokers_differ(
+    "an orphan's offset commits in a transaction on Kafka, in the group on Tansu"
+)
 async def test_event_without_deferral_is_dead_lettered_named_and_committed(
     settings: Settings,
 ) -> None:

@@ -189,6 +189,9 @@ async def _resume_all_past(
         assert "topic id of" in lines[0] or "cluster id" in lines[0]
 
 
+@pytest.mark.brokers_differ(
+    "checkpoints are told apart by cluster id on Kafka, by topic id on Tansu"
+)
 async def test_a_checkpoint_of_another_cluster_with_the_same_names_is_discarded(
     settings: Settings, broker_backend: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

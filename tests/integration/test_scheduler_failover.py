@@ -116,6 +116,9 @@ async def check_exactly_once(
     assert copies <= resent, f"{copies} RunTask copies, {resent} re-sent by a new owner"
 
 
+@pytest.mark.brokers_differ(
+    "generations and join timing differ; on Tansu a takeover re-reads and re-sends"
+)
 async def test_a_join_takes_a_share_from_the_members_and_a_leave_moves_only_the_leavers(
     settings: Settings, tmp_path: Path, spawn: list[SchedulerProcess]
 ) -> None:
@@ -170,6 +173,9 @@ async def test_a_join_takes_a_share_from_the_members_and_a_leave_moves_only_the_
     assert (a.owned - ahead["a"]) | (c.owned - ahead["c"]) == ahead["b"]
 
 
+@pytest.mark.brokers_differ(
+    "without transactions (Tansu) a takeover re-reads its partitions and re-sends"
+)
 async def test_sigkill_of_a_scheduler_moves_its_partitions_within_the_session_timeout(
     settings: Settings, broker_backend: str, tmp_path: Path, spawn: list[SchedulerProcess]
 ) -> None:
@@ -241,6 +247,7 @@ CHURN_TASKS = int(os.environ.get("CHURN_TASKS", "2000"))
 CHURN_WINDOW = float(os.environ.get("CHURN_WINDOW", "20"))
 
 
+@pytest.mark.brokers_differ("exactly once by fencing on Kafka, by re-send and dedup on Tansu")
 @pytest.mark.timeout(300 + CHURN_TASKS // 100)
 @pytest.mark.parametrize("standby", [False, True], ids=["cold", "standby"])
 async def test_churn_every_task_resumed_once_while_schedulers_join_leave_die_and_pause(

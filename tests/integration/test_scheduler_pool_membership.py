@@ -192,6 +192,9 @@ def ledger_owner(spawn: list[SchedulerProcess]) -> SchedulerProcess:
     return owner
 
 
+@pytest.mark.brokers_differ(
+    "the ledger is fenced by transactions on Kafka, kept exact by re-send and dedup on Tansu"
+)
 async def test_a_pool_stays_exact_while_schedulers_join_leave_die_and_pause(
     settings: Settings, tmp_path: Path, spawn: list[SchedulerProcess]
 ) -> None:

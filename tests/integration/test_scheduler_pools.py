@@ -15,7 +15,7 @@ from deferline.topics import Settings, ensure_topics, partition_for, topic_specs
 
 from tests.integration._util import KafkaClients
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.tansu_first]
 
 POOLS = Pools(slots={"p": 2}, default_slots=None)
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -36,6 +36,7 @@ async def test_ensure_topics_creates_the_layout_and_is_idempotent(settings):
     assert await _partitions(settings) == first
 
 
+@pytest.mark.tansu_first
 async def test_ensure_topics_adds_missing_topics_next_to_existing_ones(settings):
     await ensure_topics(settings, topic_specs(settings))
     more = topic_specs(settings, queues=["late"])
@@ -45,6 +46,7 @@ async def test_ensure_topics_adds_missing_topics_next_to_existing_ones(settings)
     assert found[names.defer("late")] == found[names.resume("late")] == 4
 
 
+@pytest.mark.tansu_first
 async def test_missing_partner_is_created_with_the_existing_partition_count(
     settings, kafka_clients
 ):
@@ -57,6 +59,7 @@ async def test_missing_partner_is_created_with_the_existing_partition_count(
     assert found[names.tasks] == 4
 
 
+@pytest.mark.tansu_first
 async def test_mismatched_pair_raises_and_creates_nothing(settings, kafka_clients):
     names = TopicNames(settings.topic_prefix)
     admin = await kafka_clients.admin()
@@ -69,6 +72,7 @@ async def test_mismatched_pair_raises_and_creates_nothing(settings, kafka_client
     assert set(await _partitions(settings)) == {names.defer(), names.resume()}
 
 
+@pytest.mark.tansu_first
 async def test_produced_records_land_on_partition_for(settings, kafka_clients):
     names = TopicNames(settings.topic_prefix)
     await ensure_topics(settings, topic_specs(settings))

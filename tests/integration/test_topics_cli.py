@@ -11,6 +11,7 @@ from deferline.topics import make_admin
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.tansu_first
 def test_topics_ensure_then_list(settings):
     runner = CliRunner()
     flags = [
@@ -54,6 +55,7 @@ def test_topics_ensure_then_list(settings):
     assert "cleanup.policy=compact" in rows[f"{prefix}defer"]
 
 
+@pytest.mark.tansu_first
 def test_topics_ensure_reports_a_broken_layout(settings):
     async def break_the_pair() -> None:
         admin = make_admin(settings)

@@ -84,6 +84,9 @@ async def _produce(settings: Settings, requests: list[DeferRequest]) -> None:
         await stop_client(producer, grace=10.0, name="test producer")
 
 
+@pytest.mark.brokers_differ(
+    "checkpoints are told apart by cluster id on Kafka, by topic id on Tansu"
+)
 async def test_checkpoints_of_another_cluster_with_the_same_names_are_discarded(
     settings: Settings, broker_backend: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

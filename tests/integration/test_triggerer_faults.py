@@ -14,6 +14,7 @@ from ._util import KafkaClients, wait_until
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.brokers_differ("brokers answer fetches of a deleted topic differently")
 async def test_a_defer_topic_deleted_under_a_running_triggerer_stops_it_naming_the_topic(
     settings: Settings, kafka_clients: KafkaClients, caplog: pytest.LogCaptureFixture
 ) -> None:
