@@ -7,20 +7,16 @@ pyproject.toml without `make lock` would be installed unpinned, and fails this t
 from __future__ import annotations
 
 import importlib.metadata
-import re
 import sys
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from tests.conftest import in_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 STAMP = Path(sys.prefix) / "bin" / ".deps"  # written by the Makefile: the lock's path
-
-
-def _name(distribution: str) -> str:
-    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def _lock() -> Path:
@@ -36,16 +32,15 @@ def _lock() -> Path:
 @pytest.mark.environment
 def test_installed_distributions_are_the_lock():
     lock = _lock()
-    pinned = dict(
-        line.split("==", 1)
-        for line in lock.read_text().splitlines()
-        if line and not line.startswith("#")
-    )
-    pinned = {_name(name): version for name, version in pinned.items()}
-    installed = {
-        _name(dist.metadata["Name"]): dist.version
+    pinned: dict[str, str] = {}
+    for line in lock.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            pinned[canonicalize_name(name)] = version
+    installed: dict[str, str] = {
+        canonicalize_name(dist.metadata["Name"]): dist.version
         for dist in importlib.metadata.distributions()
-        if _name(dist.metadata["Name"]) != "deferline"
+        if canonicalize_name(dist.metadata["Name"]) != "deferline"
     }
     differ = {
         name: (installed.get(name), pinned.get(name))
