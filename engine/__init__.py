@@ -5,7 +5,7 @@ Pure asyncio logic; Kafka reaches it only through the runners. Built-in triggers
 :mod:`deferline.engine.triggers`.
 """
 
-from ._airflow import preload_airflow, prepare_airflow_import
+from ._airflow import preload_airflow, prepare_airflow_import, use_airflow_services
 from ._airflow_support import (
     KNOWN_BREAKS,
     KnownBreak,
@@ -15,6 +15,7 @@ from ._airflow_support import (
 from ._errors import (
     AirflowDatabaseUnavailable,
     AirflowEnvironmentError,
+    AirflowServicesUnavailable,
     SupervisorError,
     TriggerImportError,
     TriggerKwargsError,
@@ -90,6 +91,7 @@ __all__ = [
     "TERMINAL_STATES",
     "AirflowDatabaseUnavailable",
     "AirflowEnvironmentError",
+    "AirflowServicesUnavailable",
     "BaseOperator",
     "BaseSensorOperator",
     "BaseTaskEndEvent",
@@ -158,4 +160,5 @@ __all__ = [
     "resolve_trigger_class",
     "run_operator",
     "start_deferral",
+    "use_airflow_services",
 ]

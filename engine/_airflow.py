@@ -14,18 +14,24 @@ Airflow is imported only when the loader imports a trigger module that needs it.
 * Airflow's metadata database is replaced by a guard: a trigger that opens a database session
   fails with :class:`AirflowDatabaseUnavailable`, never by connecting somewhere by surprise.
 * Airflow 3's triggers ask their triggerer's supervisor process for what they need
-  (``task_runner.SUPERVISOR_COMMS``); :class:`_SupervisorStandIn` answers in its place. On
-  either line, connections and variables come from Airflow's own lookup code: the
-  ``AIRFLOW_CONN_*`` / ``AIRFLOW_VAR_*`` environment variables and a configured secrets
-  backend, which need no database. What only the database knows (XCom, task-instance counts,
-  DAG-run state, human-in-the-loop answers) fails the trigger with
-  :class:`AirflowDatabaseUnavailable` naming the request.
+  (``task_runner.SUPERVISOR_COMMS``). With :func:`use_airflow_services` (the triggerer's
+  ``DEFERLINE_AIRFLOW_SERVICES``), a :class:`~._airflow_services.RemoteSupervisor` sends
+  those requests to a server that answers them from Airflow's database with Airflow's own
+  handlers (``deferline airflow bridge --services-port``): connections and variables stored
+  there, XCom, task-instance and DAG-run state, human-in-the-loop. Without it,
+  :class:`_SupervisorStandIn` answers: connections and variables come from Airflow's own
+  lookup code (the ``AIRFLOW_CONN_*`` / ``AIRFLOW_VAR_*`` environment variables and a
+  configured secrets backend), and what only the database knows fails the trigger with
+  :class:`AirflowDatabaseUnavailable` naming the request. Airflow 2.10's triggers read the
+  database themselves and are served by the stand-in alone.
 * Airflow's ``DateTimeTrigger`` (and ``TimeDeltaTrigger``, which is one) declares itself a
   timer (:meth:`AirflowTrigger.as_timer`), so the supervisor keeps it in its timer heap.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import functools
 import importlib.util
@@ -34,8 +40,9 @@ import os
 import sys
 import threading
 from collections.abc import AsyncIterator, MutableMapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from ._airflow_services import RemoteSupervisor
 from ._airflow_support import airflow_environment_problems
 from ._errors import AirflowDatabaseUnavailable
 from ._trigger import (
@@ -48,6 +55,9 @@ from ._trigger import (
     TriggerEvent,
 )
 
+if TYPE_CHECKING:
+    from deferline.schemas import KwargsCipher
+
 __all__ = [
     "AirflowTrigger",
     "airflow_trigger_class",
@@ -55,6 +65,7 @@ __all__ = [
     "preload_airflow",
     "prepare_airflow_import",
     "to_deferline_event",
+    "use_airflow_services",
 ]
 
 logger = logging.getLogger(__name__)
@@ -83,6 +94,8 @@ _RECORD_FIELDS = frozenset(
 )
 _lock = threading.Lock()
 _guarded = False
+_services: tuple[tuple[str, ...], float, KwargsCipher | None] | None = None
+_remote: RemoteSupervisor | None = None
 
 
 @functools.cache
@@ -113,8 +126,9 @@ def is_airflow_trigger_class(cls: type) -> bool:
 def _database_needed(what: str) -> AirflowDatabaseUnavailable:
     return AirflowDatabaseUnavailable(
         f"this Airflow trigger needs Airflow's metadata database ({what}); deferline's "
-        "triggerer runs Airflow triggers without that database, so triggers that read or "
-        "write Airflow's tables cannot run here"
+        "triggerer runs Airflow triggers without that database: on Airflow 3, set "
+        "DEFERLINE_AIRFLOW_SERVICES to a `deferline airflow bridge --services-port` URL to "
+        "have these requests answered from it"
     )
 
 
@@ -204,10 +218,14 @@ def _stand_in_for_airflow_services() -> None:
         models: Any = importlib.import_module("airflow.models")
         models.import_all_models()
         if importlib.util.find_spec("airflow.sdk") is not None:  # Airflow 3
-            task_runner: Any = importlib.import_module("airflow.sdk.execution_time.task_runner")
-            task_runner.SUPERVISOR_COMMS = _SupervisorStandIn()
+            _install_supervisor()
             _log_through_stdlib()
         else:
+            if _services is not None:
+                logger.warning(
+                    "DEFERLINE_AIRFLOW_SERVICES is for Airflow 3's triggers; Airflow 2.10's read "
+                    "Airflow's database themselves, which a deferline triggerer runs without"
+                )
             # Airflow 2 masks every secret it reads (Variable.get, connections) with the filter
             # its logging configuration puts on "airflow.task", and fails without it.
             masker: Any = importlib.import_module("airflow.utils.log.secrets_masker")
@@ -215,6 +233,38 @@ def _stand_in_for_airflow_services() -> None:
             if not any(isinstance(f, masker.SecretsMasker) for f in task_log.filters):
                 task_log.addFilter(masker.SecretsMasker())
         _guarded = True
+
+
+def _install_supervisor() -> None:
+    """Airflow 3's ``SUPERVISOR_COMMS``: the remote servers when configured, else the
+    stand-in (with ``_lock`` held)."""
+    global _remote
+    if _remote is not None:
+        _close_later(_remote)
+    _remote = None
+    if _services is not None:
+        urls, timeout, cipher = _services
+        _remote = RemoteSupervisor(urls, timeout=timeout, cipher=cipher)
+    task_runner: Any = importlib.import_module("airflow.sdk.execution_time.task_runner")
+    task_runner.SUPERVISOR_COMMS = _remote or _SupervisorStandIn()
+
+
+def _close_later(remote: RemoteSupervisor) -> None:
+    with contextlib.suppress(RuntimeError):  # no loop running: nothing open to close
+        asyncio.get_running_loop().create_task(remote.close())
+
+
+def use_airflow_services(
+    urls: Sequence[str], *, timeout: float = 30.0, cipher: KwargsCipher | None = None
+) -> None:
+    """Have Airflow 3 triggers' runtime requests answered by these servers (``deferline
+    airflow bridge --services-port``), tried in turn for up to ``timeout`` seconds each; an
+    empty ``urls`` goes back to the stand-in. A triggerer calls it before loading Airflow."""
+    global _services
+    with _lock:
+        _services = (tuple(urls), timeout, cipher) if urls else None
+        if _guarded and importlib.util.find_spec("airflow.sdk") is not None:
+            _install_supervisor()
 
 
 def _runs_as_timer(airflow_class: type) -> bool:
@@ -307,6 +357,11 @@ class AirflowTrigger(BaseTrigger):
         return str(classpath), dict(kwargs)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        remote = _remote
+        if remote is not None:
+            # Airflow's triggers call Variable.get / get_connection synchronously inside
+            # run(): greenback lets that call await the answer without blocking the loop.
+            await remote.ensure_portal()
         events = self.airflow_trigger.run()
         try:
             while True:

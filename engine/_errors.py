@@ -7,6 +7,7 @@ from deferline.schemas import DeferlineError
 __all__ = [
     "AirflowDatabaseUnavailable",
     "AirflowEnvironmentError",
+    "AirflowServicesUnavailable",
     "SupervisorError",
     "TriggerImportError",
     "TriggerKwargsError",
@@ -45,3 +46,8 @@ class AirflowDatabaseUnavailable(DeferlineError):
 
 class AirflowEnvironmentError(DeferlineError):
     """An installed dependency is at a version the installed Airflow is known not to run with."""
+
+
+class AirflowServicesUnavailable(DeferlineError):
+    """No Airflow services server (``deferline airflow bridge --services-port``) answered an
+    Airflow trigger's request in time."""

@@ -15,6 +15,8 @@ from deferline.schemas import DeferlineError
 from deferline.topics import Lifecycle
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from ._http import serve
+
 __all__ = ["MetricsServer", "MetricsServerError"]
 
 logger = logging.getLogger(__name__)
@@ -61,20 +63,12 @@ class MetricsServer(Lifecycle):
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._requested_port)
         try:
-            await site.start()
+            self._runner, self.port = await serve(app, self._host, self._requested_port)
         except OSError as exc:
-            await runner.cleanup()
             raise MetricsServerError(
                 f"cannot serve metrics on {self._host}:{self._requested_port}: {exc}"
             ) from exc
-        self._runner = runner
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self._requested_port
         logger.info("metrics served", extra={"host": self._host, "port": self.port})
 
     async def stop(self) -> None:

@@ -87,6 +87,21 @@ class KwargsCipher:
             )
         return kwargs
 
+    def seal_bytes(self, data: bytes) -> bytes:
+        """Seal any bytes (a message between two deferline processes) with the first key."""
+        return self._fernet.encrypt(data)
+
+    def open_bytes(self, token: bytes, *, ttl: int | None = None) -> bytes:
+        """Open a token made by :meth:`seal_bytes` with any configured key; with ``ttl``, a
+        token sealed more than ``ttl`` seconds ago is refused (a replayed message)."""
+        try:
+            return self._fernet.decrypt(token, ttl=ttl)
+        except (InvalidToken, ValueError) as exc:
+            raise DecryptionError(
+                f"no configured kwargs key ({self._key_count} tried) opens this message"
+                + (f", or it was sealed more than {ttl} s ago" if ttl is not None else "")
+            ) from exc
+
     def rotate(self, token: str | bytes) -> str:
         """Re-encrypt a token with the first key (to retire an old key); same plaintext."""
         self._open(token)  # the same clear error as decrypt for a token no key opens

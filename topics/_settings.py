@@ -74,8 +74,21 @@ class Settings(BaseSettings):
     triggerers of ``deferline airflow bridge``): each event is then produced once, not twice,
     and replay expects no copies."""
 
+    airflow_services: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """URLs of the servers answering Airflow triggers' runtime requests (connections,
+    variables, XCom, task and DAG-run state, human-in-the-loop): ``deferline airflow bridge
+    --services-port``. Tried in turn. Empty: a triggerer answers them itself from the
+    environment and a secrets backend, and fails those only Airflow's database knows."""
+    airflow_services_timeout: float = Field(default=30.0, gt=0)
+    """Seconds an Airflow trigger's request may take, retries across ``airflow_services``
+    included, before the trigger gets ``AirflowServicesUnavailable``."""
+
     @field_validator(
-        "kwargs_keys", "allowed_trigger_prefixes", "allowed_operator_prefixes", mode="before"
+        "kwargs_keys",
+        "allowed_trigger_prefixes",
+        "allowed_operator_prefixes",
+        "airflow_services",
+        mode="before",
     )
     @classmethod
     def _lists_from_env(cls, value: Any) -> Any:

@@ -12,6 +12,7 @@ Airflow's own functions set; the rare ones go through those functions.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib
 import inspect
@@ -25,7 +26,8 @@ from typing import Any
 
 from deferline.engine import check_airflow_environment
 
-from ._rows import BridgeEvent, ClaimedRow, RowRef
+from ._rendering import StartFromTriggerRendering, has_template
+from ._rows import BridgeEvent, ClaimedRow, KwargsNotRendered, RowRef
 
 __all__ = ["AirflowDatabase", "AppliedEvents"]
 
@@ -106,6 +108,7 @@ class AirflowDatabase:
         self._ids_by_triggerer_only = set(ids_params) <= {"triggerer_id", "session"}
         self.job_id: int | None = None
         self.hostname: str = ""
+        self._rendering: StartFromTriggerRendering | None = None
 
     def _refuse_as_airflow_does(self, queues: Collection[str] | None, team: str | None) -> None:
         """What ``airflow triggerer`` refuses: Airflow's claim ignores a team filter without
@@ -281,7 +284,27 @@ class AirflowDatabase:
                     next_method=next_method,
                 )
             )
-        return rows, others
+        return [self._rendered(row) for row in rows], others
+
+    def _rendered(self, row: ClaimedRow) -> ClaimedRow:
+        """``row`` with its kwargs rendered when its task starts from its trigger and they
+        hold a template (Airflow 3), or failed saying why they could not be."""
+        if row.kwargs is None or self._airflow2 or not has_template(row.kwargs):
+            return row
+        if self._rendering is None:
+            self._rendering = StartFromTriggerRendering()
+        task = {
+            "dag_id": row.dag_id,
+            "task_id": row.task_id,
+            "run_id": row.run_id,
+            "map_index": row.map_index,
+        }
+        try:
+            with self._session() as session:
+                kwargs = self._rendering.render(session, row.classpath, row.kwargs, task)
+        except KwargsNotRendered as exc:
+            return dataclasses.replace(row, kwargs=None, kwargs_error=exc)
+        return dataclasses.replace(row, kwargs=kwargs)
 
     def release(self, refs: Sequence[RowRef]) -> None:
         """Hand rows back (``triggerer_id`` cleared) for another triggerer to claim."""

@@ -49,9 +49,11 @@ from deferline.topics import (
 from .._aiokafka import leave_from_generation_zero
 from .._metrics import MetricsServer
 from ._airflow_db import AirflowDatabase
+from ._airflow_requests import AirflowRequests
 from ._book import RowBook
 from ._metrics import BridgeMetrics
 from ._rows import BridgeEvent, RejectedRow, RowRef, bridge_event, read_event, to_defer_request
+from ._services import AirflowServices
 from ._state import BridgeLifecycle, BridgeState
 from ._write_back import CleanUpSchedule, write_back_loop
 
@@ -83,6 +85,10 @@ class BridgeOptions:
         writers: batches written back at once, each in its own session and transaction (on
             SQLite, one writer at a time in any case).
         metrics_port: serve Prometheus metrics on this port; None: no endpoint.
+        services_port: answer Airflow triggers' runtime requests (connections, variables,
+            XCom, task and DAG-run state, human-in-the-loop) on this port, for triggerers
+            given ``DEFERLINE_AIRFLOW_SERVICES``; None: not served. Airflow 3 only.
+        services_threads: requests answered at once (1 on SQLite).
     """
 
     capacity: int = 100_000
@@ -94,6 +100,9 @@ class BridgeOptions:
     writers: int = 1
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    services_port: int | None = None
+    services_host: str = "0.0.0.0"
+    services_threads: int = 4
     stop_timeout: float = 10.0
 
 
@@ -128,6 +137,7 @@ class AirflowBridge(Lifecycle):
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._server: MetricsServer | None = None
+        self.services: AirflowServices | None = None
         self._watchdog: LoopWatchdog | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._handed_back: set[RowRef] = set()  # logged once each
@@ -174,6 +184,17 @@ class AirflowBridge(Lifecycle):
                 metrics.registry, host=options.metrics_host, port=options.metrics_port
             )
             await self._server.start()
+        if options.services_port is not None:
+            requests = await self._db(lambda: AirflowRequests(team_name=options.team_name))
+            self.services = AirflowServices(
+                requests,
+                metrics=metrics,
+                cipher=self._cipher,
+                threads=1 if db.dialect == "sqlite" else options.services_threads,
+                host=options.services_host,
+                port=options.services_port,
+            )
+            await self.services.start()
         self._watchdog = LoopWatchdog(
             threshold=0.2, describe=_describe_task, on_blocked=self._blocked
         )
@@ -188,6 +209,7 @@ class AirflowBridge(Lifecycle):
             "Airflow bridge running",
             extra={
                 "metrics_port": self._server.port if self._server is not None else None,
+                "services_port": self.services.port if self.services is not None else None,
                 "airflow": db.version,
                 "job_id": job_id,
                 "prefix": self.settings.topic_prefix,
@@ -218,6 +240,8 @@ class AirflowBridge(Lifecycle):
         for task in self._loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.services is not None:
+            await self.services.stop()
         grace = self.options.stop_timeout
         if self._consumer is not None:
             await stop_client(self._consumer, grace=grace, name="consumer")

@@ -14,6 +14,7 @@ from .._gc import collect_less_often, spare_what_lives_now
 from .._options import connection_options, layout_options, logging_options, metrics_options
 from .._signals import run_until_signal
 from ._airflow_db import AirflowDatabase
+from ._airflow_requests import AirflowRequests
 from ._bridge import AirflowBridge, BridgeOptions
 
 __all__ = ["airflow_command"]
@@ -79,6 +80,23 @@ def airflow_command() -> None:
     help="Batches written back at once, each in its own transaction (a database with cores "
     "to spare; 1 on SQLite).",
 )
+@click.option(
+    "--services-port",
+    envvar="DEFERLINE_AIRFLOW_SERVICES_PORT",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Answer Airflow 3 triggers' runtime requests (connections and variables from "
+    "Airflow's database, XCom, task and DAG-run state, human-in-the-loop) on this port, for "
+    "triggerers given DEFERLINE_AIRFLOW_SERVICES=http://<this host>:<port> (0: any free port) "
+    "[env: DEFERLINE_AIRFLOW_SERVICES_PORT]",
+)
+@click.option(
+    "--services-host",
+    envvar="DEFERLINE_AIRFLOW_SERVICES_HOST",
+    default="0.0.0.0",
+    show_default=True,
+    help="Interface the services listen on [env: DEFERLINE_AIRFLOW_SERVICES_HOST]",
+)
 @metrics_options
 @logging_options
 def bridge_command(
@@ -91,6 +109,8 @@ def bridge_command(
     poll_interval: float,
     max_events: int,
     writers: int,
+    services_port: int | None,
+    services_host: str,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -115,10 +135,16 @@ def bridge_command(
         writers=writers,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        services_port=services_port,
+        services_host=services_host,
     )
     # Airflow is loaded whole here, with its database: this process is one of Airflow's. Its
     # logging set-up comes with it; deferline's, made before, is put back afterwards.
     os.environ.pop("_AIRFLOW__AS_LIBRARY", None)
+    # One of Airflow's server processes (as its scheduler, API server, triggerer's
+    # supervisor): Airflow's SDK looks up variables and connections it needs here (a
+    # start_from_trigger template's `var`) in the metastore.
+    os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     try:
@@ -134,6 +160,11 @@ def bridge_command(
         raise click.ClickException(f"unsupported Airflow environment: {exc}") from exc
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    if services_port is not None:
+        try:
+            AirflowRequests(team_name=team_name)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
     root.handlers[:] = handlers
     root.setLevel(level)
     # Airflow loaded is hundreds of thousands of objects no collection would free: out of the

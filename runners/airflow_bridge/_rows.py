@@ -33,6 +33,7 @@ from pydantic import ValidationError
 __all__ = [
     "BridgeEvent",
     "ClaimedRow",
+    "KwargsNotRendered",
     "RejectedRow",
     "RowRef",
     "bridge_event",
@@ -77,6 +78,10 @@ def parse_trigger_id(trigger_id: str) -> RowRef | None:
     if match is None:
         return None
     return RowRef(int(match[1]), int(match[2]))
+
+
+class KwargsNotRendered(Exception):
+    """A ``start_from_trigger`` row's templated kwargs could not be rendered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +160,10 @@ def _request(
             f"({', '.join(allowed_prefixes) or 'none'}); set DEFERLINE_ALLOWED_TRIGGER_PREFIXES"
         )
     if row.kwargs is None:
+        if isinstance(row.kwargs_error, KwargsNotRendered):
+            raise BadTriggerRow(
+                f"the trigger's templated kwargs could not be rendered: {row.kwargs_error}"
+            ) from row.kwargs_error
         raise BadTriggerRow(
             f"the trigger's kwargs cannot be read with Airflow's key: {row.kwargs_error!r}"
         ) from row.kwargs_error

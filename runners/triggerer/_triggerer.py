@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-from deferline.engine import TriggerOutcome, TriggerSupervisor, preload_airflow
+from deferline.engine import (
+    TriggerOutcome,
+    TriggerSupervisor,
+    preload_airflow,
+    use_airflow_services,
+)
 from deferline.schemas import DeferlineError, KwargsCipher
 from deferline.topics import (
     Lifecycle,
@@ -257,8 +262,16 @@ class Triggerer(Lifecycle):
             return
         self._started = True
         options = self.options
+        settings = self.settings
+        if settings.airflow_services:
+            # Process-wide, as Airflow's SUPERVISOR_COMMS is.
+            use_airflow_services(
+                settings.airflow_services,
+                timeout=settings.airflow_services_timeout,
+                cipher=KwargsCipher(settings.kwargs_keys) if settings.kwargs_keys else None,
+            )
         # Airflow's import takes seconds: do it off the loop, before joining the group.
-        await asyncio.to_thread(preload_airflow, self.settings.allowed_trigger_prefixes)
+        await asyncio.to_thread(preload_airflow, settings.allowed_trigger_prefixes)
         if options.metrics_port is not None:
             self._server = MetricsServer(
                 self.metrics.registry, host=options.metrics_host, port=options.metrics_port

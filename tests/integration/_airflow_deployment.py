@@ -39,7 +39,8 @@ async def until(what: str, check: Callable[[], bool], *, within: float = 180) ->
         await asyncio.sleep(0.5)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -87,7 +88,7 @@ class AirflowDeployment:
             "PATH": os.pathsep.join((str(Path(AIRFLOW).parent), os.environ.get("PATH", ""))),
         }
         if self.line >= 3:
-            port = _free_port()
+            port = free_port()
             env |= {
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                 "AIRFLOW__CORE__PARALLELISM": "4",

@@ -11,8 +11,10 @@ triggerer`` runs: each test starts bridges and deferline triggerers on a prefix 
 * **start_from_trigger**: the scheduler writes the row and defers the task instance itself,
   with no worker run; the bridge serves it. One trigger fires into ``next_method`` (with the
   operator's ``next_kwargs``), one ends its task with a ``TaskSuccessEvent`` and XComs, and
-  Airflow's ``DateTimeSensorAsync(start_from_trigger=True)`` resumes. A templated trigger
-  kwarg is not rendered (Airflow's triggerer renders it): that task fails, saying so.
+  Airflow's ``DateTimeSensorAsync(start_from_trigger=True)`` resumes. Templated trigger
+  kwargs are rendered by the bridge as Airflow's triggerer renders them (the DAG run's
+  context; a variable stored in the database), before publishing; a template naming what
+  the context lacks fails its task with the reason.
 * **Teams**: a bridge with ``--team team_x`` (on a prefix of the team's, with the team's
   triggerer) claims the team's row only; the row of a DAG in no team waits for a bridge
   without ``--team``. A bridge refuses ``--team`` and ``--queues`` where ``airflow
@@ -22,7 +24,7 @@ triggerer`` runs: each test starts bridges and deferline triggerers on a prefix 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import datetime as dt
 import json
 import subprocess
 import time
@@ -36,8 +38,9 @@ from deferline.topics import Settings, TopicNames
 
 from tests.airflow_line import airflow_version
 
-from ._airflow_deployment import AirflowDeployment, until
-from ._process import DEFERLINE, DeferlineProcess
+from ._airflow_deployment import AirflowDeployment
+from ._airflow_processes import Processes, reach, run_id_of, trigger_dag, xcom
+from ._process import DEFERLINE
 from ._util import KafkaClients
 
 pytestmark = [
@@ -52,6 +55,7 @@ pytestmark = [
 
 DAGS = Path(__file__).with_name("airflow_features_dags")
 TEAM = "team_x"
+MOMENT = "2026-01-01T00:00:00+00:00"  # the variable features_moment
 ALLOWED = "features_triggers,airflow.providers.standard.triggers"
 
 
@@ -82,7 +86,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowDeploym
             "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": ALLOWED,
         },
         dags_from=DAGS,
-        before_start=[("teams", "create", TEAM)],
+        before_start=[("teams", "create", TEAM), ("variables", "set", "features_moment", MOMENT)],
     )
     # A team's executor reads the team's own configuration (AIRFLOW__<TEAM>___<SECTION>__<KEY>).
     for key in ("CORE__EXECUTION_API_SERVER_URL", "WORKERS__EXECUTION_API_TIMEOUT"):
@@ -98,88 +102,8 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowDeploym
         af.close()
 
 
-class Processes:
-    """The bridges and deferline triggerers one test starts, on its prefix or on a prefix
-    under it; killed at its end."""
-
-    def __init__(self, settings: Settings, af: AirflowDeployment, workdir: Path) -> None:
-        self.settings, self.af, self.workdir = settings, af, workdir
-        self._started: list[DeferlineProcess] = []
-
-    def prefix(self, under: str = "") -> str:
-        return f"{self.settings.topic_prefix}{under}"
-
-    def bridge(self, name: str, *args: str, under: str = "") -> DeferlineProcess:
-        return self._start(
-            ("airflow", "bridge"),
-            name,
-            under,
-            "--bridge-prefix",
-            self.prefix(under),
-            "--poll-interval",
-            "0.5",
-            *args,
-        )
-
-    def triggerer(self, name: str, *args: str, under: str = "") -> DeferlineProcess:
-        state = str(self.workdir / name)
-        return self._start("triggerer", name, under, "--member", name, "--state-dir", state, *args)
-
-    def _start(
-        self, command: str | tuple[str, ...], name: str, under: str, *args: str
-    ) -> DeferlineProcess:
-        settings = self.settings.model_copy(update={"topic_prefix": self.prefix(under)})
-        process = DeferlineProcess(
-            settings,
-            command,
-            self.workdir / f"{name}.log",
-            *args,
-            "--log-format",
-            "json",
-            env=self.af.env,
-        )
-        self._started.append(process)
-        return process
-
-    def dead(self) -> list[str]:
-        """The logs of the processes that have stopped by themselves."""
-        return [str(p.log_path) for p in self._started if not p.alive]
-
-    def close(self) -> None:
-        for process in reversed(self._started):
-            process.close()
-
-
-@pytest.fixture
-def processes(
-    settings: Settings, airflow: AirflowDeployment, tmp_path: Path
-) -> Iterator[Processes]:
-    started = Processes(settings, airflow, tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
-
-
-def run_id_of(settings: Settings, name: str) -> str:
-    """A DAG run of this test only (the deployment serves every test of the module)."""
-    return f"{name}-{settings.topic_prefix.rstrip('.')}"
-
-
 def state(af: AirflowDeployment, dag_id: str, run_id: str, task_id: str) -> str | None:
     return af.states(dag_id, run_id).get(task_id)
-
-
-async def reach(
-    af: AirflowDeployment, dag_id: str, run_id: str, tasks: set[str], wanted: str
-) -> None:
-    """Wait until each of ``tasks`` is in state ``wanted``."""
-
-    def check() -> bool:
-        states = af.states(dag_id, run_id)
-        return set(states) >= tasks and all(states[t] == wanted for t in tasks)
-
-    await until(f"{dag_id} {sorted(tasks)} {wanted}", check, within=240)
 
 
 def trigger_rows(af: AirflowDeployment, dag_id: str, run_id: str) -> dict[str, tuple[object, ...]]:
@@ -191,24 +115,6 @@ def trigger_rows(af: AirflowDeployment, dag_id: str, run_id: str) -> dict[str, t
         run_id,
     )
     return {str(task): tuple(rest) for task, *rest in rows}
-
-
-def xcom(af: AirflowDeployment, dag_id: str, run_id: str, task_id: str, key: str) -> object:
-    """An XCom's value as Airflow's ``XComModel.deserialize_value`` reads it: JSON in a JSON
-    column, once more JSON when pushed with ``XComModel.set`` (as a trigger's are)."""
-    rows = af.query(
-        "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = ?",
-        dag_id,
-        run_id,
-        task_id,
-        key,
-    )
-    assert len(rows) == 1, (task_id, key, rows)
-    value = json.loads(str(rows[0][0]))
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return json.loads(value)
-    return value
 
 
 async def defer_requests(clients: KafkaClients, topic: str, run_id: str) -> dict[str, DeferRequest]:
@@ -244,10 +150,6 @@ async def defer_requests(clients: KafkaClients, topic: str, run_id: str) -> dict
 async def topics(clients: KafkaClients) -> set[str]:
     admin = await clients.admin()
     return set(await admin.list_topics())
-
-
-async def trigger_dag(af: AirflowDeployment, dag_id: str, run_id: str) -> None:
-    await asyncio.to_thread(af.run, "dags", "trigger", dag_id, "--run-id", run_id)
 
 
 async def test_each_bridge_serves_its_trigger_queues_only(
@@ -304,12 +206,13 @@ async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
     af, dag = airflow, "features_start_from_trigger"
     run_id = run_id_of(settings, "start")
     ours = {"resumes_on_a_worker", "ends_in_the_trigger"}
-    sensors = {"sensor_moment_passed", "sensor_templated"}
+    sensors = {"sensor_moment_passed", "sensor_templated", "sensor_templated_variable"}
+    broken = "sensor_template_error"
     await trigger_dag(af, dag, run_id)
-    await reach(af, dag, run_id, ours | sensors, "deferred")
+    await reach(af, dag, run_id, ours | sensors | {broken}, "deferred")
     # Deferred by the scheduler with no worker run: no task log, the first try,
     # start_trigger_args' method.
-    for task_id in ours | sensors:
+    for task_id in ours | sensors | {broken}:
         assert af.task_log(dag, task_id, run_id=run_id) == "", task_id
     rows = af.query(
         "SELECT task_id, try_number, next_method FROM task_instance "
@@ -317,14 +220,14 @@ async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
         dag,
         run_id,
     )
-    assert sorted(rows) == sorted((t, 1, "execute_complete") for t in ours | sensors)
+    assert sorted(rows) == sorted((t, 1, "execute_complete") for t in ours | sensors | {broken})
     # The scheduler's rows have no queue, even with queues_enabled (Airflow sets none there).
     assert {row[0] for row in trigger_rows(af, dag, run_id).values()} == {None}
 
-    processes.bridge("bridge")
+    bridge = processes.bridge("bridge")
     processes.triggerer("triggerer")
-    await reach(af, dag, run_id, ours | {"sensor_moment_passed"}, "success")
-    await reach(af, dag, run_id, {"sensor_templated"}, "failed")
+    await reach(af, dag, run_id, ours | sensors, "success")
+    await reach(af, dag, run_id, {broken}, "failed")
     # Fired into next_method: the worker's one run got the event and the operator's
     # next_kwargs (execute would have raised).
     assert (
@@ -345,14 +248,24 @@ async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
     assert {(r.task.try_number, r.next_method) for r in requests.values()} == {
         (1, "execute_complete")
     }
-    # The limit: Airflow's triggerer renders a templated trigger kwarg with the task's
-    # context before run(); the bridge hands the row's kwargs over as they are, so the
-    # trigger gets the template's text, fails on it, and so does its task.
-    template = "{{ dag_run.run_after.isoformat() }}"
-    assert requests["sensor_templated"].kwargs["target_time"] == template
-    log = af.task_log(dag, "sensor_templated", run_id=run_id)
-    assert "Trigger failure" in log
-    assert "dag_run.run_after" in log
+    # Rendered before publishing: the DeferRequest carries what the template made of the
+    # task's context, and of the variable in Airflow's database.
+    [(run_after,)] = af.query(
+        "SELECT run_after FROM dag_run WHERE dag_id = ? AND run_id = ?", dag, run_id
+    )
+    rendered = requests["sensor_templated"].kwargs["target_time"]
+    stored = dt.datetime.fromisoformat(str(run_after))  # SQLite keeps it naive, in UTC
+    stored = stored if stored.tzinfo else stored.replace(tzinfo=dt.UTC)
+    assert dt.datetime.fromisoformat(rendered) == stored, (rendered, run_after)
+    assert requests["sensor_templated_variable"].kwargs["target_time"] == MOMENT
+    # A template naming what the context lacks: nothing published, the row failed saying
+    # why, and the task with it (its worker, rendering the same field as it fails the task,
+    # logs the same error, as after Airflow's triggerer).
+    assert broken not in requests
+    [failed] = bridge.find("trigger row failed")
+    assert "templated kwargs could not be rendered" in failed["message"]
+    assert "'no_such_thing' is undefined" in failed["message"]
+    assert "'no_such_thing' is undefined" in af.task_log(dag, broken, run_id=run_id)
     assert processes.dead() == []
 
 

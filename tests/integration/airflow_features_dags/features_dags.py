@@ -28,10 +28,22 @@ with DAG(dag_id="features_start_from_trigger", schedule=None, start_date=START, 
         target_time="2026-01-01T00:00:00+00:00",
         start_from_trigger=True,
     )
-    # A templated trigger kwarg: Airflow's triggerer renders it with the task's context first.
+    # Templated trigger kwargs: rendered with the task's context before the trigger runs, as
+    # Airflow's triggerer renders them; one reads a variable stored in Airflow's database; one
+    # names what the context lacks.
     DateTimeSensorAsync(
         task_id="sensor_templated",
         target_time="{{ dag_run.run_after.isoformat() }}",
+        start_from_trigger=True,
+    )
+    DateTimeSensorAsync(
+        task_id="sensor_templated_variable",
+        target_time="{{ var.value.features_moment }}",
+        start_from_trigger=True,
+    )
+    DateTimeSensorAsync(
+        task_id="sensor_template_error",
+        target_time="{{ no_such_thing.isoformat() }}",
         start_from_trigger=True,
     )
 

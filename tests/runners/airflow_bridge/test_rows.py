@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from deferline.runners.airflow_bridge._rendering import has_template
 from deferline.runners.airflow_bridge._rows import (
     BridgeEvent,
     ClaimedRow,
+    KwargsNotRendered,
     RejectedRow,
     RowRef,
     bridge_event,
@@ -102,6 +104,10 @@ def test_kwargs_are_sealed_with_deferlines_keys_when_set() -> None:
         (
             {"kwargs": None, "kwargs_error": ValueError("InvalidToken")},
             "cannot be read with Airflow's key",
+        ),
+        (
+            {"kwargs": None, "kwargs_error": KwargsNotRendered("UndefinedError: 'x' is undefined")},
+            "templated kwargs could not be rendered: UndefinedError: 'x' is undefined",
         ),
         ({"kwargs": {"thing": object()}}, "cannot travel to deferline"),
         ({"queue": "no spaces allowed"}, "queue name"),
@@ -198,3 +204,19 @@ def test_what_is_not_an_event_is_refused_as_the_model_refuses_it(data: bytes) ->
     with pytest.raises(SchemaError) as model:
         decode_as(data, TriggerEventRecord)
     assert (refused.value.reason, refused.value.field) == (model.value.reason, model.value.field)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "templated"),
+    [
+        ({"target_time": "{{ ds }}"}, True),
+        ({"cmd": "{% if x %}y{% endif %}"}, True),
+        ({"nested": {"list": ["plain", ("{# note #}",)]}}, True),
+        ({"target_time": "2026-01-01T00:00:00+00:00", "n": 3, "d": CREATED}, False),
+        ({"braces": "{ not a template }"}, False),
+    ],
+)
+def test_only_kwargs_with_a_jinja_marker_are_rendered(
+    kwargs: dict[str, Any], templated: bool
+) -> None:
+    assert has_template(kwargs) is templated

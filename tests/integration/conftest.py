@@ -1,0 +1,24 @@
+"""Fixtures of the Airflow deployment tests (each module gives its own ``airflow``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deferline.topics import Settings
+
+from ._airflow_deployment import AirflowDeployment
+from ._airflow_processes import Processes
+
+
+@pytest.fixture
+def processes(
+    settings: Settings, airflow: AirflowDeployment, tmp_path: Path
+) -> Iterator[Processes]:
+    """The bridges and triggerers one test starts on its prefix, killed at its end."""
+    started = Processes(settings, airflow, tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
