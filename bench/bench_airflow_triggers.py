@@ -13,7 +13,13 @@ the last fire. Loggers at WARNING. Each case runs in a fresh subprocess; the fir
 in DIR (say, main in a second worktree) in place of this one's, first, in the same run: a
 before/after of the same script on the same machine.
 
+``--coroutines N`` adds N of Airflow's date-time trigger run as coroutines (a subclass with its
+own ``run()``, as every Airflow trigger but the date-time ones runs): this checkout's, the same
+with Airflow services configured (``use_airflow_services``: each such trigger gets a greenback
+portal for sync calls, though it asks for nothing), and ``--before``'s.
+
 Run: .venv/bin/python -m bench.bench_airflow_triggers [--n 100000] [--before ../wt-before]
+     [--coroutines 10000]
      add --case airflow --n 1000 to run one case in this process.
 """
 
@@ -51,9 +57,14 @@ AIRFLOW_TRIGGERS = (
     if AIRFLOW_VERSION.split(".")[0] == "3"
     else "airflow.triggers"
 )
+_RUNNING = "bench._airflow_running_trigger"
 CLASSPATHS = {
     "deferline": ("deferline.engine.triggers.DateTimeTrigger", "deferline.engine.triggers"),
     "airflow": (f"{AIRFLOW_TRIGGERS}.temporal.DateTimeTrigger", AIRFLOW_TRIGGERS),
+    # The same, as a coroutine (its own run()); then with Airflow services configured, which
+    # gives each such trigger a greenback portal for sync calls, though it asks for nothing.
+    "airflow-run": (f"{_RUNNING}.RunningDateTimeTrigger", _RUNNING),
+    "airflow-run-services": (f"{_RUNNING}.RunningDateTimeTrigger", _RUNNING),
 }
 # The top-level directories of a checkout that are the deferline.* packages (pyproject.toml).
 PACKAGES = ("client", "engine", "replay", "runners", "schemas", "topics")
@@ -75,6 +86,10 @@ async def measure(case: str, n: int) -> dict[str, Any]:
 
     logging.basicConfig(level=logging.WARNING)
     classpath, prefix = CLASSPATHS[case]
+    if case.endswith("-services"):  # never asked: these triggers ask for nothing
+        from deferline.engine import use_airflow_services
+
+        use_airflow_services(["http://127.0.0.1:9"])
     rss0 = _rss()
     t0 = time.perf_counter()
     load_trigger(classpath, {"moment": dt.datetime.now(dt.UTC)}, allowed_prefixes=[prefix])
@@ -91,7 +106,7 @@ async def measure(case: str, n: int) -> dict[str, Any]:
             done.set()
 
     due = dt.datetime.now(dt.UTC) + dt.timedelta(
-        seconds=3.0 + n / (5_000 if case == "deferline" else 1_000)
+        seconds=3.0 + n / (5_000 if case == "deferline" else 1_000 if case == "airflow" else 500)
     )
     classes: dict[str, Any] = {}  # a triggerer lane's cache of resolved classes
     cpu0 = time.process_time()
@@ -151,6 +166,13 @@ def main() -> None:
     parser.add_argument("--case", choices=sorted(CLASSPATHS))
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--before", type=Path, help="a deferline checkout to compare with")
+    parser.add_argument(
+        "--coroutines",
+        type=int,
+        default=0,
+        help="also N Airflow date-time triggers as coroutines, with and without Airflow "
+        "services configured (and --before's, without)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON line (internal)")
     args = parser.parse_args()
     if args.case:
@@ -173,11 +195,16 @@ def main() -> None:
         ]
         if before is not None:
             cases.insert(1, ("airflow", "before", before))
+        if args.coroutines:
+            if before is not None:
+                cases.append(("airflow-run", "before", before))
+            cases += [("airflow-run", "this", None), ("airflow-run-services", "this", None)]
         results = {}
         for case, code, pythonpath in cases:
-            r = results[case, code] = _run(case, args.n, pythonpath)
+            n = args.coroutines if case.startswith("airflow-run") else args.n
+            r = results[case, code] = _run(case, n, pythonpath)
             print(
-                f"| {args.n:,} | {case} | {code} | {r['timers']:,} "
+                f"| {n:,} | {case} | {code} | {r['timers']:,} "
                 f"| {r['import_s']:.2f} s, {r['import_mb']:.0f} MB "
                 f"| {r['bytes_per_trigger']:,.0f} B | {r['due_to_all_fired_s'] * 1000:,.0f} ms "
                 f"| {r['lag_p50_ms']:.1f} ms | {r['lag_p99_ms']:.1f} ms "

@@ -71,6 +71,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _AS_LIBRARY = "_AIRFLOW__AS_LIBRARY"
+_NO_PORTAL = "AIRFLOW_DISABLE_GREENBACK_PORTAL"
 _UTC = dt.UTC
 _BASE_MODULE = "airflow.triggers.base"
 # Airflow's DateTimeTrigger: in core up to 2.x, in the standard provider from 3.0.
@@ -358,9 +359,10 @@ class AirflowTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         remote = _remote
-        if remote is not None:
+        if remote is not None and os.environ.get(_NO_PORTAL, "").lower() != "true":
             # Airflow's triggers call Variable.get / get_connection synchronously inside
             # run(): greenback lets that call await the answer without blocking the loop.
+            # Airflow's own switch turns it off (sync calls then fail, saying so).
             await remote.ensure_portal()
         events = self.airflow_trigger.run()
         try:

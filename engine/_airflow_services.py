@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -59,6 +60,9 @@ SEAL_TTL_S = 60
 _RETRYABLE_STATUS = frozenset({502, 503, 504})
 _FIRST_BACKOFF_S = 0.05
 _LONGEST_BACKOFF_S = 1.0
+_SILENCE_CHECK_S = 0.25
+_LONGEST_WAIT = 10
+"""A request behind a backlog waits at most this many times the limit."""
 
 
 READ_KINDS = frozenset(
@@ -173,6 +177,7 @@ class RemoteSupervisor:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._answered_at = -math.inf  # when a server last answered (monotonic)
         self._reads: SharedReads[bytes, tuple[str, bytes, float]] = SharedReads(
             lambda asked: self._ask(*asked)
         )
@@ -190,10 +195,12 @@ class RemoteSupervisor:
             running = None
         if running is not None:
             if not self._greenback.has_portal():
-                raise RuntimeError(
+                # As AirflowServicesUnavailable, which Airflow's lookups let through.
+                raise self._unavailable(
                     f"{type(msg).__name__}: a sync Airflow call (get_connection(), "
-                    "Variable.get(), …) was made on the event loop outside a trigger's run(); "
-                    "use the async form (aget_connection(), …) there"
+                    "Variable.get(), …) was made on the event loop outside a trigger's run(), "
+                    "or with AIRFLOW_DISABLE_GREENBACK_PORTAL set; use the async form "
+                    "(aget_connection(), …) there"
                 )
             return self._greenback.await_(self.asend(msg))
         loop = self._loop
@@ -213,22 +220,22 @@ class RemoteSupervisor:
             # A foreign loop (async_to_sync in a thread): ask from the triggerer's loop.
             future = asyncio.run_coroutine_threadsafe(self.asend(msg), self._loop)
             return await asyncio.wrap_future(future)
-        kind, body, deadline = self._request(msg)
+        kind, body, asked_at = self._request(msg)
         if kind in READ_KINDS:  # the triggers asking the same at once share one request
-            return self._answer(kind, await self._reads.read(body, (kind, body, deadline)))
-        return self._answer(kind, await self._ask(kind, body, deadline))
+            return self._answer(kind, await self._reads.read(body, (kind, body, asked_at)))
+        return self._answer(kind, await self._ask(kind, body, asked_at))
 
     def _request(self, msg: Any) -> tuple[str, bytes, float]:
         body = orjson.dumps({"request": msg.model_dump(mode="json")})
-        return type(msg).__name__, body, time.monotonic() + self.timeout
+        return type(msg).__name__, body, time.monotonic()
 
     async def _ask_once_here(self, msg: Any) -> Any:
         """No loop anywhere (a script): a session for this one request."""
         import aiohttp
 
-        kind, body, deadline = self._request(msg)
+        kind, body, asked_at = self._request(msg)
         async with aiohttp.ClientSession() as session:
-            return self._answer(kind, await self._ask(kind, body, deadline, session))
+            return self._answer(kind, await self._ask(kind, body, asked_at, session))
 
     async def ensure_portal(self) -> None:
         """Give the calling task a greenback portal (once per trigger run)."""
@@ -257,10 +264,11 @@ class RemoteSupervisor:
         self,
         kind: str,
         body: bytes,
-        deadline: float,
+        asked_at: float,
         session: aiohttp.ClientSession | None = None,
     ) -> bytes:
-        """POST the request to the servers in turn until one answers or ``deadline``."""
+        """POST the request to the servers in turn until one answers it, or until no server
+        has answered anything for ``timeout`` (:meth:`_silent_for`)."""
         import aiohttp
 
         session = session or self._client()
@@ -268,47 +276,68 @@ class RemoteSupervisor:
         backoff = _FIRST_BACKOFF_S
         index = self._preferred
         last = "no server tried"
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+        # One silent server must not use the whole limit while another could answer.
+        patience = self.timeout if len(self.urls) == 1 else max(self.timeout / 3, 0.1)
+        while self._silent_for(asked_at) < self.timeout:
             url = self.urls[index]
-            # One hanging server must not use the whole budget while another could answer.
-            attempt = left if len(self.urls) == 1 else max(min(left, self.timeout / 3), 0.1)
             payload, content_type = (
                 (cipher.seal_bytes(body), SEALED_TYPE) if cipher else (body, CLEAR_TYPE)
             )
+            post = asyncio.ensure_future(self._post(session, url, payload, content_type))
+            tried_at = time.monotonic()
             try:
-                async with asyncio.timeout(attempt):
-                    async with session.post(
-                        url + REQUESTS_PATH, data=payload, headers={"Content-Type": content_type}
-                    ) as response:
-                        data = await response.read()
-                        if response.status == 200:
-                            self._preferred = index
-                            return cipher.open_bytes(data) if cipher else data
-                        reason = data[:500].decode("utf-8", "replace").strip()
-                        if response.status not in _RETRYABLE_STATUS:
-                            raise self._unavailable(
-                                f"{kind}: {url} refused the request "
-                                f"(HTTP {response.status}): {reason}"
-                            )
-                        last = f"{url}: HTTP {response.status} {reason}"
-            except TimeoutError:
-                last = f"{url}: no answer within {attempt:.1f} s"
-            except aiohttp.ClientError as exc:
-                last = f"{url}: {type(exc).__name__}: {exc}"
-            index = (index + 1) % len(self.urls)
-            left = deadline - time.monotonic()
-            if left <= 0:
+                while not post.done() and self._silent_for(tried_at) < patience:
+                    await asyncio.wait({post}, timeout=min(patience, _SILENCE_CHECK_S))
+                    if time.monotonic() - asked_at > self.timeout * _LONGEST_WAIT:
+                        break
+            finally:
+                answered = post.done()
+                if not answered:  # given up, or the asking trigger cancelled
+                    post.cancel()
+            if not answered:
+                last = f"{url}: no answer within {time.monotonic() - tried_at:.1f} s"
+            else:
+                try:
+                    status, data = post.result()
+                except (aiohttp.ClientError, OSError) as exc:
+                    status, data = 0, b""
+                    last = f"{url}: {type(exc).__name__}: {exc}"
+                if status == 200:
+                    self._preferred = index
+                    self._answered_at = time.monotonic()
+                    return cipher.open_bytes(data) if cipher else data
+                if status:
+                    reason = data[:500].decode("utf-8", "replace").strip()
+                    if status not in _RETRYABLE_STATUS:
+                        raise self._unavailable(
+                            f"{kind}: {url} refused the request (HTTP {status}): {reason}"
+                        )
+                    last = f"{url}: HTTP {status} {reason}"
+            if time.monotonic() - asked_at > self.timeout * _LONGEST_WAIT:
                 break
-            await asyncio.sleep(min(backoff, left))
+            index = (index + 1) % len(self.urls)
+            await asyncio.sleep(min(backoff, max(self.timeout - self._silent_for(asked_at), 0)))
             backoff = min(backoff * 2, _LONGEST_BACKOFF_S)
         raise self._unavailable(
             f"{kind}: no Airflow services server answered within {self.timeout:g} s "
             f"(DEFERLINE_AIRFLOW_SERVICES_TIMEOUT; servers: {', '.join(self.urls)}); "
             f"last: {last}"
         )
+
+    def _silent_for(self, since: float) -> float:
+        """Seconds since ``since`` or since a server last answered, whichever is later: a
+        bridge working through a backlog (answering others) is not silent, so a request
+        queued behind thousands waits its turn, where one that hangs or is gone is given up
+        after ``timeout`` (and any after ``timeout`` times ``_LONGEST_WAIT``)."""
+        return time.monotonic() - max(since, self._answered_at)
+
+    async def _post(
+        self, session: aiohttp.ClientSession, url: str, payload: bytes, content_type: str
+    ) -> tuple[int, bytes]:
+        async with session.post(
+            url + REQUESTS_PATH, data=payload, headers={"Content-Type": content_type}
+        ) as response:
+            return response.status, await response.read()
 
     def _answer(self, kind: str, data: bytes) -> Any:
         """Airflow's response frame to what its channel returns: the model, or its error

@@ -80,8 +80,10 @@ class Settings(BaseSettings):
     --services-port``. Tried in turn. Empty: a triggerer answers them itself from the
     environment and a secrets backend, and fails those only Airflow's database knows."""
     airflow_services_timeout: float = Field(default=30.0, gt=0)
-    """Seconds an Airflow trigger's request may take, retries across ``airflow_services``
-    included, before the trigger gets ``AirflowServicesUnavailable``."""
+    """Seconds an Airflow trigger's request waits while no server of ``airflow_services``
+    answers anything (gone, frozen, refusing), retrying across them, before the trigger gets
+    ``AirflowServicesUnavailable``; behind a backlog a server is working through, at most
+    ten times that."""
 
     @field_validator(
         "kwargs_keys",

@@ -300,3 +300,45 @@ async def test_an_answer_this_airflow_cannot_read_is_an_error_not_a_missing_conn
             pytest.raises(AirflowServicesUnavailable, match="same Airflow version"),
         ):
             await BaseHook.aget_connection("api")
+
+
+async def test_with_airflows_portal_switch_off_a_sync_call_in_the_loop_says_what_to_use(
+    airflow_loaded: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AIRFLOW_DISABLE_GREENBACK_PORTAL=true``, Airflow's own switch: no portal, so a sync
+    call inside ``run()`` cannot wait without blocking the loop; it fails at once, saying so."""
+    monkeypatch.setenv("AIRFLOW_DISABLE_GREENBACK_PORTAL", "true")
+    services = Services(variables={"greeting": "hello"})
+    services.gate.set()
+    async with serving(services):
+        with (
+            asking([services.url]),
+            pytest.raises(AirflowServicesUnavailable, match="aget_connection"),
+        ):
+            await collect(greeting(key="greeting"))
+    assert services.asked == []
+
+
+async def test_requests_behind_a_backlog_wait_while_the_server_keeps_answering(
+    airflow_loaded: None,
+) -> None:
+    """A bridge working through a burst (here one answer each 0.1 s) is not a silent one:
+    the requests queued behind it wait their turn past the limit, and none fails."""
+    from airflow.sdk import Variable
+
+    turn = asyncio.Lock()
+
+    async def one_at_a_time(request: web.Request) -> web.Response:
+        asked = orjson.loads(await request.read())["request"]
+        async with turn:
+            await asyncio.sleep(0.1)
+        body = {"key": asked["key"], "value": asked["key"].upper(), "type": "VariableResult"}
+        return web.json_response({"body": body, "error": None})
+
+    async with listening(one_at_a_time) as url:
+        with asking([url], timeout=0.5):
+            keys = [f"key{i}" for i in range(20)]  # distinct: no two share a request
+            started = asyncio.get_running_loop().time()
+            values = await asyncio.gather(*(asyncio.to_thread(Variable.get, k) for k in keys))
+            assert asyncio.get_running_loop().time() - started > 1.5  # well past the limit
+    assert values == [k.upper() for k in keys]

@@ -22,6 +22,8 @@ import contextlib
 import importlib
 import json
 import signal
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +50,8 @@ pytestmark = [
 ]
 
 PASSWORD = "s3cret-password"
+CONNECTIONS = ("api", "team_x_api", "team_y_api", "nowhere")
+VARIABLES = ("greeting", "team_x_greeting", "team_y_greeting", "nowhere")
 KEY = KwargsCipher.generate_key()
 
 
@@ -67,6 +71,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> AirflowDeployment:
             "port": 8080,
             "login": "deferline",
             "password": PASSWORD,
+            "extra": json.dumps({"timeout": 5, "token": "t0ken"}),
         }
     }
     variables = {"greeting": "hello"}
@@ -275,3 +280,42 @@ async def test_requests_to_a_frozen_or_gone_bridge_fail_at_the_limit_and_a_resta
         bridges(port=port)
         outcomes = await asked
     assert [getattr(o, "value", o) for o in outcomes] == ["hello"] * 1000
+
+
+SAME_ANSWERS = """
+import json, sys
+import airflow.settings
+airflow.settings.initialize()
+from deferline.runners.airflow_bridge._airflow_requests import AirflowRequests
+requests = json.loads(sys.argv[1])
+differ = []
+for team in (None, "team_x"):
+    answers = AirflowRequests(team_name=team)
+    for request in requests:
+        direct, api = answers.answer(request), answers.answer_through_api(request)
+        if direct != api:
+            differ.append([team, request, direct, api])
+print("differ:", json.dumps(differ))
+"""
+
+
+def test_connections_and_variables_are_answered_as_airflows_api_answers_them(
+    airflow: AirflowDeployment,
+) -> None:
+    """The bridge reads connections and variables without the in-process API's HTTP round:
+    the answers (values, masking, not-found errors, a team's scope) are the API's."""
+    requests = [
+        *({"type": "GetConnection", "conn_id": c} for c in CONNECTIONS),
+        *({"type": "GetVariable", "key": k} for k in VARIABLES),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", SAME_ANSWERS, json.dumps(requests)],
+        env={**airflow.env, "_AIRFLOW_PROCESS_CONTEXT": "server"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    # Airflow logs to stdout too (at exit, its async pool closing): the line the script made.
+    [said] = [line for line in done.stdout.splitlines() if line.startswith("differ: ")]
+    assert json.loads(said.removeprefix("differ: ")) == []
