@@ -152,8 +152,11 @@ def _packages_of(checkout: Path, into: Path) -> Path:
 def _run(case: str, n: int, pythonpath: Path | None) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--n", str(n), "--json"]
     env = dict(os.environ)
+    # The checkout's root, for bench._airflow_running_trigger; a --before's packages first.
+    paths = [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
     if pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
+        paths.insert(0, str(pythonpath))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"case {case} failed:\n{done.stderr}")

@@ -5,7 +5,12 @@ Pure asyncio logic; Kafka reaches it only through the runners. Built-in triggers
 :mod:`deferline.engine.triggers`.
 """
 
-from ._airflow import preload_airflow, prepare_airflow_import, use_airflow_services
+from ._airflow import (
+    close_airflow_services,
+    preload_airflow,
+    prepare_airflow_import,
+    use_airflow_services,
+)
 from ._airflow_support import (
     KNOWN_BREAKS,
     KnownBreak,
@@ -147,6 +152,7 @@ __all__ = [
     "WrittenState",
     "airflow_environment_problems",
     "check_airflow_environment",
+    "close_airflow_services",
     "deferral_records",
     "grant_matches",
     "import_operator",

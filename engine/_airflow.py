@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AirflowTrigger",
     "airflow_trigger_class",
+    "close_airflow_services",
     "is_airflow_trigger_class",
     "preload_airflow",
     "prepare_airflow_import",
@@ -266,6 +267,14 @@ def use_airflow_services(
         _services = (tuple(urls), timeout, cipher) if urls else None
         if _guarded and importlib.util.find_spec("airflow.sdk") is not None:
             _install_supervisor()
+
+
+async def close_airflow_services() -> None:
+    """Close the connections to the services servers (a triggerer stopping); the next request
+    opens them again."""
+    remote = _remote
+    if remote is not None:
+        await remote.close()
 
 
 def _runs_as_timer(airflow_class: type) -> bool:

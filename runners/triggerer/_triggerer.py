@@ -23,6 +23,7 @@ import click
 from deferline.engine import (
     TriggerOutcome,
     TriggerSupervisor,
+    close_airflow_services,
     preload_airflow,
     use_airflow_services,
 )
@@ -403,6 +404,8 @@ class Triggerer(Lifecycle):
         left = asyncio.get_running_loop().time() - started
         if self._supervisor is not None:
             await self._supervisor.stop()
+        if self.settings.airflow_services:
+            await close_airflow_services()  # its triggers are stopped: nothing asks any more
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
