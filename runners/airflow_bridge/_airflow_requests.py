@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import warnings
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["AirflowRequests", "RequestRefused"]
+
+logger = logging.getLogger(__name__)
 
 
 class RequestRefused(Exception):
@@ -127,6 +130,8 @@ class AirflowRequests:
             error = {"status_code": status, "message": str(exc), "detail": detail}
             return self._error_frame(error)
         except Exception as exc:
+            # Airflow's supervisor logs these too; the request itself is not logged.
+            logger.warning("Airflow services: %s failed: %s: %s", kind, type(exc).__name__, exc)
             error = {"status_code": None, "message": str(exc), "exception_type": type(exc).__name__}
             return self._error_frame(error)
         body = response.model_dump(mode="json", **dump) if response is not None else None
@@ -139,7 +144,7 @@ class AirflowRequests:
     def warm_up(self) -> None:
         """Build Airflow's in-process API and answer one request, so that the first trigger
         to ask does not wait seconds for it."""
-        self.answer({"type": "GetVariable", "key": "__deferline_warm_up__"})
+        self.answer({"type": "GetDRCount", "dag_id": "__deferline_warm_up__"})
 
     @property
     def client(self) -> Any:
