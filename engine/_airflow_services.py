@@ -15,7 +15,8 @@ With ``DEFERLINE_KWARGS_KEYS`` set, both are Fernet tokens (``application/fernet
 those keys, so answers (passwords among them) cross the network sealed and only a holder of
 the keys can ask; a server with keys refuses a request in clear.
 
-Servers are tried in turn, with backoff, until ``timeout``; past it the trigger gets
+Servers are tried in turn, with backoff, until none has answered anything for ``timeout``
+(a server working through a backlog is not a silent one); then the trigger gets
 :class:`AirflowServicesUnavailable` naming the servers and the limit. Nothing blocks the
 event loop: a sync call made inside a trigger's ``async def run()`` (Airflow's own triggers
 call ``BaseHook.get_connection`` and ``Variable.get`` so) goes through ``greenback``, as in
@@ -148,7 +149,8 @@ class RemoteSupervisor:
 
     Args:
         urls: base URLs of the servers (``http://bridge:8795``), tried in turn.
-        timeout: seconds a request may take, every retry included.
+        timeout: seconds a request waits while no server answers anything, retries
+            included (behind a server's backlog, at most ``_LONGEST_WAIT`` times that).
         cipher: seals requests and opens answers when ``DEFERLINE_KWARGS_KEYS`` is set.
     """
 
