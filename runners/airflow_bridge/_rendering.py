@@ -52,7 +52,6 @@ class StartFromTriggerRendering:
         ).TaskInstanceDTO
         runner: Any = importlib.import_module("airflow.jobs.triggerer_job_runner")
         self._create_runtime_ti: Any = runner.TriggerRunner.create_runtime_ti
-        self._decoder: Any = importlib.import_module("pydantic").TypeAdapter(runner.ToTriggerRunner)
         self._decode_kwarg: Any = importlib.import_module(
             "airflow.serialization.decoders"
         ).smart_decode_trigger_kwargs
