@@ -111,27 +111,10 @@ class AirflowServices(Lifecycle):
 
     async def _serve(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
-        raw = await request.read()
         sealed = request.content_type == SEALED_TYPE
-        cipher = self._cipher
         kind = "unknown"
         try:
-            if cipher is not None and not sealed:
-                raise _Refusal(
-                    401,
-                    "this bridge answers only requests sealed with DEFERLINE_KWARGS_KEYS: "
-                    "give the triggerer the same keys",
-                )
-            if sealed and cipher is None:
-                raise _Refusal(400, "a sealed request, and no DEFERLINE_KWARGS_KEYS here")
-            try:
-                data = cipher.open_bytes(raw, ttl=SEAL_TTL_S) if cipher and sealed else raw
-            except DecryptionError as exc:
-                raise _Refusal(401, f"request not opened: {exc}") from None
-            try:
-                message = orjson.loads(data)["request"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                raise _Refusal(400, 'not {"request": {...}} JSON') from None
+            message = self._open(await request.read(), sealed)
             if isinstance(message, dict) and message.get("type") in self._requests.kinds:
                 kind = message["type"]
             try:
@@ -153,9 +136,29 @@ class AirflowServices(Lifecycle):
         outcome = "error" if frame["error"] is not None else "answered"
         self._metrics.count_request(kind, outcome, time.perf_counter() - started)
         body = orjson.dumps(frame)
-        if sealed and cipher is not None:
-            return web.Response(body=cipher.seal_bytes(body), content_type=SEALED_TYPE)
+        if sealed and self._cipher is not None:
+            return web.Response(body=self._cipher.seal_bytes(body), content_type=SEALED_TYPE)
         return web.Response(body=body, content_type=CLEAR_TYPE)
+
+    def _open(self, raw: bytes, sealed: bool) -> Any:
+        """The request's message, or the :class:`_Refusal` saying why there is none."""
+        cipher = self._cipher
+        if cipher is not None and not sealed:
+            raise _Refusal(
+                401,
+                "this bridge answers only requests sealed with DEFERLINE_KWARGS_KEYS: "
+                "give the triggerer the same keys",
+            )
+        if sealed and cipher is None:
+            raise _Refusal(400, "a sealed request, and no DEFERLINE_KWARGS_KEYS here")
+        try:
+            data = cipher.open_bytes(raw, ttl=SEAL_TTL_S) if cipher is not None else raw
+        except DecryptionError as exc:
+            raise _Refusal(401, f"request not opened: {exc}") from None
+        try:
+            return orjson.loads(data)["request"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            raise _Refusal(400, 'not {"request": {...}} JSON') from None
 
     async def _look_up(self, message: Any) -> dict[str, Any]:
         assert self._pool is not None
