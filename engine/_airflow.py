@@ -23,7 +23,9 @@ Airflow is imported only when the loader imports a trigger module that needs it.
   lookup code (the ``AIRFLOW_CONN_*`` / ``AIRFLOW_VAR_*`` environment variables and a
   configured secrets backend), and what only the database knows fails the trigger with
   :class:`AirflowDatabaseUnavailable` naming the request. Airflow 2.10's triggers read the
-  database themselves and are served by the stand-in alone.
+  database themselves: with :func:`use_airflow_services`, an
+  :class:`~._airflow2_services.Airflow2Services` asks the servers in the place of the reads
+  they make (the metastore's lookups, ``WorkflowTrigger``'s and ``DagStateTrigger``'s counts).
 * Airflow's ``DateTimeTrigger`` (and ``TimeDeltaTrigger``, which is one) declares itself a
   timer (:meth:`AirflowTrigger.as_timer`), so the supervisor keeps it in its timer heap.
 """
@@ -42,7 +44,8 @@ import threading
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ._airflow_services import RemoteSupervisor
+from ._airflow2_services import Airflow2Services
+from ._airflow_services import RemoteSupervisor, ServicesClient
 from ._airflow_support import airflow_environment_problems
 from ._errors import AirflowDatabaseUnavailable
 from ._trigger import (
@@ -97,7 +100,7 @@ _RECORD_FIELDS = frozenset(
 _lock = threading.Lock()
 _guarded = False
 _services: tuple[tuple[str, ...], float, KwargsCipher | None] | None = None
-_remote: RemoteSupervisor | None = None
+_remote: RemoteSupervisor | Airflow2Services | None = None
 
 
 @functools.cache
@@ -223,11 +226,7 @@ def _stand_in_for_airflow_services() -> None:
             _install_supervisor()
             _log_through_stdlib()
         else:
-            if _services is not None:
-                logger.warning(
-                    "DEFERLINE_AIRFLOW_SERVICES is for Airflow 3's triggers; Airflow 2.10's read "
-                    "Airflow's database themselves, which a deferline triggerer runs without"
-                )
+            _install_airflow2_services()
             # Airflow 2 masks every secret it reads (Variable.get, connections) with the filter
             # its logging configuration puts on "airflow.task", and fails without it.
             masker: Any = importlib.import_module("airflow.utils.log.secrets_masker")
@@ -242,7 +241,7 @@ def _install_supervisor() -> None:
     stand-in (with ``_lock`` held)."""
     global _remote
     if _remote is not None:
-        _close_later(_remote)
+        _close_later(_remote.client)
     _remote = None
     if _services is not None:
         urls, timeout, cipher = _services
@@ -251,22 +250,41 @@ def _install_supervisor() -> None:
     task_runner.SUPERVISOR_COMMS = _remote or _SupervisorStandIn()
 
 
-def _close_later(remote: RemoteSupervisor) -> None:
+def _install_airflow2_services() -> None:
+    """Airflow 2.10's database reads asked of the remote servers when configured, else left
+    to the database guard (with ``_lock`` held)."""
+    global _remote
+    if isinstance(_remote, Airflow2Services):
+        _remote.uninstall()
+        _close_later(_remote.client)
+    _remote = None
+    if _services is not None:
+        urls, timeout, cipher = _services
+        _remote = Airflow2Services(ServicesClient(urls, timeout=timeout, cipher=cipher))
+        _remote.install()
+
+
+def _close_later(client: ServicesClient) -> None:
     with contextlib.suppress(RuntimeError):  # no loop running: nothing open to close
-        asyncio.get_running_loop().create_task(remote.close())
+        asyncio.get_running_loop().create_task(client.close())
 
 
 def use_airflow_services(
     urls: Sequence[str], *, timeout: float = 30.0, cipher: KwargsCipher | None = None
 ) -> None:
-    """Have Airflow 3 triggers' runtime requests answered by these servers (``deferline
-    airflow bridge --services-port``), tried in turn for up to ``timeout`` seconds each; an
-    empty ``urls`` goes back to the stand-in. A triggerer calls it before loading Airflow."""
+    """Have Airflow triggers' runtime requests (Airflow 3) or database reads (2.10) answered
+    by these servers (``deferline airflow bridge --services-port``), tried in turn until none
+    has answered for ``timeout`` seconds; an empty ``urls`` goes back to the stand-in (3) or
+    the database guard (2.10). A triggerer calls it before loading Airflow."""
     global _services
     with _lock:
         _services = (tuple(urls), timeout, cipher) if urls else None
-        if _guarded and importlib.util.find_spec("airflow.sdk") is not None:
+        if not _guarded:
+            return
+        if importlib.util.find_spec("airflow.sdk") is not None:
             _install_supervisor()
+        else:
+            _install_airflow2_services()
 
 
 async def close_airflow_services() -> None:
@@ -274,7 +292,7 @@ async def close_airflow_services() -> None:
     opens them again."""
     remote = _remote
     if remote is not None:
-        await remote.close()
+        await remote.client.close()
 
 
 def _runs_as_timer(airflow_class: type) -> bool:
@@ -372,7 +390,7 @@ class AirflowTrigger(BaseTrigger):
             # Airflow's triggers call Variable.get / get_connection synchronously inside
             # run(): greenback lets that call await the answer without blocking the loop.
             # Airflow's own switch turns it off (sync calls then fail, saying so).
-            await remote.ensure_portal()
+            await remote.client.ensure_portal()
         events = self.airflow_trigger.run()
         try:
             while True:

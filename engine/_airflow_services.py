@@ -48,6 +48,7 @@ __all__ = [
     "SEALED_TYPE",
     "SEAL_TTL_S",
     "RemoteSupervisor",
+    "ServicesClient",
     "SharedReads",
 ]
 
@@ -79,6 +80,7 @@ READ_KINDS = frozenset(
         "GetTaskStates",
         "GetPreviousTI",
         "GetDRCount",
+        "GetExternalTaskCount",
         "GetDagRunState",
         "GetPreviousDagRun",
         "GetAssetStateStoreByName",
@@ -144,39 +146,35 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-class RemoteSupervisor:
-    """``task_runner.SUPERVISOR_COMMS`` in a deferline triggerer, answered by remote servers.
+class ServicesClient:
+    """The wire to the services servers, for every Airflow line: one request's JSON in, the
+    server's response frame (bytes) out.
 
     Args:
         urls: base URLs of the servers (``http://bridge:8795``), tried in turn.
         timeout: seconds a request waits while no server answers anything, retries
             included (behind a server's backlog, at most ``_LONGEST_WAIT`` times that).
         cipher: seals requests and opens answers when ``DEFERLINE_KWARGS_KEYS`` is set.
+        unavailable: what an unanswered request raises (a subclass of
+            :class:`AirflowServicesUnavailable`).
     """
 
-    def __init__(self, urls: Sequence[str], *, timeout: float, cipher: KwargsCipher | None) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        timeout: float,
+        cipher: KwargsCipher | None,
+        unavailable: type[AirflowServicesUnavailable] = AirflowServicesUnavailable,
+    ) -> None:
         if not urls:
             raise ValueError("at least one Airflow services URL is needed")
         self.urls = tuple(u.rstrip("/") for u in urls)
         self.timeout = timeout
+        self.unavailable = unavailable
         self._cipher = cipher
         self._preferred = 0  # the server that answered last
-        comms: Any = importlib.import_module("airflow.sdk.execution_time.comms")
-        runner: Any = importlib.import_module("airflow.jobs.triggerer_job_runner")
         self._greenback: Any = importlib.import_module("greenback")
-        self._decoder: Any = importlib.import_module("pydantic").TypeAdapter(runner.ToTriggerRunner)
-        self._error_model: Any = comms.ErrorResponse
-        exceptions: Any = importlib.import_module("airflow.sdk.exceptions")
-        self._runtime_error: Any = exceptions.AirflowRuntimeError
-        # Airflow's secrets lookup takes any other error of its channel for "not here" and
-        # tries the next backend, ending in "not defined": a lookup that could not be asked
-        # would fail its trigger with a wrong reason. Its authoritative-deny error is the one
-        # it lets through, so the unanswered request is raised as both.
-        self._unavailable: type[AirflowServicesUnavailable] = type(
-            "AirflowServicesUnavailable",
-            (AirflowServicesUnavailable, exceptions.AirflowSecretsBackendAccessDenied),
-            {"__module__": AirflowServicesUnavailable.__module__},
-        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
         self._answered_at = -math.inf  # when a server last answered (monotonic)
@@ -184,60 +182,50 @@ class RemoteSupervisor:
             lambda asked: self._ask(*asked)
         )
 
-    # What Airflow's code calls ----------------------------------------------------------
-
-    def send(self, msg: Any) -> Any:
-        """Ask synchronously: from the loop's thread through greenback (the loop keeps
+    def ask_sync(self, kind: str, request: dict[str, Any]) -> bytes:
+        """:meth:`ask` for sync code: from the loop's thread through greenback (the loop keeps
         running), from another thread by waiting on the loop."""
-        if type(msg).__name__ == "MaskSecret":
-            return None
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is not None:
             if not self._greenback.has_portal():
-                # As AirflowServicesUnavailable, which Airflow's lookups let through.
-                raise self._unavailable(
-                    f"{type(msg).__name__}: a sync Airflow call (get_connection(), "
-                    "Variable.get(), …) was made on the event loop outside a trigger's run(), "
-                    "or with AIRFLOW_DISABLE_GREENBACK_PORTAL set; use the async form "
+                raise self.unavailable(
+                    f"{kind}: a sync Airflow call (get_connection(), Variable.get(), …) was "
+                    "made on the event loop outside a trigger's run(), or with "
+                    "AIRFLOW_DISABLE_GREENBACK_PORTAL set; use the async form "
                     "(aget_connection(), …) there"
                 )
-            return self._greenback.await_(self.asend(msg))
+            answer: bytes = self._greenback.await_(self.ask(kind, request))
+            return answer
         loop = self._loop
         if loop is not None and loop.is_running():
-            return asyncio.run_coroutine_threadsafe(self.asend(msg), loop).result()
-        return asyncio.run(self._ask_once_here(msg))
+            return asyncio.run_coroutine_threadsafe(self.ask(kind, request), loop).result()
+        return asyncio.run(self._ask_once_here(kind, request))
 
-    async def asend(self, msg: Any) -> Any:
-        """Ask, and return Airflow's answer model (or raise Airflow's error, as its
-        triggerer's channel does)."""
-        if type(msg).__name__ == "MaskSecret":
-            return None
+    async def ask(self, kind: str, request: dict[str, Any]) -> bytes:
+        """The server's response frame to ``request`` (a message of kind ``kind``)."""
         current = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = current
         elif current is not self._loop and self._loop.is_running():
             # A foreign loop (async_to_sync in a thread): ask from the triggerer's loop.
-            future = asyncio.run_coroutine_threadsafe(self.asend(msg), self._loop)
+            future = asyncio.run_coroutine_threadsafe(self.ask(kind, request), self._loop)
             return await asyncio.wrap_future(future)
-        kind, body, asked_at = self._request(msg)
+        body, asked_at = orjson.dumps({"request": request}), time.monotonic()
         if kind in READ_KINDS:  # the triggers asking the same at once share one request
-            return self._answer(kind, await self._reads.read(body, (kind, body, asked_at)))
-        return self._answer(kind, await self._ask(kind, body, asked_at))
+            shared: bytes = await self._reads.read(body, (kind, body, asked_at))
+            return shared
+        return await self._ask(kind, body, asked_at)
 
-    def _request(self, msg: Any) -> tuple[str, bytes, float]:
-        body = orjson.dumps({"request": msg.model_dump(mode="json")})
-        return type(msg).__name__, body, time.monotonic()
-
-    async def _ask_once_here(self, msg: Any) -> Any:
+    async def _ask_once_here(self, kind: str, request: dict[str, Any]) -> bytes:
         """No loop anywhere (a script): a session for this one request."""
         import aiohttp
 
-        kind, body, asked_at = self._request(msg)
+        body = orjson.dumps({"request": request})
         async with aiohttp.ClientSession() as session:
-            return self._answer(kind, await self._ask(kind, body, asked_at, session))
+            return await self._ask(kind, body, time.monotonic(), session)
 
     async def ensure_portal(self) -> None:
         """Give the calling task a greenback portal (once per trigger run)."""
@@ -311,7 +299,7 @@ class RemoteSupervisor:
                 if status:
                     reason = data[:500].decode("utf-8", "replace").strip()
                     if status not in _RETRYABLE_STATUS:
-                        raise self._unavailable(
+                        raise self.unavailable(
                             f"{kind}: {url} refused the request (HTTP {status}): {reason}"
                         )
                     last = f"{url}: HTTP {status} {reason}"
@@ -320,7 +308,7 @@ class RemoteSupervisor:
             index = (index + 1) % len(self.urls)
             await asyncio.sleep(min(backoff, max(self.timeout - self._silent_for(asked_at), 0)))
             backoff = min(backoff * 2, _LONGEST_BACKOFF_S)
-        raise self._unavailable(
+        raise self.unavailable(
             f"{kind}: no Airflow services server answered within {self.timeout:g} s "
             f"(DEFERLINE_AIRFLOW_SERVICES_TIMEOUT; servers: {', '.join(self.urls)}); "
             f"last: {last}"
@@ -340,6 +328,49 @@ class RemoteSupervisor:
             url + REQUESTS_PATH, data=payload, headers={"Content-Type": content_type}
         ) as response:
             return response.status, await response.read()
+
+
+class RemoteSupervisor:
+    """Airflow 3's ``task_runner.SUPERVISOR_COMMS`` in a deferline triggerer: each request
+    sent to the services servers, each answer read as Airflow's triggerer channel reads it.
+
+    Args: as :class:`ServicesClient`'s.
+    """
+
+    def __init__(self, urls: Sequence[str], *, timeout: float, cipher: KwargsCipher | None) -> None:
+        comms: Any = importlib.import_module("airflow.sdk.execution_time.comms")
+        runner: Any = importlib.import_module("airflow.jobs.triggerer_job_runner")
+        self._decoder: Any = importlib.import_module("pydantic").TypeAdapter(runner.ToTriggerRunner)
+        self._error_model: Any = comms.ErrorResponse
+        exceptions: Any = importlib.import_module("airflow.sdk.exceptions")
+        self._runtime_error: Any = exceptions.AirflowRuntimeError
+        # Airflow's secrets lookup takes any other error of its channel for "not here" and
+        # tries the next backend, ending in "not defined": a lookup that could not be asked
+        # would fail its trigger with a wrong reason. Its authoritative-deny error is the one
+        # it lets through, so the unanswered request is raised as both.
+        self._unavailable: type[AirflowServicesUnavailable] = type(
+            "AirflowServicesUnavailable",
+            (AirflowServicesUnavailable, exceptions.AirflowSecretsBackendAccessDenied),
+            {"__module__": AirflowServicesUnavailable.__module__},
+        )
+        self.client = ServicesClient(
+            urls, timeout=timeout, cipher=cipher, unavailable=self._unavailable
+        )
+
+    def send(self, msg: Any) -> Any:
+        """Ask synchronously (:meth:`ServicesClient.ask_sync`)."""
+        if type(msg).__name__ == "MaskSecret":
+            return None
+        kind = type(msg).__name__
+        return self._answer(kind, self.client.ask_sync(kind, msg.model_dump(mode="json")))
+
+    async def asend(self, msg: Any) -> Any:
+        """Ask, and return Airflow's answer model (or raise Airflow's error, as its
+        triggerer's channel does)."""
+        if type(msg).__name__ == "MaskSecret":
+            return None
+        kind = type(msg).__name__
+        return self._answer(kind, await self.client.ask(kind, msg.model_dump(mode="json")))
 
     def _answer(self, kind: str, data: bytes) -> Any:
         """Airflow's response frame to what its channel returns: the model, or its error

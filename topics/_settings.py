@@ -76,9 +76,10 @@ class Settings(BaseSettings):
 
     airflow_services: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """URLs of the servers answering Airflow triggers' runtime requests (connections,
-    variables, XCom, task and DAG-run state, human-in-the-loop): ``deferline airflow bridge
-    --services-port``. Tried in turn. Empty: a triggerer answers them itself from the
-    environment and a secrets backend, and fails those only Airflow's database knows."""
+    variables, task and DAG-run state; on Airflow 3 XCom and human-in-the-loop too):
+    ``deferline airflow bridge --services-port``. Tried in turn. Empty: a triggerer answers
+    them itself from the environment and a secrets backend, and fails those only Airflow's
+    database knows."""
     airflow_services_timeout: float = Field(default=30.0, gt=0)
     """Seconds an Airflow trigger's request waits while no server of ``airflow_services``
     answers anything (gone, frozen, refusing), retrying across them, before the trigger gets

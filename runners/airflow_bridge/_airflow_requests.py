@@ -43,11 +43,11 @@ class AirflowRequests:
     """
 
     def __init__(self, *, team_name: str | None) -> None:
-        if importlib.util.find_spec("airflow.sdk.execution_time.request_handlers") is None:
+        if importlib.util.find_spec("airflow.sdk") is None:
             airflow: Any = importlib.import_module("airflow")
             raise ValueError(
-                f"Airflow {airflow.__version__}'s triggers read Airflow's database themselves: "
-                "--services-port serves the requests of Airflow 3.3's triggers"
+                f"AirflowRequests answers Airflow 3's trigger requests, and this is Airflow "
+                f"{airflow.__version__}: Airflow2Requests answers 2.10's"
             )
         self.team_name = team_name
         # Airflow's in-process API warns about itself, in plain text amid a bridge's JSON log

@@ -49,11 +49,10 @@ from deferline.topics import (
 from .._aiokafka import leave_from_generation_zero
 from .._metrics import MetricsServer
 from ._airflow_db import AirflowDatabase
-from ._airflow_requests import AirflowRequests
 from ._book import RowBook
 from ._metrics import BridgeMetrics
 from ._rows import BridgeEvent, RejectedRow, RowRef, bridge_event, read_event, to_defer_request
-from ._services import AirflowServices
+from ._services import AirflowServices, requests_for_this_airflow
 from ._state import BridgeLifecycle, BridgeState
 from ._write_back import CleanUpSchedule, write_back_loop
 
@@ -185,7 +184,7 @@ class AirflowBridge(Lifecycle):
             )
             await self._server.start()
         if options.services_port is not None:
-            requests = await self._db(lambda: AirflowRequests(team_name=options.team_name))
+            requests = await self._db(lambda: requests_for_this_airflow(options.team_name))
             self.services = AirflowServices(
                 requests,
                 metrics=metrics,

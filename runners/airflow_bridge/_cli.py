@@ -14,7 +14,6 @@ from .._gc import collect_less_often, spare_what_lives_now
 from .._options import connection_options, layout_options, logging_options, metrics_options
 from .._signals import run_until_signal
 from ._airflow_db import AirflowDatabase
-from ._airflow_requests import AirflowRequests
 from ._bridge import AirflowBridge, BridgeOptions
 
 __all__ = ["airflow_command"]
@@ -85,8 +84,9 @@ def airflow_command() -> None:
     envvar="DEFERLINE_AIRFLOW_SERVICES_PORT",
     type=click.IntRange(min=0, max=65535),
     default=None,
-    help="Answer Airflow 3 triggers' runtime requests (connections and variables from "
-    "Airflow's database, XCom, task and DAG-run state, human-in-the-loop) on this port, for "
+    help="Answer Airflow triggers' runtime requests (connections and variables from "
+    "Airflow's database, task and DAG-run state; on Airflow 3 XCom and human-in-the-loop too) "
+    "on this port, for "
     "triggerers given DEFERLINE_AIRFLOW_SERVICES=http://<this host>:<port> (0: any free port) "
     "[env: DEFERLINE_AIRFLOW_SERVICES_PORT]",
 )
@@ -160,11 +160,6 @@ def bridge_command(
         raise click.ClickException(f"unsupported Airflow environment: {exc}") from exc
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    if services_port is not None:
-        try:
-            AirflowRequests(team_name=team_name)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
     root.handlers[:] = handlers
     root.setLevel(level)
     # Airflow loaded is hundreds of thousands of objects no collection would free: out of the

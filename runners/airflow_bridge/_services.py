@@ -1,22 +1,24 @@
 """The bridge's Airflow services: deferline triggerers' Airflow triggers ask, Airflow answers.
 
 ``deferline airflow bridge --services-port`` serves ``POST /v1/airflow/requests``, the wire
-of ``deferline.engine``'s ``RemoteSupervisor`` (docs/protocol.md, "Airflow services"): one
-runtime request of an Airflow 3 trigger in, Airflow's response frame out, answered by
-:class:`~._airflow_requests.AirflowRequests` in worker threads (one on SQLite, whose writers
-take turns anyway) so the bridge's loop never waits on the database. With
-``DEFERLINE_KWARGS_KEYS`` set, requests must come sealed with those keys (and fresh: at most
-``SEAL_TTL_S`` old) and answers go back sealed; a request in clear is refused. Requests and
-answers are never logged: they carry passwords.
+of ``deferline.engine``'s ``ServicesClient`` (docs/protocol.md, "Airflow services"): one
+runtime request of an Airflow trigger in, Airflow's response frame out, answered by
+:class:`~._airflow_requests.AirflowRequests` (Airflow 3) or
+:class:`~._airflow2_requests.Airflow2Requests` (Airflow 2.10) in worker threads (one on
+SQLite, whose writers take turns anyway) so the bridge's loop never waits on the database.
+With ``DEFERLINE_KWARGS_KEYS`` set, requests must come sealed with those keys (and fresh: at
+most ``SEAL_TTL_S`` old) and answers go back sealed; a request in clear is refused. Requests
+and answers are never logged: they carry passwords.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -32,10 +34,11 @@ from deferline.schemas import DecryptionError, DeferlineError, KwargsCipher
 from deferline.topics import Lifecycle
 
 from .._http import serve
+from ._airflow2_requests import Airflow2Requests
 from ._airflow_requests import AirflowRequests, RequestRefused
 from ._metrics import BridgeMetrics
 
-__all__ = ["AirflowServices", "AirflowServicesError"]
+__all__ = ["AirflowServices", "AirflowServicesError", "Requests", "requests_for_this_airflow"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,28 @@ _MAX_REQUEST_BYTES = 1 << 20
 
 class AirflowServicesError(DeferlineError):
     """The services endpoint could not be started."""
+
+
+class Requests(Protocol):
+    """What answers the requests: :class:`AirflowRequests` (Airflow 3) or
+    :class:`Airflow2Requests` (Airflow 2.10)."""
+
+    @property
+    def team_name(self) -> str | None: ...
+
+    @property
+    def kinds(self) -> frozenset[str]: ...
+
+    def answer(self, request: Any) -> dict[str, Any]: ...
+
+    def warm_up(self) -> None: ...
+
+
+def requests_for_this_airflow(team_name: str | None) -> Requests:
+    """The answerer for the installed Airflow's triggers."""
+    if importlib.util.find_spec("airflow.sdk") is not None:  # Airflow 3
+        return AirflowRequests(team_name=team_name)
+    return Airflow2Requests(team_name=team_name)
 
 
 class AirflowServices(Lifecycle):
@@ -59,7 +84,7 @@ class AirflowServices(Lifecycle):
 
     def __init__(
         self,
-        requests: AirflowRequests,
+        requests: Requests,
         *,
         metrics: BridgeMetrics,
         cipher: KwargsCipher | None,

@@ -12,10 +12,8 @@ clear error within the limit, servers are tried in turn, and sealed requests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -26,122 +24,30 @@ from deferline.engine import (
     TriggerEvent,
     load_trigger,
     preload_airflow,
-    use_airflow_services,
 )
 from deferline.schemas import KwargsCipher
 
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
+
+from ._services_server import Services, asking, listening, serving
 
 pytestmark = [
     pytest.mark.airflow,
     pytest.mark.timeout(60),
     pytest.mark.skipif(
         airflow_line() < 3,
-        reason="Airflow 2.10's triggers read Airflow's database themselves; the services "
-        "answer Airflow 3's requests",
+        reason="Airflow 3's requests; Airflow 2.10's reads are tests/engine/test_airflow2_services",
     ),
 ]
 
 USER_TRIGGERS = "tests.integration._airflow_ops"
 PREFIXES = [STANDARD_TRIGGERS, USER_TRIGGERS]
-PATH = "/v1/airflow/requests"
-
-
-@dataclass
-class Services:
-    """A scripted services server: variables and connections by key, and a gate requests
-    wait at while it is closed."""
-
-    url: str = ""
-    variables: dict[str, str] = field(default_factory=dict)
-    connections: dict[str, dict[str, Any]] = field(default_factory=dict)
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
-    asked: list[dict[str, Any]] = field(default_factory=list)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    cipher: KwargsCipher | None = None
-    content_types: list[str] = field(default_factory=list)
-
-    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
-        kind = request["type"]
-        if kind == "GetVariable":
-            value = self.variables.get(request["key"])
-            if value is None:
-                return _error("VARIABLE_NOT_FOUND", {"key": request["key"]})
-            return {"body": {"key": request["key"], "value": value, "type": "VariableResult"}}
-        if kind == "GetConnection":
-            conn = self.connections.get(request["conn_id"])
-            if conn is None:
-                return _error("CONNECTION_NOT_FOUND", {"conn_id": request["conn_id"]})
-            fields = {"schema": None, "login": None, "password": None, "extra": None}
-            body = {"conn_id": request["conn_id"], **fields, **conn, "type": "ConnectionResult"}
-            return {"body": body}
-        if kind == "GetTICount":
-            return {"body": {"count": 2, "type": "TICount"}}
-        return _error("API_SERVER_ERROR", {"message": f"unexpected {kind}"})
-
-    async def handle(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        self.content_types.append(request.content_type)
-        data = self.cipher.open_bytes(raw) if self.cipher else raw
-        asked = orjson.loads(data)["request"]
-        self.asked.append(asked)
-        self.arrived.set()
-        await self.gate.wait()
-        body = orjson.dumps({"error": None, **self.answer(asked)})
-        if self.cipher:
-            return web.Response(
-                body=self.cipher.seal_bytes(body), content_type=request.content_type
-            )
-        return web.Response(body=body, content_type="application/json")
-
-
-def _error(kind: str, detail: dict[str, Any]) -> dict[str, Any]:
-    return {"body": None, "error": {"error": kind, "detail": detail, "type": "ErrorResponse"}}
 
 
 @pytest.fixture(scope="module")
 def airflow_loaded() -> None:
     assert preload_airflow(PREFIXES)
     importlib.import_module(USER_TRIGGERS)
-
-
-@contextlib.asynccontextmanager
-async def listening(
-    handle: Callable[[web.Request], Awaitable[web.Response]], port: int = 0
-) -> AsyncIterator[str]:
-    """Serve ``handle`` at the services path on a real socket; yields the base URL."""
-    app = web.Application()
-    app.router.add_post(PATH, handle)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{bound}"
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
-async def serving(services: Services, port: int = 0) -> AsyncIterator[Services]:
-    async with listening(services.handle, port) as url:
-        services.url = url
-        try:
-            yield services
-        finally:
-            services.gate.set()
-
-
-@contextlib.contextmanager
-def asking(
-    urls: list[str], *, timeout: float = 10.0, cipher: KwargsCipher | None = None
-) -> Iterator[None]:
-    use_airflow_services(urls, timeout=timeout, cipher=cipher)
-    try:
-        yield
-    finally:
-        use_airflow_services([])
 
 
 def comms() -> Any:

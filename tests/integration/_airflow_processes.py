@@ -85,7 +85,8 @@ async def trigger_dag(
     af: AirflowDeployment, dag_id: str, run_id: str, *, logical_date: str | None = None
 ) -> None:
     """``airflow dags trigger`` one run (of ``logical_date`` when given)."""
-    dated = ("--logical-date", logical_date) if logical_date else ()
+    option = "--logical-date" if af.line >= 3 else "--exec-date"
+    dated = (option, logical_date) if logical_date else ()
     await asyncio.to_thread(af.run, "dags", "trigger", dag_id, "--run-id", run_id, *dated)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from deferline.topics import Settings
 
 from ._airflow_deployment import AirflowDeployment
 from ._airflow_processes import Processes
+from ._services_kit import Endpoint
 
 
 @pytest.fixture
@@ -22,3 +24,17 @@ def processes(
         yield started
     finally:
         started.close()
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[Endpoint]:
+    """An HTTP endpoint a sensor polls (``Endpoint``), for the module."""
+    server = Endpoint()
+    thread = threading.Thread(target=server.serve_forever, name="endpoint", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

@@ -40,16 +40,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
 import secrets
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +55,14 @@ from tests.airflow_line import airflow_version
 
 from ._airflow_deployment import AirflowDeployment, free_port, until
 from ._airflow_processes import Processes, reach, run_id_of, trigger_dag, xcom
-from ._process import DeferlineProcess
+from ._services_kit import (
+    Endpoint,
+    airflow_database_of,
+    dag_run_reaches,
+    requests_answered,
+    services_of,
+    triggerer_environment,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -88,51 +90,6 @@ PASSWORDS_FILE_ENV = "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
 # No trigger may fire sooner than this after its task deferred (docs/airflow.md, the race).
 RESUME_AFTER = 15
 FINAL = {"success", "failed", "skipped", "upstream_failed"}
-
-
-class Endpoint(ThreadingHTTPServer):
-    """On 127.0.0.1, a free port: ``GET /ready`` answers 404 until ``ready`` is set, then 200;
-    ``answers`` records each status given there, in order."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _EndpointHandler)
-        self.ready = threading.Event()
-        self.answers: list[int] = []
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-
-class _EndpointHandler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        server = self.server
-        assert isinstance(server, Endpoint)
-        status = 404
-        if self.path.split("?")[0] == "/ready":
-            status = 200 if server.ready.is_set() else 404
-            server.answers.append(status)
-        body = b"ready" if status == 200 else b"not yet"
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Quiet: the test reads ``answers``."""
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[Endpoint]:
-    server = Endpoint()
-    thread = threading.Thread(target=server.serve_forever, name="endpoint", daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -180,50 +137,6 @@ def airflow(
         af.close()
 
 
-def triggerer_environment(af: AirflowDeployment, home: Path, services: str) -> dict[str, str]:
-    """A deferline triggerer's environment: none of Airflow's settings (its database, its
-    connections and variables) but an ``AIRFLOW_HOME`` of its own, the DAGs folder on the
-    path (the user trigger module), and the bridge's services."""
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "_AIRFLOW"))}
-    assert home != af.home
-    env |= {
-        "AIRFLOW_HOME": str(home),
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(af.dags), os.environ.get("PYTHONPATH", "")) if p
-        ),
-        "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": ALLOWED,
-        "DEFERLINE_AIRFLOW_SERVICES": services,
-    }
-    # None of Airflow's database settings, connections or variables.
-    assert not [k for k in env if k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))]
-    return env
-
-
-def airflow_database_of(env: dict[str, str]) -> str:
-    """``[database] sql_alchemy_conn`` as Airflow, imported with ``env`` as the triggerer
-    imports it (as a library), reads it."""
-    script = (
-        "from airflow.configuration import conf; print(conf.get('database', 'sql_alchemy_conn'))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**env, "_AIRFLOW__AS_LIBRARY": "1"},
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout.decode().strip().splitlines()[-1]
-
-
-async def dag_run_reaches(af: AirflowDeployment, dag_id: str, run_id: str, wanted: str) -> None:
-    def check() -> bool:
-        rows = af.query("SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
-        return rows == [(wanted,)]
-
-    await until(f"{dag_id} run {run_id} {wanted}", check, within=60)
-
-
 def api(af: AirflowDeployment, method: str, path: str, body: Any = None, token: str = "") -> Any:
     """One call to the REST API of the deployment's API server; its JSON answer."""
     request = urllib.request.Request(
@@ -252,23 +165,9 @@ def hitl_path(dag_id: str, run_id: str, task_id: str) -> str:
     return f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails"
 
 
-def requests_answered(metrics_port: int, kind: str) -> float:
-    """The bridge's count of ``kind`` requests answered (its metrics)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as page:
-        text = page.read().decode()
-    wanted = f'deferline_airflow_requests_total{{kind="{kind}",outcome="answered"}} '
-    lines = [line for line in text.splitlines() if line.startswith(wanted)]
-    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
-
-
 def logged_at(line: dict[str, Any]) -> float:
     """When a deferline process logged ``line`` (its ``time`` field), in seconds."""
     return dt.datetime.strptime(str(line["time"]), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
-def services_of(process: DeferlineProcess) -> list[object]:
-    """The ports the bridge's "Airflow services serving" lines name."""
-    return [line.get("services_port") for line in process.find("Airflow services serving")]
 
 
 async def test_airflow_triggers_get_what_only_airflows_database_knows(
@@ -288,7 +187,7 @@ async def test_airflow_triggers_get_what_only_airflows_database_knows(
 
     services_port = free_port()
     services = f"http://127.0.0.1:{services_port}"
-    trigger_env = triggerer_environment(af, tmp_path / "triggerer_home", services)
+    trigger_env = triggerer_environment(af, tmp_path / "triggerer_home", services, ALLOWED)
     trigger_home = Path(trigger_env["AIRFLOW_HOME"])
 
     metrics_port = free_port()
@@ -391,7 +290,7 @@ async def test_a_trigger_fails_when_its_bridge_is_gone(
     run_id = run_id_of(settings, "gone")
     services_port = free_port()
     services = f"http://127.0.0.1:{services_port}"
-    trigger_env = triggerer_environment(af, tmp_path / "triggerer_home", services)
+    trigger_env = triggerer_environment(af, tmp_path / "triggerer_home", services, ALLOWED)
     trigger_env["DEFERLINE_AIRFLOW_SERVICES_TIMEOUT"] = "3"
 
     bridge = processes.bridge(

@@ -1,6 +1,6 @@
-"""The user triggers of the Airflow services test: they ask Airflow's runtime for a variable
+"""The user triggers of the Airflow services tests: they ask Airflow's runtime for a variable
 or a connection stored only in Airflow's database. Importable by Airflow's workers (from the
-DAGs folder) and by the deferline triggerer (on its PYTHONPATH)."""
+DAGs folder) and by the deferline triggerer (on its PYTHONPATH), on either Airflow line."""
 
 # mypy: ignore-errors
 from __future__ import annotations
@@ -9,8 +9,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.sdk import BaseHook, Variable
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+try:  # Airflow 3
+    from airflow.sdk import BaseHook, Variable
+except ImportError:  # Airflow 2.10
+    from airflow.hooks.base import BaseHook
+    from airflow.models import Variable
 
 
 class VariableAfter(BaseTrigger):
