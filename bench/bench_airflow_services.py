@@ -23,6 +23,15 @@ run, each phase after the one before has settled:
    its connections in its environment (``AIRFLOW_CONN_*``): what polling costs there, to tell
    the services' share of the triggerer's figures from the sensors' own (``--no-control``
    skips it).
+2''. **in a trigger**: ``bench/_airflow_probe.py``'s ``ProbeTrigger``, published among the
+   sensors, times the same requests from inside the triggerer as a user's trigger makes them
+   (``await BaseHook.aget_connection``, a sync ``Variable.get`` inside ``run()``).
+4. **airflow triggerer**: ``airflow triggerer`` itself on a copy of the database holding N
+   deferred task instances whose trigger rows are the same ``HttpSensorTrigger``s (seeded
+   through Airflow's code, ``tests/integration/_airflow_seed.py``) and the probe's: the rows
+   it takes (its ``[triggerer] capacity``, 1,000 by default), the polls the endpoint sees,
+   its CPU in a steady window, and the probe's round trips through its supervisor
+   (``--no-airflow-triggerer`` skips it).
 3. **airflow**: what Airflow's own triggerer pays per request in its supervisor process
    (``TriggerRunnerSupervisor._handle_request``): in a subprocess with the database settings
    (a copy of the database), the client its ``make_client`` builds on
@@ -69,7 +78,9 @@ from tests.integration._postgres import PostgresServer, postgres_bin
 
 BIN = Path(sys.executable).parent
 HTTP_SENSOR = "airflow.providers.http.triggers.http.HttpSensorTrigger"
-ALLOWED = "airflow.providers.http.triggers"
+PROBE = "bench._airflow_probe.ProbeTrigger"
+ALLOWED = "airflow.providers.http.triggers,bench._airflow_probe"
+ROOT = Path(__file__).parents[1]
 CONN_PREFIX = "bench_http_"
 VARIABLE_KEY = "bench_greeting"
 VARIABLE_VALUE = "kept in Airflow's database only"
@@ -406,6 +417,30 @@ def run_airflow_cost(env: dict[str, str], n: int, conn_id: str) -> Figures:
 # -- the run ----------------------------------------------------------------------------------
 
 
+def sensor_kwargs(conn_id: str) -> dict[str, Any]:
+    """An ``HttpSensorTrigger``'s kwargs, as ``HttpSensor(deferrable=True)`` defers with."""
+    return {
+        "endpoint": ENDPOINT,
+        "data": None,
+        "method": "GET",
+        "headers": None,
+        "extra_options": {},
+        "http_conn_id": conn_id,
+        "poke_interval": POKE_INTERVAL,
+    }
+
+
+def probe_kwargs(args: argparse.Namespace, conn_id: str, out: Path, delay: float) -> Figures:
+    return {
+        "conn_id": conn_id,
+        "key": VARIABLE_KEY,
+        "n": args.probe_n,
+        "warm_up": PROBE_WARM_UP,
+        "delay": delay,
+        "out": str(out),
+    }
+
+
 def defer_requests(n: int, connections: int) -> list[tuple[bytes, bytes]]:
     """N ``HttpSensorTrigger`` deferrals as the bridge publishes claimed rows (its trigger id
     form, no resume target), the connections round-robin; (key, value) records."""
@@ -417,19 +452,159 @@ def defer_requests(n: int, connections: int) -> list[tuple[bytes, bytes]]:
             trigger_id=f"airflow-{i + 1}-{micros}",
             task=TaskKey(dag_id="bench_http_sensor", task_id="sense", run_id="bench", map_index=i),
             classpath=HTTP_SENSOR,
-            kwargs={
-                "endpoint": ENDPOINT,
-                "data": None,
-                "method": "GET",
-                "headers": None,
-                "extra_options": {},
-                "http_conn_id": f"{CONN_PREFIX}{i % connections}",
-                "poke_interval": POKE_INTERVAL,
-            },
+            kwargs=sensor_kwargs(f"{CONN_PREFIX}{i % connections}"),
             requested_at=created,
         )
         records.append((request.trigger_id.encode(), encode(request)))
     return records
+
+
+async def _read_probe(path: Path, within: float, alive: Any) -> dict[str, list[float]]:
+    """The probe trigger's round trips, once it has written them."""
+    deadline = time.monotonic() + within
+    while not await asyncio.to_thread(path.exists):
+        alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the probe trigger wrote no {path} within {within:.0f} s")
+        await asyncio.sleep(0.5)
+    took: dict[str, list[float]] = json.loads(await asyncio.to_thread(path.read_text))
+    return took
+
+
+async def probe_in_trigger(
+    rig: Rig, settings: Settings, args: argparse.Namespace, conn_id: str
+) -> Figures:
+    """2''. The probe trigger, published to the running triggerer beside its sensors."""
+    out = rig.home / "probe-deferline.json"
+    request = DeferRequest(
+        trigger_id=f"probe-{os.getpid()}",
+        task=TaskKey(dag_id="bench_probe", task_id="probe", run_id="bench", map_index=-1),
+        classpath=PROBE,
+        kwargs=probe_kwargs(args, conn_id, out, delay=0.0),
+        requested_at=dt.datetime.now(dt.UTC),
+    )
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        defer_topic = TopicNames(settings.topic_prefix).defer()
+        await producer.send_and_wait(defer_topic, encode(request), key=request.trigger_id.encode())
+    finally:
+        await producer.stop()
+    return latency_figures(await _read_probe(out, 600, rig.check))
+
+
+def rewrite_seeded_rows(args: argparse.Namespace, conn_id: str, out: Path) -> None:
+    """In a process with Airflow's settings: every seeded trigger row becomes an
+    ``HttpSensorTrigger`` (connections round-robin), and the first one the probe trigger,
+    its task instance first in Airflow's claim order (priority weight)."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.trigger import Trigger
+    from airflow.utils.session import create_session
+    from sqlalchemy import select, update
+
+    with create_session() as session:
+        ids = sorted(session.scalars(select(Trigger.id)))
+        for i in range(args.connections):
+            row = Trigger(classpath=HTTP_SENSOR, kwargs=sensor_kwargs(f"{CONN_PREFIX}{i}"))
+            session.execute(
+                update(Trigger)
+                .where(Trigger.id.in_(ids[i :: args.connections]))
+                .values(classpath=HTTP_SENSOR, encrypted_kwargs=row.encrypted_kwargs)
+            )
+        probe = Trigger(classpath=PROBE, kwargs=probe_kwargs(args, conn_id, out, delay=60.0))
+        session.execute(
+            update(Trigger)
+            .where(Trigger.id == ids[0])
+            .values(classpath=PROBE, encrypted_kwargs=probe.encrypted_kwargs)
+        )
+        session.execute(
+            update(TaskInstance)
+            .where(TaskInstance.trigger_id == ids[0])
+            .values(priority_weight=10**6)
+        )
+
+
+def count_assigned() -> int:
+    """In a process with Airflow's settings: trigger rows a triggerer has taken."""
+    from airflow.models.trigger import Trigger
+    from airflow.utils.session import create_session
+    from sqlalchemy import func, select
+
+    with create_session() as session:
+        return int(session.scalar(select(func.count()).where(Trigger.triggerer_id.is_not(None))))
+
+
+def _in_airflow(env: dict[str, str], *args: str) -> str:
+    """This module in a process with Airflow's settings ``env``: its output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_airflow_services", *args],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{args!r} failed:\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
+async def airflow_triggerer(
+    rig: Rig, env: dict[str, str], args: argparse.Namespace, conn_id: str
+) -> Figures:
+    """4. ``airflow triggerer`` on a copy of the database with N HttpSensorTrigger rows."""
+    n, home = args.n, rig.home
+    started = time.monotonic()
+    await asyncio.to_thread(seeding.seed, env, n, dt.datetime(2100, 1, 1, tzinfo=dt.UTC))
+    out = home / "probe-airflow.json"
+    await asyncio.to_thread(
+        _in_airflow, env, "--rewrite-rows", str(out), "--conn-id", conn_id,
+        "--n", str(n), "--connections", str(args.connections),
+        "--probe-n", str(args.probe_n),
+    )  # fmt: skip
+    print(f"airflow triggerer: {n:,} rows seeded in {time.monotonic() - started:.0f} s")
+    triggerer_env = {
+        **env,
+        "PYTHONPATH": str(ROOT),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+    }
+    rig.processes.start(
+        [str(BIN / "airflow"), "triggerer"], triggerer_env, home / "airflow-triggerer.log"
+    )
+    proc = rig.processes.procs[-1]
+
+    def alive() -> None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"airflow triggerer exited with {proc.returncode}")
+
+    try:
+        # Its probe starts 60 s after it took the row, first: the sensors are loaded by then.
+        took = await _read_probe(out, 900, alive)
+        hits0, cpu0, t0 = (
+            await endpoint_hits(rig.session, rig.endpoint_port),
+            sum(_tree_cpu(proc.pid).values()),
+            time.monotonic(),
+        )
+        await asyncio.sleep(args.window)
+        hits1, cpu1, t1 = (
+            await endpoint_hits(rig.session, rig.endpoint_port),
+            sum(_tree_cpu(proc.pid).values()),
+            time.monotonic(),
+        )
+        assigned = int(await asyncio.to_thread(_in_airflow, env, "--count-assigned"))
+        alive()
+    finally:
+        seeding.stop_group(proc)
+    seconds = t1 - t0
+    polls = hits1 - hits0
+    return {
+        "latency": latency_figures(took),
+        "rows": n,
+        "rows_taken": assigned,
+        "seconds": round(seconds, 1),
+        "endpoint_polls_per_s": round(polls / seconds, 1),
+        "cpu_cores": round((cpu1 - cpu0) / seconds, 3),
+        "cpu_ms_per_poll": round(1000 * (cpu1 - cpu0) / polls, 3) if polls else None,
+    }
 
 
 def log_summary(path: Path) -> Figures:
@@ -535,6 +710,7 @@ def triggerer_environment(home: Path, **extra: str) -> dict[str, str]:
     home.mkdir()
     return env | {
         "AIRFLOW_HOME": str(home),
+        "PYTHONPATH": str(ROOT),
         "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": ALLOWED,
         "DEFERLINE_PARTITIONS": str(PARTITIONS),
         **extra,
@@ -730,6 +906,7 @@ async def run(args: argparse.Namespace) -> Figures:
             after = await rig.snapshot()
             load["latency"] = latency_figures(took)
             load["probe_window"] = deltas(before, after, asked=asked)
+            load["in_trigger"] = await probe_in_trigger(rig, settings, args, conn_id)
             figures["load"] = load
             print("load:", json.dumps(load["probe_window"]), flush=True)
             _note_others(figures, "load")
@@ -750,10 +927,15 @@ async def run(args: argparse.Namespace) -> Figures:
                 figures["control"] = control
                 _note_others(figures, "control")
                 rig.stop_triggerer()
+            # 4. Airflow's own triggerer on a copy of the database, the same sensors as rows.
+            if not args.no_airflow_triggerer:
+                figures["airflow_triggerer"] = await airflow_triggerer(rig, copy_env, args, conn_id)
+                print("airflow triggerer:", json.dumps(figures["airflow_triggerer"]), flush=True)
+                _note_others(figures, "airflow_triggerer")
             processes.stop()
             figures["logs"] = {
                 name: log_summary(home / f"{name}.log")
-                for name in ("bridge", "triggerer", "control")
+                for name in ("bridge", "triggerer", "control", "airflow-triggerer")
                 if (home / f"{name}.log").exists()
             }
 
@@ -888,6 +1070,24 @@ def table(figures: Figures) -> str:
                 for name in ("bridge", "triggerer", "endpoint", "bench")
             ),
         ),
+        ("**2d. round trip inside a trigger (probe trigger among the sensors)**", ""),
+        ("GetConnection p50 / p99 ms (aget_connection)", _ms(load["in_trigger"], "GetConnection")),
+        ("GetVariable p50 / p99 ms (sync Variable.get)", _ms(load["in_trigger"], "GetVariable")),
+    ]
+    live: Figures | None = figures.get("airflow_triggerer")
+    if live is not None:
+        rows += [
+            (f"**airflow triggerer, {live['rows']:,} HttpSensorTrigger rows, same run**", ""),
+            ("rows it took (its capacity)", f"{live['rows_taken']:,}"),
+            ("GetConnection p50 / p99 ms in a trigger", _ms(live["latency"], "GetConnection")),
+            ("GetVariable p50 / p99 ms in a trigger", _ms(live["latency"], "GetVariable")),
+            (
+                f"endpoint polls/s in a {live['seconds']:.0f} s window; CPU cores; ms per poll",
+                f"{live['endpoint_polls_per_s']}; {live['cpu_cores']}; "
+                f"{_value(live['cpu_ms_per_poll'])}",
+            ),
+        ]
+    rows += [
         ("**3. Airflow's triggerer supervisor, per request (one thread)**", ""),
     ]
     for kind in ("GetConnection", "GetVariable"):
@@ -966,12 +1166,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--no-control", action="store_true", help="skip the triggerer without the services"
     )
+    parser.add_argument(
+        "--no-airflow-triggerer", action="store_true", help="skip airflow triggerer's phase"
+    )
     parser.add_argument("--endpoint", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rewrite-rows", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--count-assigned", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--airflow-cost", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--conn-id", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.endpoint is not None:
         serve_endpoint(args.endpoint)
+        return
+    if args.rewrite_rows is not None:
+        rewrite_seeded_rows(args, args.conn_id, args.rewrite_rows)
+        return
+    if args.count_assigned:
+        print(count_assigned())
         return
     if args.airflow_cost is not None:
         print(json.dumps(airflow_request_cost(args.airflow_cost, args.conn_id)))

@@ -14,7 +14,8 @@ triggerer`` runs: each test starts bridges and deferline triggerers on a prefix 
   Airflow's ``DateTimeSensorAsync(start_from_trigger=True)`` resumes. Templated trigger
   kwargs are rendered by the bridge as Airflow's triggerer renders them (the DAG run's
   context; a variable stored in the database), before publishing; a template naming what
-  the context lacks fails its task with the reason.
+  the context lacks fails its task with the reason. A claim again (the first bridge stopped,
+  the next claiming its rows) publishes the same bytes again.
 * **Teams**: a bridge with ``--team team_x`` (on a prefix of the team's, with the team's
   triggerer) claims the team's row only; the row of a DAG in no team waits for a bridge
   without ``--team``. A bridge refuses ``--team`` and ``--queues`` where ``airflow
@@ -118,8 +119,14 @@ def trigger_rows(af: AirflowDeployment, dag_id: str, run_id: str) -> dict[str, t
 
 
 async def defer_requests(clients: KafkaClients, topic: str, run_id: str) -> dict[str, DeferRequest]:
-    """The DeferRequests of ``run_id`` on ``topic`` now, by task id: read from its start to
-    its end offsets."""
+    """The DeferRequests of ``run_id`` on ``topic`` now, by task id (the last of each)."""
+    records = await defer_records(clients, topic, run_id)
+    return {task_id: decode_as(values[-1], DeferRequest) for task_id, values in records.items()}
+
+
+async def defer_records(clients: KafkaClients, topic: str, run_id: str) -> dict[str, list[bytes]]:
+    """The DeferRequest records of ``run_id`` on ``topic`` now, by task id, in order: read
+    from its start to its end offsets."""
     consumer = await clients.consumer()
     for _ in range(20):  # metadata of a topic this consumer has not named yet
         if consumer.partitions_for_topic(topic):
@@ -130,7 +137,7 @@ async def defer_requests(clients: KafkaClients, topic: str, run_id: str) -> dict
     consumer.assign(partitions)
     await consumer.seek_to_beginning(*partitions)
     ends = await consumer.end_offsets(partitions)
-    found: dict[str, DeferRequest] = {}
+    found: dict[str, list[bytes]] = {}
     deadline = time.monotonic() + 60
 
     async def behind() -> bool:
@@ -143,7 +150,7 @@ async def defer_requests(clients: KafkaClients, topic: str, run_id: str) -> dict
             if message.value is not None:  # not a tombstone
                 request = decode_as(message.value, DeferRequest)
                 if request.task.run_id == run_id:
-                    found[request.task.task_id] = request
+                    found.setdefault(request.task.task_id, []).append(message.value)
     return found
 
 
@@ -224,7 +231,34 @@ async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
     # The scheduler's rows have no queue, even with queues_enabled (Airflow sets none there).
     assert {row[0] for row in trigger_rows(af, dag, run_id).values()} == {None}
 
+    # A claim again publishes the same bytes: the first bridge publishes and stops (its job
+    # ended, its rows free), the next one claims the rows and publishes them again.
+    defer = TopicNames(settings.topic_prefix).defer()
+    first = processes.bridge("bridge-1")
+
+    async def published(times: int) -> dict[str, list[bytes]]:
+        records: dict[str, list[bytes]] = {}
+
+        async def enough() -> bool:
+            nonlocal records
+            records = await defer_records(kafka_clients, defer, run_id)
+            return set(records) == ours | sensors and all(len(r) >= times for r in records.values())
+
+        deadline = time.monotonic() + 120
+        while defer not in await topics(kafka_clients):  # the bridge creates it at start
+            assert time.monotonic() < deadline, f"no topic {defer}"
+            await asyncio.sleep(0.5)
+        while not await enough():
+            assert time.monotonic() < deadline, f"not published {times}x: {sorted(records)}"
+            await asyncio.sleep(0.5)
+        return records
+
+    assert all(len(r) == 1 for r in (await published(1)).values())
+    first.proc.terminate()
+    assert await asyncio.to_thread(first.proc.wait, 60) == 0
     bridge = processes.bridge("bridge")
+    for task_id, (once, again, *_) in (await published(2)).items():
+        assert again == once, task_id
     processes.triggerer("triggerer")
     await reach(af, dag, run_id, ours | sensors, "success")
     await reach(af, dag, run_id, {broken}, "failed")
@@ -242,7 +276,6 @@ async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
         "started in the trigger for ends_in_the_trigger"
     )
     assert af.task_log(dag, "ends_in_the_trigger", run_id=run_id) == ""
-    defer = TopicNames(settings.topic_prefix).defer()
     requests = await defer_requests(kafka_clients, defer, run_id)
     assert set(requests) == ours | sensors
     assert {(r.task.try_number, r.next_method) for r in requests.values()} == {
@@ -262,11 +295,11 @@ async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
     # why, and the task with it (its worker, rendering the same field as it fails the task,
     # logs the same error, as after Airflow's triggerer).
     assert broken not in requests
-    [failed] = bridge.find("trigger row failed")
+    [failed] = [*first.find("trigger row failed"), *bridge.find("trigger row failed")]
     assert "templated kwargs could not be rendered" in failed["message"]
     assert "'no_such_thing' is undefined" in failed["message"]
     assert "'no_such_thing' is undefined" in af.task_log(dag, broken, run_id=run_id)
-    assert processes.dead() == []
+    assert processes.dead() == [str(first.log_path)]  # the one the test stopped
 
 
 async def test_a_bridge_of_a_team_claims_that_teams_rows_only(
