@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-import threading
 import warnings
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -101,7 +100,6 @@ class AirflowRequests:
             "GetVariable": h.handle_get_variable,
         }
         self._client: Any = None
-        self._building = threading.Lock()
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -152,29 +150,26 @@ class AirflowRequests:
     def client(self) -> Any:
         """Airflow's Execution API client on the in-process API, as its triggerer makes it
         (``TriggerRunnerSupervisor.make_client``), with the bridge's team for lookups."""
-        with self._building:  # once, whichever thread asks first
-            if self._client is None:
-                self._client = self._make_client()
+        if self._client is None:
+            client_module: Any = importlib.import_module("airflow.sdk.api.client")
+            runner: Any = importlib.import_module("airflow.jobs.triggerer_job_runner")
+            api = runner.in_process_api_server()
+            if self.team_name is not None:
+                security: Any = importlib.import_module(
+                    "airflow.api_fastapi.execution_api.security"
+                )
+                team = self.team_name
+
+                async def bridge_team() -> str | None:
+                    return team
+
+                api.app.dependency_overrides[security.get_team_name_dep] = bridge_team
+            client = client_module.Client(
+                base_url=None, token="", dry_run=True, transport=api.transport
+            )
+            client.base_url = "http://in-process.invalid./"
+            self._client = client
         return self._client
-
-    def _make_client(self) -> Any:
-        """Airflow's client on a new in-process API (seconds: the API app is built)."""
-        client_module: Any = importlib.import_module("airflow.sdk.api.client")
-        runner: Any = importlib.import_module("airflow.jobs.triggerer_job_runner")
-        api = runner.in_process_api_server()
-        if self.team_name is not None:
-            security: Any = importlib.import_module("airflow.api_fastapi.execution_api.security")
-            team = self.team_name
-
-            async def bridge_team() -> str | None:
-                return team
-
-            api.app.dependency_overrides[security.get_team_name_dep] = bridge_team
-        client = client_module.Client(
-            base_url=None, token="", dry_run=True, transport=api.transport
-        )
-        client.base_url = "http://in-process.invalid./"
-        return client
 
     def answer_through_api(self, request: Any) -> dict[str, Any]:
         """:meth:`answer` with every kind through the in-process API, as Airflow's triggerer

@@ -107,10 +107,9 @@ class AirflowServices(Lifecycle):
         if self._runner is not None:
             return
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="airflow-services")
-        # Building Airflow's in-process API takes seconds: in the pool's first thread, while
-        # the bridge goes on starting (the first requests wait for it there).
-        warming = asyncio.get_running_loop().run_in_executor(self._pool, self._requests.warm_up)
-        warming.add_done_callback(_warmed_up)
+        # Building Airflow's in-process API takes seconds: done before the bridge claims a row,
+        # so that its triggers' first requests do not wait behind it (and time out).
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._requests.warm_up)
         app = web.Application(client_max_size=_MAX_REQUEST_BYTES)
         app.router.add_post(REQUESTS_PATH, self._serve)
         try:
@@ -197,11 +196,6 @@ class AirflowServices(Lifecycle):
             self._pool, self._requests.answer, message
         )
         return frame
-
-
-def _warmed_up(future: asyncio.Future[None]) -> None:
-    if not future.cancelled() and (error := future.exception()) is not None:
-        logger.warning("Airflow services: warming up failed: %s: %s", type(error).__name__, error)
 
 
 class _Refusal(Exception):

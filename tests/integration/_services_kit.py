@@ -14,6 +14,22 @@ from pathlib import Path
 from ._airflow_deployment import AirflowDeployment, until
 from ._process import DeferlineProcess
 
+# What the services tests' DAGs name (services_dags.py, services2_dags.py).
+HTTP_CONN_ID = "services_http"
+VARIABLE_KEY = "services_greeting"
+VARIABLE_VALUE = "kept in Airflow's database only"
+MISSING_CONN_ID = "services_no_such_conn"  # stored nowhere
+
+
+def stored_in_database(endpoint: Endpoint) -> list[tuple[str, ...]]:
+    """``airflow`` commands storing the HTTP connection to ``endpoint`` and the variable in
+    the deployment's database (``before_start``), and nowhere else."""
+    connection = ("--conn-type", "http", "--conn-host", "127.0.0.1", "--conn-schema", "http")
+    return [
+        ("connections", "add", HTTP_CONN_ID, *connection, "--conn-port", str(endpoint.port)),
+        ("variables", "set", VARIABLE_KEY, VARIABLE_VALUE),
+    ]
+
 
 class Endpoint(ThreadingHTTPServer):
     """On 127.0.0.1, a free port: ``GET /ready`` answers 404 until ``ready`` is set, then 200;

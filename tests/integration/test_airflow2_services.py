@@ -42,11 +42,14 @@ from tests.airflow_line import airflow_line
 from ._airflow_deployment import AirflowDeployment, free_port
 from ._airflow_processes import Processes, reach, trigger_dag
 from ._services_kit import (
+    HTTP_CONN_ID,
+    MISSING_CONN_ID,
     Endpoint,
     airflow_database_of,
     dag_run_reaches,
     requests_answered,
     services_of,
+    stored_in_database,
     triggerer_environment,
 )
 
@@ -64,12 +67,8 @@ DAGS = Path(__file__).with_name("airflow2_services_dags")
 # The user triggers, shared with the Airflow 3 test (either line imports them).
 TRIGGERS = Path(__file__).with_name("airflow_services_dags") / "services_triggers.py"
 ALLOWED = "services_triggers,airflow.triggers,airflow.providers.http.triggers"
-HTTP_CONN_ID = "services_http"  # services2_dags.py names them
-VARIABLE_KEY = "services_greeting"
-MISSING_CONN_ID = "services_no_such_conn"
-GATE_ENV = "SERVICES_TEST_GATE"  # services2_ops.GATE_ENV
-VARIABLE_VALUE = "kept in Airflow's database only"
-RESUME_AFTER = 15  # services2_ops.RESUME_AFTER
+GATE_ENV = "SERVICES_TEST_GATE"  # services2_dags.GATE_ENV
+RESUME_AFTER = 15  # services_triggers.RESUME_AFTER
 FINAL = {"success", "failed", "skipped", "upstream_failed"}
 
 
@@ -83,22 +82,7 @@ def airflow(
         home,
         extra_env={GATE_ENV: str(home / "gate"), "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": ALLOWED},
         dags_from=DAGS,
-        before_start=[
-            (
-                "connections",
-                "add",
-                HTTP_CONN_ID,
-                "--conn-type",
-                "http",
-                "--conn-host",
-                "127.0.0.1",
-                "--conn-port",
-                str(endpoint.port),
-                "--conn-schema",
-                "http",
-            ),
-            ("variables", "set", VARIABLE_KEY, VARIABLE_VALUE),
-        ],
+        before_start=stored_in_database(endpoint),
     )
     shutil.copy(TRIGGERS, af.dags)
     try:

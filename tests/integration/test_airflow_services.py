@@ -56,11 +56,14 @@ from tests.airflow_line import airflow_version
 from ._airflow_deployment import AirflowDeployment, free_port, until
 from ._airflow_processes import Processes, reach, run_id_of, trigger_dag, xcom
 from ._services_kit import (
+    MISSING_CONN_ID,
+    VARIABLE_VALUE,
     Endpoint,
     airflow_database_of,
     dag_run_reaches,
     requests_answered,
     services_of,
+    stored_in_database,
     triggerer_environment,
 )
 
@@ -77,12 +80,7 @@ pytestmark = [
 
 DAGS = Path(__file__).with_name("airflow_services_dags")
 ALLOWED = "services_triggers,airflow.providers.standard.triggers,airflow.providers.http.triggers"
-# As services_dags.py names them.
-HTTP_CONN_ID = "services_http"
-VARIABLE_KEY = "services_greeting"
-MISSING_CONN_ID = "services_no_such_conn"
 GATE_ENV = "SERVICES_TEST_GATE"  # services_ops.GATE_ENV
-VARIABLE_VALUE = "kept in Airflow's database only"
 # A user of the API server (SimpleAuthManager, Airflow's default), who answers the
 # human-in-the-loop request; its password is in the deployment's passwords file.
 REVIEWER = "reviewer"
@@ -109,22 +107,7 @@ def airflow(
             PASSWORDS_FILE_ENV: str(passwords),
         },
         dags_from=DAGS,
-        before_start=[
-            (
-                "connections",
-                "add",
-                HTTP_CONN_ID,
-                "--conn-type",
-                "http",
-                "--conn-host",
-                "127.0.0.1",
-                "--conn-port",
-                str(endpoint.port),
-                "--conn-schema",
-                "http",
-            ),
-            ("variables", "set", VARIABLE_KEY, VARIABLE_VALUE),
-        ],
+        before_start=stored_in_database(endpoint),
     )
     try:
         af.start()
@@ -226,13 +209,14 @@ async def test_airflow_triggers_get_what_only_airflows_database_knows(
     assert {t: s for t, s in af.states("services", run_id).items() if t in waiting} == (
         dict.fromkeys(waiting, "deferred")
     )
-    endpoint.ready.set()
-    await asyncio.to_thread(Path(af.env[GATE_ENV]).touch)
+    # The answer first: the gate's tasks all end at once after, each a write to SQLite.
     answer = await asyncio.to_thread(
         api, af, "PATCH", approval, {"chosen_options": ["Approve"]}, token
     )
     assert answer["chosen_options"] == ["Approve"], answer
     assert answer["responded_by"] == {"id": REVIEWER, "name": REVIEWER}, answer
+    endpoint.ready.set()
+    await asyncio.to_thread(Path(af.env[GATE_ENV]).touch)
 
     await reach(af, "services", run_id, succeed | {"missing_connection"}, FINAL)
     states = af.states("services", run_id)

@@ -5,18 +5,37 @@ database knows (task-instance and DAG-run counts, connections, variables)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+from pathlib import Path
 
 from airflow import DAG
 from airflow.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.providers.http.sensors.http import HttpSensor
 from airflow.sensors.external_task import ExternalTaskSensor
-from services2_ops import ReadsConnection, ReadsVariable, waits_for_gate
+from airflow.sensors.python import PythonSensor
+from services_triggers import ReadsConnection, ReadsVariable
 
 ARGS = {"retries": 0}
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 HTTP_CONN_ID = "services_http"  # stored in Airflow's database by the test
 VARIABLE_KEY = "services_greeting"  # stored in Airflow's database by the test
 MISSING_CONN_ID = "services_no_such_conn"  # stored nowhere
+
+# The file whose creation lets the gated tasks end (the deployment's environment names it).
+GATE_ENV = "SERVICES_TEST_GATE"
+
+
+def waits_for_gate(task_id: str) -> PythonSensor:
+    """Succeeds once the test creates the gate file. It pokes in reschedule mode: 2.10's
+    SequentialExecutor runs one task at a time, and a task waiting in place would hold it."""
+    return PythonSensor(
+        task_id=task_id,
+        python_callable=lambda: Path(os.environ[GATE_ENV]).exists(),
+        mode="reschedule",
+        poke_interval=1,
+        timeout=300,
+    )
+
 
 # The task the sensor waits for, in a run of the same logical date; it ends when the test
 # opens the gate, after the sensor has deferred.

@@ -11,15 +11,8 @@ from airflow.providers.http.sensors.http import HttpSensor
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.providers.standard.sensors.external_task import ExternalTaskSensor
 from airflow.sdk import DAG
-from services_ops import (
-    RESUME_AFTER,
-    ApprovalOnTrigger,
-    HITLOnTrigger,
-    PollsVariableForever,
-    ReadsConnection,
-    ReadsVariable,
-    WaitsForGate,
-)
+from services_ops import ApprovalOnTrigger, HITLOnTrigger, PollsVariableForever, WaitsForGate
+from services_triggers import RESUME_AFTER, ReadsConnection, ReadsVariable
 
 ARGS = {"retries": 0}
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

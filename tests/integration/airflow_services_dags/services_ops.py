@@ -10,15 +10,11 @@ from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
 from airflow.providers.standard.triggers.hitl import HITLTrigger
-from airflow.sdk import BaseOperator, Variable
+from airflow.sdk import BaseOperator
 from airflow.sdk.execution_time.hitl import upsert_hitl_detail
 from airflow.sdk.timezone import utcnow
-from services_triggers import ConnectionAfter, PollsVariable, VariableAfter
+from services_triggers import PollsVariable
 
-# No trigger fires sooner than this after its task deferred: Airflow's scheduler fails a task
-# resumed and running again before it has read the executor's report of the run that deferred
-# (docs/airflow.md).
-RESUME_AFTER = 15
 # The file whose creation lets the gated tasks end (the deployment's environment names it).
 GATE_ENV = "SERVICES_TEST_GATE"
 
@@ -35,39 +31,6 @@ class WaitsForGate(BaseOperator):
                 raise RuntimeError(f"the gate {gate} was not opened within 300 s")
             time.sleep(0.2)
         return "gate opened"
-
-
-class ReadsVariable(BaseOperator):
-    """Defers on ``VariableAfter``; resumed, checks the trigger's value against the one
-    Airflow's worker reads (the API server's answer) and returns it as its XCom."""
-
-    def __init__(self, *, key: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.key = key
-
-    def execute(self, context: Any) -> None:
-        self.defer(trigger=VariableAfter(self.key, RESUME_AFTER), method_name="execute_complete")
-
-    def execute_complete(self, context: Any, event: Any = None) -> str:
-        expected = Variable.get(self.key)
-        if event != {"key": self.key, "value": expected}:
-            raise ValueError(f"the trigger read {event!r}; Airflow has {expected!r}")
-        return event["value"]
-
-
-class ReadsConnection(BaseOperator):
-    """Defers on ``ConnectionAfter``; resumed, returns the connection's host."""
-
-    def __init__(self, *, conn_id: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.conn_id = conn_id
-
-    def execute(self, context: Any) -> None:
-        trigger = ConnectionAfter(self.conn_id, RESUME_AFTER)
-        self.defer(trigger=trigger, method_name="execute_complete")
-
-    def execute_complete(self, context: Any, event: Any = None) -> str:
-        return event["host"]
 
 
 class PollsVariableForever(BaseOperator):
