@@ -5,7 +5,8 @@ each read a deferline triggerer cannot make (the metastore's connection and vari
 ``WorkflowTrigger``'s and ``DagStateTrigger``'s counts) becomes a request to the server,
 here a scripted one on a real socket (tests/engine/_services_server.py). Airflow's own code
 runs unchanged around it: the lookups still try the environment first, a not-found is
-Airflow's own error, and a sync read inside ``run()`` does not block the loop.
+Airflow's own error, a sync read inside ``run()`` does not block the loop, and with keys the
+requests and answers cross sealed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 from deferline.engine import TriggerEvent, load_trigger, preload_airflow, use_airflow_services
+from deferline.schemas import KwargsCipher
 
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
 
@@ -107,6 +109,17 @@ async def test_airflows_lookups_get_the_servers_answers_after_the_environment(
         {"type": "GetVariable", "key": "greeting"},
         {"type": "GetVariable", "key": "missing"},
     ]
+
+
+async def test_with_kwargs_keys_requests_and_answers_cross_sealed(airflow_loaded: None) -> None:
+    cipher = KwargsCipher([KwargsCipher.generate_key()])
+    services = Services(variables={"password": "s3cret"}, cipher=cipher)
+    services.gate.set()
+    async with serving(services):
+        with asking([services.url], cipher=cipher):
+            trigger = load(f"{USER_TRIGGERS}.GreetingTrigger", key="password")
+            assert await collect(trigger) == [TriggerEvent({"greeting": "s3cret"})]
+    assert services.content_types == ["application/fernet"]
 
 
 async def test_external_task_sensors_trigger_counts_through_the_server(
