@@ -403,14 +403,8 @@ def airflow_request_cost(n: int, conn_id: str, warm_up: int = 20) -> Figures:
 
 
 def run_airflow_cost(env: dict[str, str], n: int, conn_id: str) -> Figures:
-    command = [sys.executable, "-m", __spec__.name if __spec__ else "bench.bench_airflow_services"]
-    command += ["--airflow-cost", str(n), "--conn-id", conn_id]
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, cwd=Path(__file__).parents[1]
-    )
-    if done.returncode:
-        raise RuntimeError(f"Airflow's request handlers failed:\n{done.stderr[-3000:]}")
-    figures: Figures = json.loads(done.stdout.strip().splitlines()[-1])
+    output = _in_airflow(env, "--airflow-cost", str(n), "--conn-id", conn_id)
+    figures: Figures = json.loads(output.strip().splitlines()[-1])
     return figures
 
 

@@ -222,11 +222,10 @@ def _stand_in_for_airflow_services() -> None:
         # imported them all, and building a Connection from AIRFLOW_CONN_* would fail.
         models: Any = importlib.import_module("airflow.models")
         models.import_all_models()
+        _install_services()
         if importlib.util.find_spec("airflow.sdk") is not None:  # Airflow 3
-            _install_supervisor()
             _log_through_stdlib()
         else:
-            _install_airflow2_services()
             # Airflow 2 masks every secret it reads (Variable.get, connections) with the filter
             # its logging configuration puts on "airflow.task", and fails without it.
             masker: Any = importlib.import_module("airflow.utils.log.secrets_masker")
@@ -234,6 +233,14 @@ def _stand_in_for_airflow_services() -> None:
             if not any(isinstance(f, masker.SecretsMasker) for f in task_log.filters):
                 task_log.addFilter(masker.SecretsMasker())
         _guarded = True
+
+
+def _install_services() -> None:
+    """What answers the installed Airflow line's runtime requests (with ``_lock`` held)."""
+    if importlib.util.find_spec("airflow.sdk") is not None:  # Airflow 3
+        _install_supervisor()
+    else:
+        _install_airflow2_services()
 
 
 def _install_supervisor() -> None:
@@ -279,12 +286,8 @@ def use_airflow_services(
     global _services
     with _lock:
         _services = (tuple(urls), timeout, cipher) if urls else None
-        if not _guarded:
-            return
-        if importlib.util.find_spec("airflow.sdk") is not None:
-            _install_supervisor()
-        else:
-            _install_airflow2_services()
+        if _guarded:
+            _install_services()
 
 
 async def close_airflow_services() -> None:

@@ -348,14 +348,12 @@ class RemoteSupervisor:
         # tries the next backend, ending in "not defined": a lookup that could not be asked
         # would fail its trigger with a wrong reason. Its authoritative-deny error is the one
         # it lets through, so the unanswered request is raised as both.
-        self._unavailable: type[AirflowServicesUnavailable] = type(
+        unavailable: type[AirflowServicesUnavailable] = type(
             "AirflowServicesUnavailable",
             (AirflowServicesUnavailable, exceptions.AirflowSecretsBackendAccessDenied),
             {"__module__": AirflowServicesUnavailable.__module__},
         )
-        self.client = ServicesClient(
-            urls, timeout=timeout, cipher=cipher, unavailable=self._unavailable
-        )
+        self.client = ServicesClient(urls, timeout=timeout, cipher=cipher, unavailable=unavailable)
 
     def send(self, msg: Any) -> Any:
         """Ask synchronously (:meth:`ServicesClient.ask_sync`)."""
@@ -384,7 +382,7 @@ class RemoteSupervisor:
             answer = None if body is None else self._decoder.validate_python(body)
         except (ValueError, AttributeError) as exc:  # pydantic's ValidationError is one
             # Airflow's lookups would take this for "not found": say what it is instead.
-            raise self._unavailable(
+            raise self.client.unavailable(
                 f"{kind}: the Airflow services' answer is not one this Airflow reads (are the "
                 f"bridge and the triggerer on the same Airflow version?): {exc}"
             ) from None

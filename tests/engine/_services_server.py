@@ -112,3 +112,10 @@ def asking(
         yield
     finally:
         use_airflow_services([])
+
+
+async def collect(trigger: Any) -> list[Any]:
+    """Run ``trigger`` to its end, then clean it up: the events it yielded."""
+    events = [event async for event in trigger.run()]
+    await trigger.cleanup()
+    return events

@@ -22,7 +22,7 @@ from deferline.schemas import KwargsCipher
 
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
 
-from ._services_server import Services, asking, serving
+from ._services_server import Services, asking, collect, serving
 
 pytestmark = [
     pytest.mark.airflow,
@@ -44,14 +44,14 @@ def airflow_loaded() -> None:
     importlib.import_module(USER_TRIGGERS)
 
 
-async def collect(trigger: Any) -> list[Any]:
-    events = [event async for event in trigger.run()]
-    await trigger.cleanup()
-    return events
-
-
 def load(classpath: str, **kwargs: Any) -> Any:
     return load_trigger(classpath, kwargs, allowed_prefixes=PREFIXES)
+
+
+def dag_state(states: list[str], **kwargs: Any) -> Any:
+    """``DagStateTrigger`` waiting for DAG ``target``'s run at ``WHEN``."""
+    classpath = f"{STANDARD_TRIGGERS}.external_task.DagStateTrigger"
+    return load(classpath, dag_id="target", states=states, execution_dates=[WHEN], **kwargs)
 
 
 async def test_a_sync_variable_read_inside_run_waits_for_the_server_without_blocking_the_loop(
@@ -158,13 +158,7 @@ async def test_trigger_dag_run_operators_trigger_counts_runs_through_the_server(
     services.gate.set()
     async with serving(services):
         with asking([services.url]):
-            trigger = load(
-                f"{STANDARD_TRIGGERS}.external_task.DagStateTrigger",
-                dag_id="target",
-                states=["success", "failed"],
-                execution_dates=[WHEN],
-                poll_interval=0.01,
-            )
+            trigger = dag_state(["success", "failed"], poll_interval=0.01)
             waiting = asyncio.create_task(collect(trigger))
             for _ in range(2):  # the run has not ended yet: it asks again
                 await asyncio.wait_for(services.arrived.wait(), 10)
@@ -188,12 +182,7 @@ async def test_without_services_a_read_of_the_database_fails_naming_it(
     from deferline.engine import AirflowDatabaseUnavailable
 
     use_airflow_services([])
-    trigger = load(
-        f"{STANDARD_TRIGGERS}.external_task.DagStateTrigger",
-        dag_id="target",
-        states=["success"],
-        execution_dates=[WHEN],
-    )
+    trigger = dag_state(["success"])
     with pytest.raises(AirflowDatabaseUnavailable, match="DagStateTrigger"):
         await asyncio.wait_for(collect(trigger), 10)
 
@@ -206,11 +195,6 @@ async def test_an_unanswered_count_fails_its_trigger_clearly_within_the_limit(
     services = Services()  # its gate stays closed: nothing is answered
     async with serving(services):
         with asking([services.url], timeout=0.5):
-            trigger = load(
-                f"{STANDARD_TRIGGERS}.external_task.DagStateTrigger",
-                dag_id="target",
-                states=["success"],
-                execution_dates=[WHEN],
-            )
+            trigger = dag_state(["success"])
             with pytest.raises(AirflowServicesUnavailable, match=r"GetDRCount: no Airflow serv"):
                 await asyncio.wait_for(collect(trigger), 10)

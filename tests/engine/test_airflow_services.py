@@ -29,7 +29,7 @@ from deferline.schemas import KwargsCipher
 
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
 
-from ._services_server import Services, asking, listening, serving
+from ._services_server import Services, asking, collect, listening, serving
 
 pytestmark = [
     pytest.mark.airflow,
@@ -52,12 +52,6 @@ def airflow_loaded() -> None:
 
 def comms() -> Any:
     return importlib.import_module("airflow.sdk.execution_time.task_runner").SUPERVISOR_COMMS
-
-
-async def collect(trigger: Any) -> list[Any]:
-    events = [event async for event in trigger.run()]
-    await trigger.cleanup()
-    return events
 
 
 def greeting(**kwargs: Any) -> Any:
