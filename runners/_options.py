@@ -136,6 +136,16 @@ def layout_options(func: F) -> F:
     return func
 
 
+def outage_option(func: F) -> F:
+    """Add ``--outage-limit`` (use under connection_options, as it is a Settings field)."""
+    return click.option(
+        "--outage-limit",
+        type=click.FloatRange(min=0.1),
+        help="Seconds to ride out a Kafka cluster that does not answer before exiting "
+        f"non-zero (default 300). {_env('outage_limit')}",
+    )(func)
+
+
 def logging_options(func: F) -> F:
     """Add ``--log-level`` and ``--log-format`` and configure logging before the command runs."""
     from ._logging import configure_logging

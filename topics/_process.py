@@ -47,7 +47,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _check_port_free(host: str, port: int) -> None:
     # Tansu binds with SO_REUSEPORT and would silently share a port with another broker.
+    # SO_REUSEADDR: the connections of a broker killed on this port (TIME_WAIT) do not
+    # count, a socket listening on it does.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

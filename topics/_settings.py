@@ -86,6 +86,13 @@ class Settings(BaseSettings):
     ``AirflowServicesUnavailable``; behind a backlog a server is working through, at most
     ten times that."""
 
+    outage_limit: float = Field(default=300.0, gt=0)
+    """Seconds a long-lived process (triggerer, scheduler, worker, Airflow bridge, console)
+    rides out a Kafka cluster none of whose brokers answers: it waits, and starts again in
+    place what failed, once a broker answers. Past it the process exits non-zero, naming
+    the cause and the limit, for its orchestrator to restart it. Five minutes by default, as
+    Kafka Streams' ``task.timeout.ms``."""
+
     @field_validator(
         "kwargs_keys",
         "allowed_trigger_prefixes",

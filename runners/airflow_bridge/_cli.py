@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
 import click
 from deferline.engine import AirflowEnvironmentError
+from deferline.schemas import DeferlineError
 from deferline.topics import Settings, run_closing
 from pydantic import ValidationError
 
 from .._gc import collect_less_often, spare_what_lives_now
-from .._options import connection_options, layout_options, logging_options, metrics_options
-from .._signals import run_until_signal
+from .._options import (
+    connection_options,
+    layout_options,
+    logging_options,
+    metrics_options,
+    outage_option,
+)
+from .._outage import ride_out
 from ._airflow_db import AirflowDatabase
 from ._bridge import AirflowBridge, BridgeOptions
 
@@ -26,6 +34,7 @@ def airflow_command() -> None:
 
 @airflow_command.command("bridge")
 @connection_options
+@outage_option
 @layout_options
 @click.option(
     "--bridge-prefix",
@@ -166,4 +175,19 @@ def bridge_command(
     # collector's reach, and the young generation collected less often (runners/_gc.py).
     collect_less_often()
     spare_what_lives_now()
-    run_closing(run_until_signal(AirflowBridge(bridge_settings, options, database=database)))
+    # Restarted in place after a lost cluster, a bridge ends its TriggererJob row and starts
+    # a new one: its rows are claimed again (docs/airflow.md, "When the Kafka cluster is lost").
+    served = dataclasses.replace(options, metrics_port=None)  # served across restarts instead
+    try:
+        run_closing(
+            ride_out(
+                lambda: AirflowBridge(bridge_settings, served, database=database),
+                bridge_settings,
+                process="airflow bridge",
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
+                registry_of=lambda bridge: bridge.metrics.registry if bridge.metrics else None,
+            )
+        )
+    except DeferlineError as exc:
+        raise click.ClickException(f"airflow bridge failed: {exc}") from exc

@@ -12,8 +12,8 @@ from deferline.replay._cli import DURATION
 from deferline.schemas import DeferlineError
 from deferline.topics import Settings, run_closing
 
-from .._options import connection_options, logging_options
-from .._signals import run_until_signal
+from .._options import connection_options, logging_options, outage_option
+from .._outage import ride_out
 from ._console import Console, ConsoleOptions
 
 __all__ = ["console_command"]
@@ -52,6 +52,7 @@ TOKEN_ENV = "DEFERLINE_CONSOLE_TOKEN"
 @click.option("--scheduler-group", multiple=True, help="Default <prefix>scheduler.")
 @logging_options
 @connection_options
+@outage_option
 def console_command(
     settings: Settings,
     port: int,
@@ -86,11 +87,11 @@ def console_command(
         ),
     )
     try:
-        console = Console(settings, options)
+        Console(settings, options)
     except DeferlineError as exc:  # e.g. a kwargs key that is not a Fernet key
         raise click.UsageError(str(exc)) from exc
     click.echo(f"deferline console on http://{host}:{port}/", err=True)
     try:
-        run_closing(run_until_signal(console))
+        run_closing(ride_out(lambda: Console(settings, options), settings, process="console"))
     except DeferlineError as exc:  # e.g. the port is taken
         raise click.ClickException(str(exc)) from exc

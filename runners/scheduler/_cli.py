@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,9 +21,10 @@ from .._options import (
     layout_options,
     logging_options,
     metrics_options,
+    outage_option,
     transactions_option,
 )
-from .._signals import run_until_signal
+from .._outage import ride_out
 
 __all__ = ["scheduler_command"]
 
@@ -45,6 +46,7 @@ def _parse_pools(values: Iterable[str]) -> dict[str, int]:
 
 @click.command("scheduler")
 @connection_options
+@outage_option
 @layout_options
 @click.option(
     "--pool",
@@ -158,35 +160,53 @@ def scheduler_command(
         state_dir = None
     elif state_dir is None:
         state_dir = default_state_dir(group_id or f"{settings.topic_prefix}scheduler")
-    scheduler = Scheduler(
-        settings,
-        pools=Pools(slots=_parse_pools(pools), default_slots=default),
-        worker_queues=worker_queues,
-        group_id=group_id,
-        group_instance_id=group_instance_id,
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-        orphan_check_interval=orphan_check_interval,
-        session_timeout=session_timeout,
-        transactions=TRANSACTIONS[transactions],
-        finished_retention=finished_retention,
-        state_dir=state_dir,
-        checkpoint_interval=checkpoint_interval,
-        standby=standby,
-    )
+
+    def build() -> Scheduler:
+        return Scheduler(
+            settings,
+            pools=Pools(slots=_parse_pools(pools), default_slots=default),
+            worker_queues=worker_queues,
+            group_id=group_id,
+            group_instance_id=group_instance_id,
+            orphan_check_interval=orphan_check_interval,
+            session_timeout=session_timeout,
+            transactions=TRANSACTIONS[transactions],
+            finished_retention=finished_retention,
+            state_dir=state_dir,
+            checkpoint_interval=checkpoint_interval,
+            standby=standby,
+        )
+
     collect_less_often()
     try:
-        run_closing(_serve(scheduler))
+        run_closing(_serve(build, settings, metrics_port, metrics_host))
     except DeferlineError as exc:
         raise click.ClickException(f"scheduler failed: {exc}") from exc
 
 
-async def _serve(scheduler: Scheduler) -> None:
-    spare = asyncio.create_task(_spare_fold_when_ready(scheduler))
+async def _serve(
+    build: Callable[[], Scheduler], settings: Settings, metrics_port: int | None, metrics_host: str
+) -> None:
+    spare: list[asyncio.Task[None]] = []
+
+    def build_once_spared() -> Scheduler:
+        scheduler = build()
+        if not spare:  # what the first fold leaves alive lives as long as the process
+            spare.append(asyncio.create_task(_spare_fold_when_ready(scheduler)))
+        return scheduler
+
     try:
-        await run_until_signal(scheduler)
+        await ride_out(
+            build_once_spared,
+            settings,
+            process="scheduler",
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            registry_of=lambda scheduler: scheduler.registry,
+        )
     finally:
-        spare.cancel()
+        for task in spare:
+            task.cancel()
     logger.info("scheduler stopped")
 
 

@@ -519,7 +519,8 @@ class Scheduler(Lifecycle):
         except ExceptionGroup as group_error:
             self.phase.move(Phase.FAILED)
             self.phase.changed()
-            raise _first(group_error) from None
+            first = _first(group_error)
+            raise first from first.__cause__
         except Exception:
             self.phase.move(Phase.FAILED)
             self.phase.changed()
@@ -571,5 +572,7 @@ def _first(group: ExceptionGroup[Any]) -> BaseException:
     while isinstance(error, BaseExceptionGroup):
         error = error.exceptions[0]
     if isinstance(error, KafkaError):
-        return SchedulerError(f"scheduler lost the broker: {error}")
+        lost = SchedulerError(f"scheduler lost the broker: {error}")
+        lost.__cause__ = error  # the process tells a lost cluster (ridden out) by the cause
+        return lost
     return error

@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,10 @@ from .._options import (
     group_timing_options,
     logging_options,
     metrics_options,
+    outage_option,
     transactions_option,
 )
+from .._outage import ride_out
 from .._signals import STOP_SIGNALS, run_until_signal
 from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
 from ._emitter import Emitter
@@ -378,8 +380,11 @@ class Triggerer(Lifecycle):
         self._stop_requested.set()
 
     async def wait(self) -> None:
-        """Wait until a stop is requested or something fatal happens."""
+        """Wait until a stop is requested or something fatal happens (raised as
+        :class:`TriggererError`)."""
         await self._stop_requested.wait()
+        if self._fatal is not None:
+            raise TriggererError(str(self._fatal)) from self._fatal
 
     async def stop(self) -> None:
         """Stop fetching, release partitions cleanly and leave the groups (idempotent)."""
@@ -545,6 +550,7 @@ def _split(value: str | None) -> tuple[str, ...]:
 @click.option("--cleanup-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
 @click.option("--create-topics/--no-create-topics", default=True, show_default=True)
 @connection_options
+@outage_option
 @logging_options
 def triggerer_command(
     settings: Settings,
@@ -591,8 +597,18 @@ def triggerer_command(
     except (ValueError, DeferlineError) as exc:
         raise click.UsageError(str(exc)) from exc
     collect_less_often()
+    served = replace(options, metrics_port=None)  # served across restarts instead
     try:
-        run_closing(Triggerer(settings, options).run())
+        run_closing(
+            ride_out(
+                lambda: Triggerer(settings, served),
+                settings,
+                process="triggerer",
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
+                registry_of=lambda triggerer: triggerer.metrics.registry,
+            )
+        )
     except DeferlineError as exc:
         click.echo(f"triggerer failed: {exc}", err=True)
         sys.exit(1)

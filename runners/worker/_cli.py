@@ -11,8 +11,9 @@ from .._options import (
     group_timing_options,
     logging_options,
     metrics_options,
+    outage_option,
 )
-from .._signals import run_until_signal
+from .._outage import ride_out
 from ._worker import Worker
 
 __all__ = ["worker_command"]
@@ -32,6 +33,7 @@ __all__ = ["worker_command"]
 @group_timing_options
 @logging_options
 @connection_options
+@outage_option
 def worker_command(
     settings: Settings,
     slots: int,
@@ -47,21 +49,32 @@ def worker_command(
     Operators must live under DEFERLINE_ALLOWED_OPERATOR_PREFIXES
     (default: deferline.engine.examples).
     """
-    try:
-        worker = Worker(
+
+    def build() -> Worker:
+        return Worker(
             settings,
             slots=slots,
             queue=queue,
             graceful_timeout=graceful_timeout,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
         )
+
+    try:
+        build()
     except InvalidQueueName as exc:
         raise click.BadParameter(str(exc), param_hint="--queue") from exc
     try:
-        run_closing(run_until_signal(worker))
+        worker = run_closing(
+            ride_out(
+                build,
+                settings,
+                process="worker",
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
+                registry_of=lambda worker: worker.registry,
+            )
+        )
     except DeferlineError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"worker stopped: {worker.metrics.as_dict()}")

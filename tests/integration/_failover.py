@@ -111,7 +111,7 @@ class FailoverResult:
         }
 
 
-class _Watch:
+class TopicWatch:
     """Reads a topic from the start in the background; records (arrival time, value)."""
 
     def __init__(self, settings: Settings, topic: str) -> None:
@@ -121,7 +121,7 @@ class _Watch:
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> _Watch:
+    async def __aenter__(self) -> TopicWatch:
         self._consumer = make_consumer(self.settings, self.topic, group_id=None)
         await self._consumer.start()
         self._task = asyncio.create_task(self._read())
@@ -148,12 +148,12 @@ class _Watch:
                         self.seen.append((now, decode(record.value)))
 
 
-def _task(i: int, run: str) -> TaskKey:
+def task_key(i: int, run: str) -> TaskKey:
     return TaskKey(dag_id="failover", task_id="wait", run_id=f"{run}-{i}")
 
 
-def _deferral(i: int, run: str, due: dt.datetime) -> tuple[TaskStateRecord, DeferRequest]:
-    task = _task(i, run)
+def deferral(i: int, run: str, due: dt.datetime) -> tuple[TaskStateRecord, DeferRequest]:
+    task = task_key(i, run)
     trigger_id = make_trigger_id(task, 0)
     state = TaskStateRecord(
         task=task,
@@ -170,7 +170,7 @@ def _deferral(i: int, run: str, due: dt.datetime) -> tuple[TaskStateRecord, Defe
     return state, request
 
 
-async def _publish(settings: Settings, records: list[tuple[str, bytes, bytes]]) -> None:
+async def publish(settings: Settings, records: list[tuple[str, bytes, bytes]]) -> None:
     producer = make_producer(settings, linger_ms=20, max_batch_size=512 * 1024)
     await producer.start()
     try:
@@ -245,8 +245,8 @@ async def run_failover(
     )
     stack = contextlib.AsyncExitStack()
     async with stack:
-        events = await stack.enter_async_context(_Watch(settings, names.resume()))
-        resumes = await stack.enter_async_context(_Watch(settings, names.resumes()))
+        events = await stack.enter_async_context(TopicWatch(settings, names.resume()))
+        resumes = await stack.enter_async_context(TopicWatch(settings, names.resumes()))
         scheduler = await stack.enter_async_context(
             Scheduler(settings, pools=Pools(slots={}, default_slots=None), commit_interval=0.5)
         )
@@ -254,8 +254,8 @@ async def run_failover(
         await stack.enter_async_context(Triggerer(settings, options))
         # Task states first (they carry no due time), then the DeferRequests, published
         # well before the window opens so every timer is loaded when it falls due.
-        tasks = [_deferral(i, run, dt.datetime.fromtimestamp(0, dt.UTC)) for i in range(n)]
-        await _publish(
+        tasks = [deferral(i, run, dt.datetime.fromtimestamp(0, dt.UTC)) for i in range(n)]
+        await publish(
             settings,
             [(names.tasks, s.task.ti_key.encode(), encode(s)) for s, _ in tasks],
         )
@@ -269,7 +269,7 @@ async def run_failover(
             )
             due_at[request.trigger_id] = due
             requests.append((names.defer(), request.trigger_id.encode(), encode(request)))
-        await _publish(settings, requests)
+        await publish(settings, requests)
         if time.time() > base:
             raise AssertionError(
                 f"publishing took {time.time() - base:.1f}s longer than the margin before the "
@@ -293,13 +293,13 @@ async def run_failover(
         late_requests = []
         late_states = []
         for i in range(late):
-            state, request = _deferral(
+            state, request = deferral(
                 i, f"{run}-late", dt.datetime.fromtimestamp(late_base + i / late, dt.UTC)
             )
             late_states.append((names.tasks, state.task.ti_key.encode(), encode(state)))
             late_requests.append((names.defer(), request.trigger_id.encode(), encode(request)))
-        await _publish(settings, late_states)
-        await _publish(settings, late_requests)
+        await publish(settings, late_states)
+        await publish(settings, late_requests)
         total = n + late
 
         def fired() -> set[str]:
@@ -332,7 +332,7 @@ async def run_failover(
             if isinstance(value, RunTask) and value.mode == "resume":
                 first_resume.setdefault(value.trigger_id or "", arrived)
         result.events_total = sum(1 for _, v in events.seen if isinstance(v, TriggerEventRecord))
-        late_ids = {make_trigger_id(_task(i, f"{run}-late"), 0) for i in range(late)}
+        late_ids = {make_trigger_id(task_key(i, f"{run}-late"), 0) for i in range(late)}
         result.late_batch = late
         result.late_batch_fired = len(late_ids & set(first_event))
         main_ids = set(due_at)

@@ -183,10 +183,10 @@ class TriggererProcess(DeferlineProcess):
     async def metrics(self) -> dict[str, float]:
         """Scrape the process's metrics into ``{name{labels}: value}``."""
         if self.port is None:
-            started = self.find("triggerer started")
-            if not started:
+            served = self.find("metrics served")
+            if not served:
                 return {}
-            self.port = int(started[0]["metrics_port"])
+            self.port = int(served[0]["port"])
         url = f"http://127.0.0.1:{self.port}/metrics"
         try:
             async with aiohttp.ClientSession() as session, session.get(url) as response:

@@ -223,7 +223,7 @@ async def _check(
     # failed one and the two rows the bridge refused itself; nothing claimed any more. (How
     # many fired depends on the clock: a time-delta sensor run after its moment never defers.)
     produced = [line["status"] for line in triggerer.find("trigger event produced")]
-    port = int(bridge.find("Airflow bridge running")[0]["metrics_port"])
+    port = int(bridge.find("metrics served")[0]["port"])
     scraped = await metrics(port)
     assert scraped["airflow_triggers_succeeded_total"] == produced.count("fired")
     assert scraped["airflow_triggers_failed_total"] == produced.count("failed") + 2

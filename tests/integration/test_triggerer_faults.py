@@ -39,7 +39,8 @@ async def test_a_defer_topic_deleted_under_a_running_triggerer_stops_it_naming_t
             finally:
                 await admin.close()
             await wait_until(lambda: running._fatal is not None, 60, message="the member stops")
-            await running.wait()  # the stop is requested
+            with pytest.raises(TopicDeletedError, match="deleted"):
+                await running.wait()  # the stop is requested, and why
         assert isinstance(running._fatal, TopicDeletedError)
         assert names.defer() in str(running._fatal)
     named = [
