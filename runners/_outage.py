@@ -189,43 +189,42 @@ class _WatchCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         watch = self._watch
-        labels = ["process"]
-        value = [watch.process]
-        available = GaugeMetricFamily(
-            "deferline_broker_available",
-            "1 while a broker of the Kafka cluster answers this process, 0 while none does",
-            labels=labels,
-        )
-        available.add_metric(value, 1.0 if watch.available else 0.0)
-        yield available
-        lost = GaugeMetricFamily(
-            "deferline_broker_unavailable_seconds",
-            "Seconds the Kafka cluster has been unreachable (0 while it answers)",
-            labels=labels,
-        )
-        lost.add_metric(value, watch.lost_for())
-        yield lost
-        limit = GaugeMetricFamily(
-            "deferline_broker_outage_limit_seconds",
-            "Seconds of outage after which the process exits (--outage-limit)",
-            labels=labels,
-        )
-        limit.add_metric(value, watch.limit)
-        yield limit
-        outages = CounterMetricFamily(
-            "deferline_broker_outages",
-            "Times this process lost the Kafka cluster",
-            labels=labels,
-        )
-        outages.add_metric(value, watch.outages)
-        yield outages
-        restarts = CounterMetricFamily(
-            "deferline_broker_outage_restarts",
-            "Times a component was started again in place after failing on a lost cluster",
-            labels=labels,
-        )
-        restarts.add_metric(value, watch.restarts)
-        yield restarts
+        series: list[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, float]] = [
+            (
+                GaugeMetricFamily,
+                "deferline_broker_available",
+                "1 while a broker of the Kafka cluster answers this process, 0 while none does",
+                1.0 if watch.available else 0.0,
+            ),
+            (
+                GaugeMetricFamily,
+                "deferline_broker_unavailable_seconds",
+                "Seconds the Kafka cluster has been unreachable (0 while it answers)",
+                watch.lost_for(),
+            ),
+            (
+                GaugeMetricFamily,
+                "deferline_broker_outage_limit_seconds",
+                "Seconds of outage after which the process exits (--outage-limit)",
+                watch.limit,
+            ),
+            (
+                CounterMetricFamily,
+                "deferline_broker_outages",
+                "Times this process lost the Kafka cluster",
+                watch.outages,
+            ),
+            (
+                CounterMetricFamily,
+                "deferline_broker_outage_restarts",
+                "Times a component was started again in place after failing on a lost cluster",
+                watch.restarts,
+            ),
+        ]
+        for family, name, documentation, value in series:
+            metric = family(name, documentation, labels=["process"])
+            metric.add_metric([watch.process], value)
+            yield metric
 
 
 class MetadataProbe:
