@@ -187,6 +187,9 @@ class _WatchCollector:
     def __init__(self, watch: ClusterWatch) -> None:
         self._watch = watch
 
+    def describe(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        return list(self.collect())  # the names, for a scrape that asks for some by name
+
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         watch = self._watch
         series: list[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, float]] = [

@@ -148,12 +148,12 @@ class TopicWatch:
                         self.seen.append((now, decode(record.value)))
 
 
-def task_key(i: int, run: str) -> TaskKey:
+def failover_task(i: int, run: str) -> TaskKey:
     return TaskKey(dag_id="failover", task_id="wait", run_id=f"{run}-{i}")
 
 
 def deferral(i: int, run: str, due: dt.datetime) -> tuple[TaskStateRecord, DeferRequest]:
-    task = task_key(i, run)
+    task = failover_task(i, run)
     trigger_id = make_trigger_id(task, 0)
     state = TaskStateRecord(
         task=task,
@@ -332,7 +332,7 @@ async def run_failover(
             if isinstance(value, RunTask) and value.mode == "resume":
                 first_resume.setdefault(value.trigger_id or "", arrived)
         result.events_total = sum(1 for _, v in events.seen if isinstance(v, TriggerEventRecord))
-        late_ids = {make_trigger_id(task_key(i, f"{run}-late"), 0) for i in range(late)}
+        late_ids = {make_trigger_id(failover_task(i, f"{run}-late"), 0) for i in range(late)}
         result.late_batch = late
         result.late_batch_fired = len(late_ids & set(first_event))
         main_ids = set(due_at)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import aiohttp
 from deferline.schemas import ResumeTarget, RunTask, encode
 from deferline.topics import (
     KRaftBroker,
@@ -65,6 +66,9 @@ class OutageResult:
     """Each first process's outage lines (lost, back, limit)."""
     exited_with: dict[str, str] = field(default_factory=dict)
     """The last lines of a process that exited."""
+    while_away: dict[str, str] = field(default_factory=dict)
+    """Half-way through the outage: the triggerer's ``/readyz`` status and body, and its
+    ``deferline_broker_available`` sample."""
     exited_after_s: float = 0.0
     """With ``restart_exited``: from the cluster going to every first process gone."""
 
@@ -74,6 +78,17 @@ def _cpu_seconds(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return 0.0
+
+
+async def _endpoints(triggerer: TriggererProcess) -> dict[str, str]:
+    port = int(triggerer.find("metrics served")[0]["port"])
+    base = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/readyz") as response:
+            ready = f"{response.status} {await response.text()}"
+        async with session.get(f"{base}/metrics?name[]=deferline_broker_available") as response:
+            available = await response.text()
+    return {"readyz": ready, "metrics": available}
 
 
 class _Processes:
@@ -202,6 +217,9 @@ async def run_outage(
                 while any(p.alive for p in first.named.values()) and time.time() < give_up:  # noqa: ASYNC110
                     await asyncio.sleep(0.2)
                 result.exited_after_s = round(time.time() - lost_at, 1)
+            elif how != "none":  # half-way: what the triggerer's endpoints say
+                await asyncio.sleep(max(0.0, lost_at + outage / 2 - time.time()))
+                result.while_away = await _endpoints(first.triggerer)
             end = lost_at + outage if how != "none" else base + window
             await asyncio.sleep(max(0.0, end - time.time()))
             result.cpu_while_down_s = {

@@ -45,6 +45,9 @@ def _rode_it_out(result: OutageResult) -> None:
     assert result.resumed_tasks == result.n, summary  # every task resumed...
     assert result.duplicate_resumes == 0, summary  # ...exactly once
     assert result.exit_codes == dict.fromkeys(PROCESSES), summary  # nothing exited
+    # Meanwhile the triggerer said it: unready, and its cluster unavailable.
+    assert result.while_away["readyz"].startswith("503 unready: the Kafka cluster"), summary
+    assert 'deferline_broker_available{process="triggerer"} 0.0' in result.while_away["metrics"]
     for name in PROCESSES:  # a line when lost, one when back, and back at the end
         lines = result.logs[name]
         assert any(LOST in m for m in lines), summary

@@ -23,7 +23,7 @@ import pytest
 from deferline.schemas import encode, utcnow
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
-from tests.integration._failover import _deferral, _publish, _task
+from tests.integration._failover import deferral, failover_task, publish
 from tests.integration._scheduler_help import (
     ACQUIRED,
     SESSION_TIMEOUT,
@@ -236,7 +236,7 @@ def _due_deferrals(
     records = []
     for i in range(n):
         due = start + dt.timedelta(seconds=window * i / n)
-        state, request = _deferral(i, run, due)
+        state, request = deferral(i, run, due)
         records.append((names.tasks, state.task.ti_key.encode(), encode(state)))
         records.append((names.defer(), request.trigger_id.encode(), encode(request)))
     return records
@@ -270,8 +270,8 @@ async def test_churn_every_task_resumed_once_while_schedulers_join_leave_die_and
         run = uuid.uuid4().hex[:6]
         async with TaskFlow(settings) as flow:
             start = utcnow() + dt.timedelta(seconds=3)
-            await _publish(settings, _due_deferrals(names, run, CHURN_TASKS, start, CHURN_WINDOW))
-            tasks = [_task(i, run) for i in range(CHURN_TASKS)]
+            await publish(settings, _due_deferrals(names, run, CHURN_TASKS, start, CHURN_WINDOW))
+            tasks = [failover_task(i, run) for i in range(CHURN_TASKS)]
             keys = {task.ti_key for task in tasks}
 
             def resumed() -> int:

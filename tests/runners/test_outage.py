@@ -270,5 +270,10 @@ async def test_readyz_answers_503_with_the_reason_while_unready_and_healthz_stay
                 assert 'deferline_broker_available{process="triggerer"} 0.0' in (
                     await response.text()
                 )
+            named = f"{base}/metrics?name[]=deferline_broker_unavailable_seconds"
+            async with session.get(named) as response:
+                text = await response.text()
+                assert "deferline_broker_unavailable_seconds{" in text
+                assert "deferline_broker_available{" not in text
     finally:
         await server.stop()
