@@ -145,6 +145,11 @@ class ClusterWatch:
             extra={"role": self.process, "outage_s": round(gone, 3)},
         )
 
+    def release(self) -> None:
+        """Give aiokafka its log level back if the watch holds it (the watch is done)."""
+        if self.lost_since is not None:
+            _AIOKAFKA_LOG.setLevel(self._hushed)
+
     def unready(self) -> str | None:
         """Why the process is not ready (for ``/readyz``), or None while the cluster answers."""
         if self.lost_since is None:
@@ -359,6 +364,7 @@ async def ride_out(
             stack.push_async_callback(server.stop)
         if probe is not None:
             stack.push_async_callback(probe.close)
+        stack.callback(watch.release)
         watching = asyncio.create_task(watch.run(), name=f"{process}-cluster-watch")
         stack.callback(watching.cancel)
         if exit_grace is not None:

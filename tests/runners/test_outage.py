@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -167,6 +168,14 @@ def _count_runs() -> None:
     Component.runs = 0
 
 
+@pytest.fixture(autouse=True)
+def _aiokafka_level() -> Iterator[None]:
+    """A watch left lost holds aiokafka's log level; the next test gets it back."""
+    level = logging.getLogger("aiokafka").level
+    yield
+    logging.getLogger("aiokafka").setLevel(level)
+
+
 async def test_a_component_failing_on_a_lost_cluster_starts_again_once_it_is_back() -> None:
     cluster = Cluster()
     watch = watch_of(cluster)
@@ -234,6 +243,8 @@ async def test_past_the_limit_a_hung_component_is_stopped_and_the_process_exits(
     cluster.up = False
     watch = ClusterWatch(process="worker", limit=0.2, probe=cluster, interval=0.01)
     component = Hangs()
+    aiokafka = logging.getLogger("aiokafka")
+    level = aiokafka.level
     with pytest.raises(ClusterOutageTooLong, match="worker had no Kafka cluster"):
         await asyncio.wait_for(
             ride_out(
@@ -247,6 +258,7 @@ async def test_past_the_limit_a_hung_component_is_stopped_and_the_process_exits(
             10,
         )
     assert component.stopped
+    assert aiokafka.level == level  # the watch gave its level back on the way out
 
 
 async def test_readyz_answers_503_with_the_reason_while_unready_and_healthz_stays_ok() -> None:

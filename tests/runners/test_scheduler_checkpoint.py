@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,8 @@ def test_command_line_state_dir_per_group(monkeypatch: pytest.MonkeyPatch, tmp_p
         def __init__(self, settings: Settings, **options: Any) -> None:
             made.append(options)
 
-    async def serve(scheduler: object) -> None:
-        return None
+    async def serve(build: Callable[[], object], *served: object) -> None:
+        build()  # the process builds its scheduler (again after a lost cluster)
 
     monkeypatch.setattr(scheduler_module, "Scheduler", Recorded)
     monkeypatch.setattr(_scheduler_cli, "_serve", serve)
