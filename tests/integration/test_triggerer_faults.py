@@ -5,7 +5,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-from deferline.runners.triggerer import TopicDeletedError, Triggerer, TriggererOptions
+from deferline.runners.triggerer import (
+    TopicDeletedError,
+    Triggerer,
+    TriggererError,
+    TriggererOptions,
+)
 from deferline.topics import Settings, TopicNames, make_admin
 
 from ._triggerer_help import TopicReader, defer_request, produce_requests
@@ -39,7 +44,7 @@ async def test_a_defer_topic_deleted_under_a_running_triggerer_stops_it_naming_t
             finally:
                 await admin.close()
             await wait_until(lambda: running._fatal is not None, 60, message="the member stops")
-            with pytest.raises(TopicDeletedError, match="deleted"):
+            with pytest.raises(TriggererError, match="deleted"):
                 await running.wait()  # the stop is requested, and why
         assert isinstance(running._fatal, TopicDeletedError)
         assert names.defer() in str(running._fatal)
