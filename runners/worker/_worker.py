@@ -281,8 +281,10 @@ class Worker(Lifecycle):
                     await self._commit()
                     tail.cancel()
         except BaseExceptionGroup as group_error:
-            # Surface the first failure itself, not the TaskGroup's wrapper.
-            raise group_error.exceptions[0] from None
+            # Surface the first failure itself, not the TaskGroup's wrapper, with its cause
+            # (a lost cluster is told by it).
+            first = group_error.exceptions[0]
+            raise first from first.__cause__
         finally:
             await self._close_clients()
 

@@ -39,8 +39,11 @@ from tests.integration._process import DeferlineProcess
 from tests.integration._scheduler_help import SchedulerProcess
 from tests.integration._triggerer_help import TriggererProcess
 
-# What the worker runs on each resume: WaitOperator's execute_complete.
-RESUME = ResumeTarget(operator="deferline.engine.examples.WaitOperator", op_kwargs={"seconds": 1})
+# What the worker runs on each resume: a sensor's execute_complete, which succeeds.
+RESUME = ResumeTarget(
+    operator="deferline.engine.examples.DateTimeSensor",
+    op_kwargs={"target_time": "2026-01-01T00:00:00+00:00"},
+)
 LOST = "lost the Kafka cluster"
 BACK = "has the Kafka cluster back after"
 TOO_LONG = "outage limit"
