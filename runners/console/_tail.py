@@ -64,11 +64,15 @@ class TopicTail:
 
     async def run(self) -> None:
         """Read, and after a failure say why, wait and read again (never returns)."""
+        said, said_at = "", float("-inf")
         while True:
             try:
                 await self._read()
             except Exception as exc:  # every failure is shown on the page, then retried
-                logger.warning("console cannot read the cluster: %s", exc)
+                now = asyncio.get_running_loop().time()
+                if str(exc) != said or now - said_at > 60.0:  # the same once a minute
+                    said, said_at = str(exc), now
+                    logger.warning("console cannot read the cluster: %s", exc)
                 self._status.fail(exc)
             await asyncio.sleep(2.0)
             self._status.move(ConsoleState.CONNECTING, self._status.message)
