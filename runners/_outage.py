@@ -145,6 +145,16 @@ class ClusterWatch:
             extra={"role": self.process, "outage_s": round(gone, 3)},
         )
 
+    def failed_on(self, error: BaseException) -> None:
+        """The process's component failed on the lost cluster; it starts again once back."""
+        self.lost(describe(error))
+        self.restarts += 1
+        logger.warning(
+            "%s stopped on the lost cluster; it starts again once the cluster answers",
+            self.process,
+            extra={"role": self.process},
+        )
+
     def release(self) -> None:
         """Give aiokafka its log level back if the watch holds it (the watch is done)."""
         if self.lost_since is not None:
@@ -381,13 +391,7 @@ async def ride_out(
                 if not is_cluster_loss(exc) or await _access_refused(exc, settings):
                     raise
                 current.clear()  # its series would show a member that is gone
-                watch.lost(describe(exc))
-                watch.restarts += 1
-                logger.warning(
-                    "%s stopped on the lost cluster; it starts again once the cluster answers",
-                    process,
-                    extra={"role": process},
-                )
+                watch.failed_on(exc)
                 if not await _first_of(watch.until_back(), requested, watching):
                     return component
                 await _first_of(asyncio.sleep(pause.next()), requested, watching)
