@@ -186,7 +186,8 @@ class _Run:
             Path(path).write_text(render_html(title, items, now=self.now), encoding="utf-8")
         except OSError as exc:
             raise click.ClickException(f"cannot write {path}: {exc}") from exc
-        self.err.print(f"wrote {path}")
+        # Whole, as written: a path wrapped at the terminal's width cannot be pasted.
+        self.err.print(f"wrote {path}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _split(kwargs: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
