@@ -2,9 +2,10 @@
 
 An engine benchmark module gives ``measure(case, n)`` (a coroutine returning one dict of
 figures) and ``report(run)``, which prints its table, calling ``run(case, n)`` for each case
-it wants. ``main()`` turns that into the command line: with ``--case`` it measures in this
-process and prints one JSON line; without, it prints the machine line and the table, each
-case measured in a subprocess of its own so one case cannot inflate the next.
+it wants, and returns the figures it printed. ``main()`` turns that into the command line: with
+``--case`` it measures in this process and prints one JSON line; without, it prints the
+machine line and the table, each case measured in a subprocess of its own so one case cannot
+inflate the next, and records the figures (bench/_figures.py).
 
 The broker benchmarks share :func:`local_broker` (a broker for the run, or one already
 running) and the per-process figures :func:`cpu_seconds`, :func:`rss_mb`, :func:`peak_rss_mb`.
@@ -26,6 +27,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from deferline.topics import partition_for
+
+from bench._figures import Figure, Sitting
 
 Figures = dict[str, Any]
 RunCase = Callable[[str, int], Figures]
@@ -105,7 +108,7 @@ def main(
     *,
     cases: Sequence[str],
     measure: Callable[[str, int], Coroutine[Any, Any, Figures]],
-    report: Callable[[RunCase], None],
+    report: Callable[[RunCase], Sequence[Figure]],
 ) -> None:
     """Command line of the benchmark module that defines ``measure`` (see its docstring)."""
     caller = sys.modules[measure.__module__]
@@ -120,9 +123,10 @@ def main(
         result = asyncio.run(measure(args.case, args.n))
         print(json.dumps(result) if args.json else result)
         return
+    sitting = Sitting.begin(module.rsplit(".", 1)[-1].removeprefix("bench_"))
     print(machine_line())
     print()
-    report(lambda case, n: run_case_in_subprocess(module, case, n))
+    sitting.write(report(lambda case, n: run_case_in_subprocess(module, case, n)))
 
 
 # -- triggerer benchmarks (bench_triggerer, bench_rebalance): producing many requests fast --

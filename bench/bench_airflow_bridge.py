@@ -56,6 +56,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.topics import TopicNames, stop_client
 from sqlalchemy import create_engine, text
 
+from bench._figures import Figure, Peer, Sitting, runs_figure, size_slug
 from bench._harness import cpu_seconds, local_broker, machine_line, peak_rss_mb
 from tests.airflow_line import STANDARD_TRIGGERS
 from tests.integration import _airflow_seed as seeding
@@ -330,6 +331,8 @@ async def measure(
 
 
 async def run(args: argparse.Namespace) -> None:
+    sitting = Sitting.begin("airflow_bridge")
+    measured: list[dict[str, Any]] = []
     version = importlib.metadata.version("apache-airflow")
     print(machine_line(), f"Airflow {version}, PostgreSQL from {postgres_bin()}")
     if "baseline-kafka" in args.contenders and not args.baseline:
@@ -370,6 +373,51 @@ async def run(args: argparse.Namespace) -> None:
                     args.bridge_log_level,
                 )
                 print(figures, flush=True)
+                measured.append(figures)
+    for broker in ("kafka", "tansu"):
+        sitting.write(_figures(version, broker, measured), broker=broker)
+
+
+def _figures(version: str, broker: str, measured: list[dict[str, Any]]) -> list[Figure]:
+    """Per N, the bridge on ``broker`` (median of its runs) beside `airflow triggerer`'s."""
+
+    def times(n: int, contender: str) -> list[float]:
+        return [
+            f["due_to_none_deferred_s"]
+            for f in measured
+            if f["n"] == n and f["contender"] == contender
+        ]
+
+    figures = []
+    for n in dict.fromkeys(f["n"] for f in measured):
+        ours, airflow = times(n, f"bridge-{broker}"), times(n, "airflow")
+        if not ours:
+            continue
+        baseline = times(n, "baseline-kafka") if broker == "kafka" else []
+        cpu = [
+            f["all_cpu_ms_per_task"]
+            for f in measured
+            if f["n"] == n and f["contender"] == f"bridge-{broker}"
+        ]
+        figures.append(
+            runs_figure(
+                f"bridge.airflow{version.split('.')[0]}.due_at_once_{size_slug(n)}",
+                f"{n:,} Airflow {version} task instances on `DateTimeTrigger`s due at once, the "
+                "bridge and one triggerer in place of `airflow triggerer` (PostgreSQL): due → "
+                "none `deferred`",
+                ours,
+                "s",
+                peer=Peer(
+                    "`airflow triggerer`, same run",
+                    " / ".join(f"{t:.1f}" for t in airflow) + " s",
+                )
+                if airflow
+                else None,
+                note=f"{min(cpu):.2f} to {max(cpu):.2f} ms CPU per task (bridge and triggerer)"
+                + (f"; baseline: {', '.join(f'{t:.2f}' for t in baseline)} s" if baseline else ""),
+            )
+        )
+    return figures
 
 
 def main() -> None:

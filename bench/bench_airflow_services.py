@@ -69,8 +69,9 @@ from typing import Any
 import aiohttp
 from deferline.schemas import DeferRequest, TaskKey, encode
 from deferline.topics import Settings, TopicNames, ensure_topics, make_producer, topic_specs
-from deferline.topics._process import free_port
+from deferline.topics.testing import free_port
 
+from bench._figures import Figure, Peer, Sitting, size_slug
 from bench._harness import cpu_seconds, local_broker, machine_line, produce_batched, quantile
 from bench.bench_airflow_bridge import Processes, _tree_cpu
 from tests.integration import _airflow_seed as seeding
@@ -1181,11 +1182,106 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.airflow_cost is not None:
         print(json.dumps(airflow_request_cost(args.airflow_cost, args.conn_id)))
         return
+    sitting = Sitting.begin("airflow_services", broker=args.backend)
     figures = asyncio.run(run(args))
     print()
     print(table(figures))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    sitting.write(_claims(figures))
+
+
+def _claims(figures: Figures) -> list[Figure]:
+    """The run's claims, each beside Airflow's figure from the same run where it ran."""
+    idle, load, airflow = figures["idle"], figures["load"], figures["airflow_supervisor"]
+    live: Figures | None = figures.get("airflow_triggerer")
+    n, k = figures["n_triggers"], figures["connections"]
+
+    def pair(latency: Figures, kind: str) -> str:
+        return f"{latency[kind]['p50_ms']:.2f} / {latency[kind]['p99_ms']:.2f}"
+
+    claims = []
+    for kind, slug in (("GetConnection", "get_connection"), ("GetVariable", "get_variable")):
+        supervisor = airflow[kind]
+        claims += [
+            Figure(
+                f"services.{slug}_idle",
+                f"one `{kind}`, Airflow's own code in a triggerer process → bridge → answer, "
+                "sequential: p50 / p99",
+                pair(idle["latency"], kind),
+                "ms",
+                peer=Peer(
+                    "Airflow's supervisor, the same request through its in-process API, same run",
+                    f"{supervisor['wall_p50_ms']} / {supervisor['wall_p99_ms']} ms wall, "
+                    f"{supervisor['cpu_ms_per_request']} ms CPU",
+                ),
+                note=f"bridge CPU {idle['window']['bridge_cpu_ms_per_request']} ms per request",
+            ),
+            Figure(
+                f"services.{slug}_polling",
+                f"a `{kind}` from a triggerer process through the bridge while {n:,} "
+                "`HttpSensorTrigger`s poll in it: p50 / p99",
+                pair(load["latency"], kind),
+                "ms",
+            ),
+        ]
+        if "in_trigger" in load:
+            claims.append(
+                Figure(
+                    f"services.trigger_{slug}",
+                    f"a `{kind}` from inside a trigger, {n:,} `HttpSensorTrigger`s polling beside "
+                    "it: p50 / p99",
+                    pair(load["in_trigger"], kind),
+                    "ms",
+                    peer=None
+                    if live is None
+                    else Peer(
+                        f"`airflow triggerer`, same run: it takes {live['rows_taken']:,} of the "
+                        f"{live['rows']:,} sensors",
+                        pair(live["latency"], kind) + " ms",
+                    ),
+                )
+            )
+    steady, burst = load["steady"], load["burst"]
+    claims.append(
+        Figure(
+            f"services.sensor_polls_{size_slug(n)}",
+            f"{n:,} `HttpSensorTrigger`s polling: endpoint polls/s",
+            steady["endpoint_polls_per_s"],
+            "polls/s",
+            peer=None
+            if live is None
+            else Peer(
+                f"`airflow triggerer`, its {live['rows_taken']:,}, same run",
+                f"{live['endpoint_polls_per_s']} polls/s, "
+                f"{live['cpu_ms_per_poll']} ms CPU per poll",
+            ),
+            note=f"triggerer CPU {steady['triggerer_cpu_ms_per_poll']} ms per poll",
+        )
+    )
+    if k == 1:
+        claims.append(
+            Figure(
+                f"services.shared_start_{size_slug(n)}",
+                f"{n:,} `HttpSensorTrigger`s started at once on one stored connection: requests "
+                "reaching the bridge",
+                burst["requests"],
+                "",
+                note=f"publish → all running {burst['publish_to_all_running_s']} s",
+            )
+        )
+    else:
+        claims.append(
+            Figure(
+                f"services.distinct_connections_{size_slug(n)}",
+                f"{n:,} `HttpSensorTrigger`s started at once, each on a connection of its own: "
+                "publish → last answered",
+                burst["publish_to_last_request_s"],
+                "s",
+                note=f"{burst['not_answered']} not answered, {burst['failed']} failed",
+            )
+        )
+    return claims
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench._figures import Figure, Sitting
+
 
 def _airflow_version() -> str:
     try:
@@ -182,6 +184,7 @@ def main() -> None:
         result = asyncio.run(measure(args.case, args.n))
         print(json.dumps(result) if args.json else result)
         return
+    sitting = Sitting.begin("airflow_triggers")
     print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"Apache Airflow {AIRFLOW_VERSION}")
     print()
@@ -222,6 +225,66 @@ def main() -> None:
                 f"memory {r['bytes_per_trigger'] / own['bytes_per_trigger']:.2f}x, "
                 f"CPU {r['cpu_us_per_trigger'] / own['cpu_us_per_trigger']:.2f}x"
             )
+    sitting.write(_figures(results, args.n, args.coroutines))
+
+
+def _figures(
+    results: dict[tuple[str, str], dict[str, Any]], n: int, coroutines: int
+) -> list[Figure]:
+    """This build's claims per case; the ``--before`` build's figures go in their notes."""
+    line = f"airflow{AIRFLOW_VERSION.split('.')[0]}"
+    kinds = {
+        "deferline": ("deferline_datetime", f"{n:,} of deferline's `DateTimeTrigger`"),
+        "airflow": (
+            f"{line}_datetime",
+            f"{n:,} of Airflow {AIRFLOW_VERSION}'s own `DateTimeTrigger` under deferline's "
+            "supervisor",
+        ),
+        "airflow-run": (
+            f"{line}_coroutine",
+            f"a waiting Airflow {AIRFLOW_VERSION} coroutine trigger ({coroutines:,}, asking "
+            "nothing), services unset",
+        ),
+        "airflow-run-services": (
+            f"{line}_coroutine_services",
+            f"a waiting Airflow {AIRFLOW_VERSION} coroutine trigger ({coroutines:,}, asking "
+            "nothing), `DEFERLINE_AIRFLOW_SERVICES` set",
+        ),
+    }
+    figures = []
+    for (case, code), r in results.items():
+        if code != "this":
+            continue
+        slug, what = kinds[case]
+        before = results.get((case, "before"))
+        figures += [
+            Figure(
+                f"airflow_triggers.{slug}_memory",
+                f"{what}: memory each",
+                round(r["bytes_per_trigger"]),
+                "B",
+                note="" if before is None else f"--before: {before['bytes_per_trigger']:,.0f} B",
+            ),
+            Figure(
+                f"airflow_triggers.{slug}_cpu",
+                f"{what}: CPU each",
+                round(r["cpu_us_per_trigger"], 1),
+                "µs",
+                note=f"due → all fired {r['due_to_all_fired_s']:.2f} s"
+                + ("" if before is None else f"; --before: {before['cpu_us_per_trigger']:.1f} µs"),
+            ),
+        ]
+        if case == "airflow":
+            figures.append(
+                Figure(
+                    f"airflow_triggers.{line}_first_load",
+                    f"first load of Airflow {AIRFLOW_VERSION}'s class (import as a library)",
+                    round(r["import_s"], 2),
+                    "s",
+                    note=f"{r['import_mb']:.0f} MB",
+                )
+            )
+    return figures
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._figures import Figure, Peer, Sitting, size_slug
 from bench.bench_airflow_triggers import _packages_of
 from tests.integration._airflow_deployment import AirflowDeployment
 
@@ -64,8 +65,7 @@ def apply(way: str, batch: int) -> dict[str, float]:
     from airflow.models.taskinstance import TaskInstance as TI
     from airflow.models.trigger import Trigger
     from airflow.triggers.base import TriggerEvent
-    from deferline.runners.airflow_bridge._airflow_db import AirflowDatabase
-    from deferline.runners.airflow_bridge._rows import BridgeEvent, RowRef
+    from deferline.runners.airflow_bridge.testing import AirflowDatabase, BridgeEvent, RowRef
     from sqlalchemy import func, select
 
     db = AirflowDatabase(queues=None, team_name=None)
@@ -120,6 +120,8 @@ def main() -> None:
     if args.apply:
         print(json.dumps(apply(args.apply, args.batch)))
         return
+    sitting = Sitting.begin("airflow_writeback")
+    per_event_us: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "airflow"
         home.mkdir()
@@ -159,12 +161,26 @@ def main() -> None:
             )
             result = json.loads(done.stdout.decode().strip().splitlines()[-1])
             rate = result["events"] / result["seconds"]
+            per_event_us[way] = result["seconds"] / max(1, result["events"]) * 1e6
             print(
                 f"{way:8} {result['events']} events: {result['seconds']:.3f} s, "
                 f"{result['cpu_seconds']:.3f} CPU-s, {rate:,.0f}/s, "
                 f"{result['left_deferred']} left deferred"
             )
     print(f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()})")
+    before_us = per_event_us.get("before")
+    sitting.write(
+        [
+            Figure(
+                f"writeback.bulk_update_{size_slug(args.n)}",
+                f"write-back of {args.n:,} fired events, Airflow on SQLite: the bridge, per event",
+                round(per_event_us["bridge"]),
+                "µs",
+                peer=Peer("Airflow's `submit_event`, same run", round(per_event_us["airflow"])),
+                note="" if before_us is None else f"--before: {before_us:,.0f} µs",
+            )
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from deferline.topics import KRaftCluster
 
+from bench._figures import Figure, Sitting
 from tests.integration._failover import run_failover
 
 
@@ -37,6 +38,7 @@ async def _cluster() -> AsyncIterator[KRaftCluster]:
 
 
 async def main(n: int, window: float) -> None:
+    sitting = Sitting.begin("broker_failover", broker="kafka")
     began = time.perf_counter()
     async with _cluster() as cluster:
         print(f"three-node cluster up in {time.perf_counter() - began:.1f}s: {cluster.bootstrap}")
@@ -54,6 +56,22 @@ async def main(n: int, window: float) -> None:
     print(f"{'':>30}  " + "  ".join(f"{label:>16}" for label in results))
     for key in keys:
         print(f"{key:>30}  " + "  ".join(f"{r.get(key)!s:>16}" for r in results.values()))
+    killed, control = results["node SIGKILLed"], results["no failure"]
+    sitting.write(
+        [
+            Figure(
+                "failover.broker_leader_sigkill",
+                f"three Kafka nodes, the leader of most partitions SIGKILLed, {n:,} timers due "
+                f"over {window:.0f} s: longest gap without an event",
+                killed["longest_event_gap_s"],
+                "s",
+                note=f"event lag max {killed['event_lag_max_s']} s "
+                f"({control['event_lag_max_s']} s with nothing killed); resumed "
+                f"{killed['resumed_tasks']:,}, {killed['duplicate_resumes']} twice, "
+                f"{killed['still_deferred']} left deferred",
+            )
+        ]
+    )
 
 
 if __name__ == "__main__":

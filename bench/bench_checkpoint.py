@@ -19,13 +19,14 @@ import os
 import tempfile
 import time
 
-from deferline.runners.triggerer._checkpoint import RocksCheckpointStore
-from deferline.runners.triggerer._partition_table import ActiveTriggerTable
+from deferline.runners.triggerer.testing import ActiveTriggerTable, RocksCheckpointStore
 
+from bench._figures import Figure, Sitting, size_slug
 from bench._harness import machine_line, rss_mb
 
 
-async def run(n: int, size: int, partitions: int, batch_bytes: int | None) -> None:
+async def run(n: int, size: int, partitions: int, batch_bytes: int | None) -> tuple[float, float]:
+    """RSS added (MB) and seconds taken by the checkpoint of ``n`` new entries."""
     tables = []
     for number in range(partitions):
         table = ActiveTriggerTable()
@@ -52,6 +53,7 @@ async def run(n: int, size: int, partitions: int, batch_bytes: int | None) -> No
         took, after = time.monotonic() - started, rss_mb(os.getpid())
         print(f"checkpoint deleting them: {after - base:+,.0f} MB RSS in all, {took:.1f} s")
         store.close()
+    return written - base, took
 
 
 def main() -> None:
@@ -61,9 +63,22 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--batch-bytes", type=int, default=None, help="the store's default")
     args = parser.parse_args()
+    sitting = Sitting.begin("checkpoint")
     print(machine_line())
     print(f"{args.partitions} partitions, entries of {args.size} bytes, batch {args.batch_bytes}")
-    asyncio.run(run(args.n, args.size, args.partitions, args.batch_bytes))
+    added, took = asyncio.run(run(args.n, args.size, args.partitions, args.batch_bytes))
+    sitting.write(
+        [
+            Figure(
+                f"checkpoint.triggerer_{size_slug(args.n)}",
+                f"triggerer checkpoint of {args.n:,} new entries ({args.size} B each), in "
+                "process: RSS added",
+                round(added),
+                "MB",
+                note=f"{took:.1f} s",
+            )
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.topics import Settings, TopicSpec, ensure_topics, make_consumer, make_producer
 
+from bench._figures import Figure, Peer, Sitting
 from bench._harness import local_broker, produce_batched
 
 PARTITIONS = 12
@@ -44,8 +45,34 @@ def records(n: int) -> list[tuple[bytes, bytes]]:
     return [(uuid.uuid5(uuid.NAMESPACE_OID, str(i)).hex.encode(), VALUE) for i in range(n)]
 
 
+# What measure() printed, in order: (label, records/s, µs of CPU per record).
+MEASURED: list[tuple[str, float, float]] = []
+# The printed rows recorded: label, claim id, what it is, its peer's label.
+CLAIMS = (
+    (
+        "aiokafka produce, record batches",
+        "clients.aiokafka_produce_batches",
+        "aiokafka, produce as the emitter does (one record batch per partition)",
+        "confluent-kafka produce, produce() per record",
+    ),
+    (
+        "aiokafka produce, send() per record",
+        "clients.aiokafka_send",
+        "aiokafka, `send()` per record",
+        "confluent-kafka produce, produce() per record",
+    ),
+    (
+        "aiokafka consume, getmany",
+        "clients.aiokafka_consume",
+        "aiokafka, consume (`getmany`)",
+        "confluent-kafka consume, consume()",
+    ),
+)
+
+
 def measure(label: str, n: int, began: tuple[float, float]) -> None:
     wall, cpu = time.perf_counter() - began[0], time.process_time() - began[1]
+    MEASURED.append((label, n / wall, cpu / n * 1e6))
     print(
         f"{label:<44} {n / wall:>10,.0f} records/s  {cpu / n * 1e6:6.1f} µs CPU per record",
         flush=True,
@@ -207,6 +234,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=["tansu", "kafka"], default="kafka")
     parser.add_argument("--n", type=int, default=200_000)
     args = parser.parse_args()
+    sitting = Sitting.begin("clients", broker=args.backend)
 
     async def go() -> None:
         bootstrap = os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")
@@ -214,6 +242,28 @@ def main() -> None:
             await run(address, args.n)
 
     asyncio.run(go())
+    first = {label: (rate, cpu) for label, rate, cpu in reversed(MEASURED)}
+    figures = []
+    for label, claim, what, peer_label in CLAIMS:
+        if label not in first:
+            continue
+        rate, cpu = first[label]
+        peer = first.get(peer_label)
+        figures.append(
+            Figure(
+                claim,
+                f"{what}, {args.n:,} records of {len(VALUE) + 32} B",
+                round(rate),
+                "records/s",
+                peer=None
+                if peer is None
+                else Peer(
+                    f"{peer_label} (librdkafka), same run", f"{peer[0]:,.0f}/s, {peer[1]:.1f} µs"
+                ),
+                note=f"{cpu:.1f} µs CPU each",
+            )
+        )
+    sitting.write(figures)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ now) and one trigger event per fifth task, then starts ``deferline console`` as 
 - live updates: a task state produced now → the pushed snapshot counting it (SSE), N times;
 - its peak RSS, and the bytes it fetched per second while catching up and while idle.
 
-Run: .venv/bin/python bench/bench_console.py                       (embedded Tansu broker)
-     .venv/bin/python bench/bench_console.py --tasks 100000 --backend kafka
+Run: .venv/bin/python -m bench.bench_console                       (embedded Tansu broker)
+     .venv/bin/python -m bench.bench_console --tasks 100000 --backend kafka
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import aiohttp
 from deferline.schemas import TaskKey, TaskStateRecord, TriggerEventRecord, encode, make_event_id
 from deferline.topics import Settings, TopicNames, ensure_topics, make_producer, topic_specs
 
+from bench._figures import Figure, Sitting
 from bench._harness import local_broker, machine_line, peak_rss_mb, produce_batched, quantile
 
 DEFERLINE = str(Path(sys.executable).with_name("deferline"))
@@ -121,6 +122,7 @@ async def live_lags(settings: Settings, base: str, samples: int) -> list[float]:
 
 
 async def run(args: argparse.Namespace) -> None:
+    sitting = Sitting.begin("console", broker=args.backend)
     async with local_broker(args.backend, args.bootstrap) as bootstrap:
         prefix = f"bc{uuid.uuid4().hex[:8]}."
         settings = Settings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=PARTITIONS)
@@ -182,6 +184,33 @@ async def run(args: argparse.Namespace) -> None:
     ]
     for label, value in rows:
         print(f"| {label} | {value} |")
+    over = f"`deferline console` over {args.tasks:,} task states and {args.tasks // 5:,} events"
+    sitting.write(
+        [
+            Figure(
+                "console.serving_after_start",
+                f"{over}: serving after start",
+                round(serving_s, 2),
+                "s",
+                note=f"first page load {page_s * 1000:.0f} ms",
+            ),
+            Figure(
+                "console.catch_up",
+                "catch-up until every count is exact",
+                round(live_s, 1),
+                "s",
+                note=f"{catch_bytes / 2**20:.0f} MiB fetched",
+            ),
+            Figure(
+                "console.live_update",
+                "live update behind the topics, p50 / max",
+                f"{quantile(lags, 0.5) * 1000:.0f} / {lags[-1] * 1000:.0f}",
+                "ms",
+            ),
+            Figure("console.idle_fetch", "fetched while idle", round(idle_rate), "B/s"),
+            Figure("console.peak_rss", "console peak RSS", round(rss), "MiB"),
+        ]
+    )
 
 
 def main() -> None:

@@ -58,6 +58,7 @@ from deferline.topics import (
     topic_specs,
 )
 
+from bench._figures import Figure, Sitting, runs_figure, size_slug
 from bench._harness import cpu_seconds, local_broker_process, peak_rss_mb
 
 DEFERLINE = str(Path(sys.executable).with_name("deferline"))
@@ -309,6 +310,8 @@ async def main() -> None:
         "--schedulers", type=int, nargs="+", default=[1], help="scheduler processes (each K)"
     )
     args = parser.parse_args()
+    sitting = Sitting.begin("end_to_end", broker=args.backend, deferline=args.deferline)
+    runs: dict[tuple[int, int], list[dict[str, float]]] = {}
     async with local_broker_process(args.backend, args.bootstrap) as (bootstrap, broker):
         with tempfile.TemporaryDirectory(prefix="deferline-e2e-") as tmp:
             workdir = args.keep_logs or Path(tmp)
@@ -316,6 +319,7 @@ async def main() -> None:
             for n in args.n:
                 for k in args.schedulers:
                     result = await run_one(args.deferline, bootstrap, n, workdir, k, broker)
+                    runs.setdefault((n, k), []).append(result)
                     airflow = AIRFLOW.get(n)
                     vs = f" (Airflow: {airflow} s)" if airflow else ""
                     print(
@@ -336,6 +340,37 @@ async def main() -> None:
                             "the figure includes some of the ingest)",
                             flush=True,
                         )
+    sitting.write(_figures(runs))
+
+
+def _figures(runs: dict[tuple[int, int], list[dict[str, float]]]) -> list[Figure]:
+    """One claim per N and scheduler count: the median of its runs, each run in the note."""
+
+    def span(key: str, results: list[dict[str, float]], unit: str) -> str:
+        values = [r[key] for r in results if r[key] == r[key]]  # NaN: not measured
+        if not values:
+            return "not measured"
+        low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+        return f"{low} {unit}" if low == high else f"{low} to {high} {unit}"
+
+    figures = []
+    for (n, k), results in runs.items():
+        airflow = AIRFLOW.get(n)
+        processes = "one scheduler" if k == 1 else f"{k} schedulers"
+        figure = runs_figure(
+            f"e2e.due_at_once_{size_slug(n)}" + ("" if k == 1 else f"_{k}_schedulers"),
+            f"{n:,} tasks deferred on timers due at once, one triggerer and {processes}: due → "
+            "no task `deferred`",
+            [round(r["due_to_none_deferred_s"], 2) for r in results],
+            "s",
+            note=f"CPU from the due moment: scheduler {span('scheduler_cpu_s', results, 's')}, "
+            f"triggerer {span('triggerer_cpu_s', results, 's')}, broker "
+            f"{span('broker_cpu_s', results, 's')}; scheduler peak RSS "
+            f"{span('scheduler_peak_rss_mb', results, 'MB')}"
+            + (f"; Airflow: {airflow} s, anchors, an earlier sitting" if airflow else ""),
+        )
+        figures.append(figure)
+    return figures
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from bench._figures import Figure, size_slug
 from bench._harness import RunCase, main, quantile
 
 AIRFLOW = {1_000: (1.9, 523), 10_000: (13.5, 742)}  # due → all fired (s), fires/s; ANCHORS.md
@@ -89,7 +90,8 @@ async def measure(case: str, n: int) -> dict[str, Any]:
     }
 
 
-def report(run: RunCase) -> None:
+def report(run: RunCase) -> list[Figure]:
+    figures = []
     print(
         "| N due at once | path | due → all fired | events/s | lag p50 | lag p99 | lag max "
         "| CPU / trigger | vs Airflow (due → all fired) |"
@@ -109,6 +111,29 @@ def report(run: RunCase) -> None:
             f"| {r['events_per_s']:,.0f} | {r['lag_p50_ms']:.1f} ms | {r['lag_p99_ms']:.1f} ms "
             f"| {r['lag_max_ms']:.1f} ms | {r['cpu_us_per_trigger']:.1f} µs | {versus} |"
         )
+        what = f"{n:,} {'timers' if case == 'timers' else 'coroutine triggers'} due at once"
+        anchor = (
+            f"; Airflow 2.10.5's triggerer: {airflow[0]} s ({airflow[1]}/s), anchors, an "
+            "earlier sitting"
+            if airflow
+            else ""
+        )
+        figures += [
+            Figure(
+                f"engine.fire_{case}_{size_slug(n)}",
+                f"{what} → all fired",
+                round(r["due_to_all_fired_s"] * 1000, 1),
+                "ms",
+                note=f"{r['events_per_s']:,.0f} events/s; lag p99 {r['lag_p99_ms']:.1f} ms{anchor}",
+            ),
+            Figure(
+                f"engine.fire_cpu_{case}_{size_slug(n)}",
+                f"{what}: CPU per {'fired timer' if case == 'timers' else 'trigger'}",
+                round(r["cpu_us_per_trigger"], 2),
+                "µs",
+            ),
+        ]
+    return figures
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from bench._figures import Figure, size_slug
 from bench._harness import RunCase, main
 
 AIRFLOW_BYTES_PER_TRIGGER = 24 * 1024  # measured Airflow 2.10.5 triggerer, see ANCHORS.md
@@ -106,7 +107,8 @@ async def measure(case: str, n: int) -> dict[str, Any]:
     return result
 
 
-def report(run: RunCase) -> None:
+def report(run: RunCase) -> list[Figure]:
+    figures = []
     print(
         "| triggers waiting | kind | RSS before → after | bytes / trigger "
         "| vs Airflow (24 KB) | created / s |"
@@ -121,6 +123,25 @@ def report(run: RunCase) -> None:
             f"| {AIRFLOW_BYTES_PER_TRIGGER / r['bytes_per_trigger']:.0f}x smaller "
             f"| {r['created_per_s']:,.0f} |"
         )
+        kind = "timer" if case == "timers" else "coroutine"
+        what = f"{n:,} waiting {'timers' if case == 'timers' else 'coroutine triggers'}"
+        figures += [
+            Figure(
+                f"engine.{kind}_memory_{size_slug(n)}",
+                f"{what}: memory each",
+                round(r["bytes_per_trigger"]),
+                "B",
+                note=f"RSS {r['rss_before_mb']:.0f} → {r['rss_after_mb']:.0f} MB; Airflow's "
+                "triggerer: ≈ 24 KB per waiting trigger, anchors, an earlier sitting",
+            ),
+            Figure(
+                f"engine.{kind}_created_{size_slug(n)}",
+                f"{what}: created per second",
+                round(r["created_per_s"]),
+                "/s",
+            ),
+        ]
+    return figures
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiokafka.protocol.metadata import MetadataRequest
-from deferline.runners.triggerer._checkpoint import RocksCheckpointStore
-from deferline.runners.triggerer._partition_table import ActiveTriggerTable
+from deferline.runners.triggerer.testing import ActiveTriggerTable, RocksCheckpointStore
 from deferline.topics import (
     LogIdentity,
     Settings,
@@ -37,6 +36,7 @@ from deferline.topics import (
     topic_specs,
 )
 
+from bench._figures import Figure, Peer, Sitting
 from bench._harness import local_broker, machine_line
 
 
@@ -49,7 +49,9 @@ async def _median_ms(call: Callable[[], Awaitable[object]], rounds: int) -> floa
     return statistics.median(times) * 1000
 
 
-async def bench_reads(backend: str, rounds: int) -> None:
+async def bench_reads(backend: str, rounds: int) -> list[tuple[float, float]]:
+    """Median ms of the identity read and of aiokafka's Metadata v5, two interleaved rounds."""
+    medians = []
     async with local_broker(backend) as bootstrap:
         settings = Settings(bootstrap_servers=bootstrap, topic_prefix="bench.", partitions=12)
         await ensure_topics(settings, topic_specs(settings))
@@ -70,12 +72,14 @@ async def bench_reads(backend: str, rounds: int) -> None:
             for _ in range(2):  # interleaved: the same noise for both
                 v10 = await _median_ms(identity, rounds)
                 v5 = await _median_ms(metadata_v5, rounds)
+                medians.append((v10, v5))
                 print(
                     f"{backend:<6} read_log_identity (Metadata v10) {v10:6.3f} ms   "
                     f"aiokafka Metadata v5 {v5:6.3f} ms   ratio {v10 / v5:4.2f}"
                 )
         finally:
             await stop_client(consumer, grace=10.0, name="bench consumer")
+    return medians
 
 
 async def bench_match(n: int, partitions: int, rounds: int) -> None:
@@ -114,9 +118,26 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=12)
     args = parser.parse_args()
+    sitting = Sitting.begin("identity", broker=args.backend)
     print(machine_line())
-    asyncio.run(bench_reads(args.backend, args.rounds))
+    reads = asyncio.run(bench_reads(args.backend, args.rounds))
     asyncio.run(bench_match(args.n, args.partitions, args.rounds))
+    sitting.write(
+        [
+            Figure(
+                "restart.identity_check",
+                "the identity check before a restore (Metadata v10: cluster id, topic ids, "
+                "partition counts), per scheduler start or partition rebuild",
+                " / ".join(f"{v10:.2f}" for v10, _ in reads),
+                "ms",
+                peer=Peer(
+                    "aiokafka's Metadata v5, same run",
+                    " / ".join(f"{v5:.2f}" for _, v5 in reads) + " ms",
+                ),
+                note=f"median of {args.rounds} reads, two interleaved rounds",
+            )
+        ]
+    )
 
 
 if __name__ == "__main__":

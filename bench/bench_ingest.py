@@ -24,13 +24,17 @@ from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
 from deferline.engine import TriggerSupervisor
-from deferline.runners.triggerer._checkpoint import MemoryCheckpointStore
-from deferline.runners.triggerer._lane import TriggerLane
-from deferline.runners.triggerer._lane_types import LaneOptions, OwnedPartition
-from deferline.runners.triggerer._metrics import TriggererMetrics
+from deferline.runners.triggerer.testing import (
+    LaneOptions,
+    MemoryCheckpointStore,
+    OwnedPartition,
+    TriggererMetrics,
+    TriggerLane,
+)
 from deferline.schemas import decode
 from deferline.topics import Settings
 
+from bench._figures import Figure, Peer, Sitting
 from bench.bench_triggerer import cheap_requests
 
 
@@ -88,6 +92,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=30_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    sitting = Sitting.begin("ingest")
     gc.set_threshold(50_000, 20, 100)  # as the triggerer process sets it
     due = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     pairs = cheap_requests(args.n, due, "ingest")
@@ -96,6 +101,7 @@ def main() -> None:
     print(f"{args.n:,} DeferRequests of {len(values[0])} bytes, best of {args.repeat}")
     decode_us = best_us(lambda: [decode(v) for v in values], args.n, args.repeat)
     print(f"decode (the DeferRequest model): {decode_us:.2f} µs")
+    figures = []
     try:
         from deferline.schemas import decode_deferral
     except ImportError:
@@ -103,8 +109,28 @@ def main() -> None:
     else:
         quick_us = best_us(lambda: [decode_deferral(v) for v in values], args.n, args.repeat)
         print(f"decode_deferral (the triggerer's read): {quick_us:.2f} µs")
+        figures.append(
+            Figure(
+                "ingest.decode_deferral",
+                f"the triggerer's read of a worker's DeferRequest ({len(values[0])} B): "
+                f"`decode_deferral`, {args.n:,} results kept alive",
+                round(quick_us, 2),
+                "µs",
+                peer=Peer("`decode` (the DeferRequest model), same run", round(decode_us, 2)),
+            )
+        )
     apply_us = asyncio.run(apply_live_us(records, args.repeat))
     print(f"apply_live, whole: {apply_us:.2f} µs per DeferRequest ({1e6 / apply_us:,.0f}/s)")
+    figures.append(
+        Figure(
+            "ingest.apply_live",
+            "deferrals in, in process: `_apply_live` CPU per DeferRequest",
+            round(apply_us, 2),
+            "µs",
+            note=f"{1e6 / apply_us:,.0f}/s",
+        )
+    )
+    sitting.write(figures)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ from deferline.topics import (
     partition_for,
     topic_specs,
 )
-from deferline.topics._process import free_port
+from deferline.topics.testing import free_port
 
+from bench._figures import Figure, Sitting, is_this_build, size_slug
 from bench._harness import local_broker, rss_mb
 
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"
@@ -309,10 +310,13 @@ async def scenario(
                         f"; moved partitions {sorted(shift)}: "
                         f"{percentiles([latency[t] for t in moved_ids])}"
                     )
+                    result[f"{label}:kept"] = [latency[t] for t in kept_ids]
+                    result[f"{label}:moved"] = [latency[t] for t in moved_ids]
                 result[label] = got
             for key, value in sorted(result.items()):
-                if ":" in key:
+                if ":" in key and not isinstance(value, list):
                     print(f"  {key} = {value:,.3f}")
+            result["cancelled"] = per_member
         finally:
             for member in list(_STARTED):
                 member.stop(signal.SIGKILL)
@@ -321,6 +325,57 @@ async def scenario(
             await producer.stop()
             await probe_producer.stop()
     return result
+
+
+def _p99_ms(values: Sequence[float]) -> str:
+    ordered = sorted(values)
+    return f"{ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000:,.0f}" if ordered else "-"
+
+
+def _figures(timers: int, results: Sequence[tuple[str, bool, dict[str, Any]]]) -> list[Figure]:
+    """The run's claims: this build's p99 after the join and the leave, the others in notes."""
+    ours = [result for _, this, result in results if this]
+    if not ours:
+        return []
+    mine, others = ours[0], {name: r for name, this, r in results if not this}
+
+    def kept_moved(result: dict[str, Any], change: str) -> str:
+        return f"{_p99_ms(result[f'{change}:kept'])} / {_p99_ms(result[f'{change}:moved'])}"
+
+    figures = []
+    for change, what in (
+        ("join", "a third triggerer joins two holding {:,} waiting timers"),
+        ("leave", "one of three triggerers holding {:,} waiting timers leaves"),
+    ):
+        if f"{change}:kept" not in mine:
+            continue
+        beside = "; ".join(
+            f"{name}, same run: {kept_moved(r, change)} ms"
+            for name, r in others.items()
+            if f"{change}:kept" in r
+        )
+        figures.append(
+            Figure(
+                f"rebalance.{change}_probe_p99_{size_slug(timers)}",
+                f"{what.format(timers)}: probe p99, kept / moved partitions",
+                kept_moved(mine, change),
+                "ms",
+                note=beside,
+            )
+        )
+    cancelled = mine["cancelled"]
+    figures.append(
+        Figure(
+            f"rebalance.cancelled_on_stayers_{size_slug(timers)}",
+            f"triggers cancelled on the members that stayed ({timers:,} waiting timers)",
+            "; ".join(
+                f"{change}: " + " + ".join(f"{count:,.0f}" for count in counts.values())
+                for change, counts in cancelled.items()
+            ),
+            "",
+        )
+    )
+    return figures
 
 
 async def main() -> None:
@@ -338,6 +393,7 @@ async def main() -> None:
         help="a deferline executable to measure (repeatable) [this environment's]",
     )
     args = parser.parse_args()
+    sitting = Sitting.begin("rebalance", broker=args.backend)
     variants = [tuple(v.split("=", 1)) for v in args.variant] or [
         ("this", str(Path(sys.executable).with_name("deferline")))
     ]
@@ -345,11 +401,16 @@ async def main() -> None:
         f"backend {args.backend}; {args.timers:,} waiting timers on 2 members, probes at "
         f"{args.probe_rate:.0f}/s, {args.window:.0f} s windows; {os.cpu_count()} cores"
     )
+    results: list[tuple[str, bool, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         async with local_broker(args.backend, args.bootstrap) as bootstrap:
             for name, exe in variants:
                 print(f"\n== {name}: {exe} ==")
-                await scenario(exe, bootstrap, args.timers, args.probe_rate, args.window, Path(tmp))
+                result = await scenario(
+                    exe, bootstrap, args.timers, args.probe_rate, args.window, Path(tmp)
+                )
+                results.append((name, is_this_build(exe), result))
+    sitting.write(_figures(args.timers, results))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ runs in a fresh subprocess so its peak RSS is its own:
 - ``baseline``: the same process reading nothing (``to_offset=0``): interpreter, imports,
   clients — what memory the replay itself adds is the difference.
 
-Run: .venv/bin/python bench/bench_replay.py                  (embedded Tansu broker)
-     .venv/bin/python bench/bench_replay.py --backend kafka  (Apache Kafka from its jars)
-     .venv/bin/python bench/bench_replay.py --records 100000 --bootstrap HOST:PORT
+Run: .venv/bin/python -m bench.bench_replay                  (embedded Tansu broker)
+     .venv/bin/python -m bench.bench_replay --backend kafka  (Apache Kafka from its jars)
+     .venv/bin/python -m bench.bench_replay --records 100000 --bootstrap HOST:PORT
 """
 
 from __future__ import annotations
@@ -261,6 +261,9 @@ def main() -> None:
         print(json.dumps(asyncio.run(replay(args.bootstrap, args.prefix, args.child))))
         return
 
+    from bench._figures import Figure, Sitting, size_slug  # the children run as files
+
+    sitting = Sitting.begin("replay", broker=args.backend)
     broker = None if args.bootstrap else asyncio.run(_start_broker(args.backend))
     bootstrap: str = args.bootstrap or broker.bootstrap  # type: ignore[union-attr]
     prefix = f"bench{uuid.uuid4().hex[:8]}."
@@ -281,6 +284,7 @@ def main() -> None:
             f"{'replay':<10} {'records read':>13} {'seconds':>8} {'rec/s':>10} "
             f"{'peak RSS MB':>12} {'CPU s':>7}  result"
         )
+        figures = []
         for mode in ("baseline", "stuck", "why"):
             r = child(bootstrap, prefix, mode)
             result = r.get("verdicts", r.get("verdict", "-"))
@@ -288,6 +292,18 @@ def main() -> None:
                 f"{mode:<10} {r['records_read']:>13,} {r['seconds']:>8.1f} {r['rate']:>10,.0f} "
                 f"{r['peak_rss_mb']:>12.0f} {r['cpu_s']:>7.1f}  {result}"
             )
+            if mode != "baseline":
+                what = "`replay stuck`" if mode == "stuck" else "`replay why` one task"
+                figures.append(
+                    Figure(
+                        f"replay.{mode}_{size_slug(args.records)}",
+                        f"{what} over {made['records']:,} records",
+                        round(r["rate"]),
+                        "records/s",
+                        note=f"peak RSS {r['peak_rss_mb']:.0f} MB; {r['records_read']:,} read",
+                    )
+                )
+        sitting.write(figures)
     finally:
         if broker is not None:
             asyncio.run(broker.stop())

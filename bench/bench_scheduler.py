@@ -60,8 +60,9 @@ from pathlib import Path
 from typing import Any
 
 from deferline.engine import Pools, TaskTable
-from deferline.runners.scheduler import Scheduler, _records
-from deferline.runners.scheduler._records import read_as, waves
+from deferline.runners.scheduler import Scheduler
+from deferline.runners.scheduler import testing as scheduler_testing
+from deferline.runners.scheduler.testing import read_as, waves
 from deferline.schemas import (
     ResumeTarget,
     TaskKey,
@@ -74,6 +75,7 @@ from deferline.schemas import (
 )
 from deferline.topics import Settings, TopicNames, make_producer
 
+from bench._figures import Figure, Sitting, size_slug
 from bench._harness import cpu_seconds, local_broker, produce_batched
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -116,7 +118,7 @@ def life(n: int) -> tuple[list[TaskStateRecord], list[TriggerEventRecord]]:
     return states, events
 
 
-def bench_fold(n: int) -> None:
+def bench_fold(n: int) -> list[Figure]:
     states, events = life(n)
     table = TaskTable(pools=Pools(slots={}, default_slots=None))
     began = time.perf_counter()
@@ -138,9 +140,24 @@ def bench_fold(n: int) -> None:
         f"fold     n={n:>7}  task records {len(states) / folded_states:>10,.0f}/s   "
         f"events (half duplicates) {2 * n / folded_events:>10,.0f}/s"
     )
+    what = f"the pure fold, {n:,} task instances through a whole life"
+    return [
+        Figure(
+            "scheduler.fold_records",
+            f"{what}: task records",
+            round(len(states) / folded_states),
+            "records/s",
+        ),
+        Figure(
+            "scheduler.fold_events",
+            f"{what}: events (half duplicates)",
+            round(2 * n / folded_events),
+            "events/s",
+        ),
+    ]
 
 
-async def bench_broker(n: int, backend: str) -> None:
+async def bench_broker(n: int, backend: str) -> list[Figure]:
     states, events = life(n)
     async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
         settings = Settings(
@@ -162,6 +179,7 @@ async def bench_broker(n: int, backend: str) -> None:
             async with Scheduler(settings, pools=pools) as sched:
                 await sched.wait_ready()
                 rebuilt = time.perf_counter() - began
+                rebuild = sched.recovered_records / rebuilt
                 print(
                     f"rebuild  n={n:>7}  {sched.recovered_records} records in {rebuilt:6.2f}s  "
                     f"({sched.recovered_records / rebuilt:,.0f} records/s, "
@@ -187,13 +205,28 @@ async def bench_broker(n: int, backend: str) -> None:
                 )
         finally:
             await producer.stop()
+    return [
+        Figure(
+            "scheduler.rebuild",
+            f"a scheduler's rebuild from the tasks topic ({n:,} tasks, no checkpoint)",
+            round(rebuild),
+            "records/s",
+        ),
+        Figure(
+            "scheduler.live",
+            f"{n:,} events produced at once → every resume published",
+            round(n / applied),
+            "events/s",
+            note="produce time included",
+        ),
+    ]
 
 
 def _deferred(states: list[TaskStateRecord]) -> list[TaskStateRecord]:
     return [r.model_copy(update={"resume": TARGET}) for r in states if r.state == "deferred"]
 
 
-async def bench_apply(n: int, backend: str) -> None:
+async def bench_apply(n: int, backend: str) -> list[Figure]:
     states, events = life(n)
     deferred = _deferred(states)
     async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
@@ -233,9 +266,14 @@ async def bench_apply(n: int, backend: str) -> None:
                 f"({n / took:,.0f}/s), "
                 f"scheduler CPU {cpu:5.2f}s ({cpu / n * 1e6:,.0f} µs per resumed task, {mode})"
             )
+    what = f"alone: {n:,} events already on the topic applied ({mode})"
+    return [
+        Figure("scheduler.apply", what, round(n / took), "events/s"),
+        Figure("scheduler.apply_cpu", f"{what}: CPU per event", round(cpu / n * 1e6), "µs"),
+    ]
 
 
-async def bench_idle(exe: str, backend: str) -> None:
+async def bench_idle(exe: str, backend: str) -> list[Figure]:
     """A ``deferline scheduler`` process on an empty broker: CPU share over 30 s."""
     async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
         command = [exe, "scheduler", "--bootstrap-servers", bootstrap, "--log-level", "WARNING"]
@@ -250,16 +288,24 @@ async def bench_idle(exe: str, backend: str) -> None:
             process.terminate()
             await asyncio.wait_for(process.wait(), 30)
         print(f"idle     scheduler CPU {share * 100:.2f} % of a core (30 s, empty broker)")
+    return [
+        Figure(
+            "scheduler.idle_cpu",
+            "idle process on an empty broker",
+            round(share * 100, 2),
+            "% of a core",
+        )
+    ]
 
 
 def _event_reader() -> Callable[[bytes], object]:
     """How the scheduler reads an event: into its fields where the build has them (an
     earlier build's checkout, for "before" figures, decodes the model)."""
-    read_event: Callable[[bytes], object] | None = getattr(_records, "read_event", None)
+    read_event: Callable[[bytes], object] | None = getattr(scheduler_testing, "read_event", None)
     return read_event or (lambda value: read_as(value, TriggerEventRecord))
 
 
-def bench_path(n: int) -> None:
+def bench_path(n: int) -> list[Figure]:
     read = _event_reader()
     states, events = life(n)
     wire = [encode(e) for e in events]
@@ -281,9 +327,18 @@ def bench_path(n: int) -> None:
         f"path     n={n:>7}  {n / took:>10,.0f} events/s decoded, folded, decisions encoded "
         f"({cpu / n * 1e6:5.1f} µs CPU each)"
     )
+    return [
+        Figure(
+            "scheduler.path",
+            f"the per-event path without a broker (decode, fold, encode; {n:,} events)",
+            round(cpu / n * 1e6, 1),
+            "µs",
+            note=f"{n / took:,.0f} events/s",
+        )
+    ]
 
 
-def bench_states(n: int) -> None:
+def bench_states(n: int) -> list[Figure]:
     states, _ = life(n)
     wire = [encode(r) for r in states]
     best = float("inf")
@@ -299,9 +354,19 @@ def bench_states(n: int) -> None:
         f"states   n={n:>7}  {len(wire) / best:>10,.0f} tasks-topic records/s decoded and "
         f"folded ({best / len(wire) * 1e6:5.1f} µs CPU each, best of 3)"
     )
+    return [
+        Figure(
+            "scheduler.states",
+            "tasks-topic records decoded and folded into a fresh table (a takeover's or a cold "
+            "start's work), no broker",
+            round(best / len(wire) * 1e6, 1),
+            "µs per record",
+            note="best of 3",
+        )
+    ]
 
 
-def bench_memory(n: int) -> None:
+def bench_memory(n: int) -> list[Figure]:
     states, events = life(n)
     wire = [encode(r) for r in states if r.state == "deferred"]
     fired = [encode(e) for e in events]
@@ -330,6 +395,14 @@ def bench_memory(n: int) -> None:
         f"memory   n={n:>7}  {deferred / n:,.0f} B per deferred task, "
         f"{queued / n:,.0f} B per resumed (queued) task"
     )
+    return [
+        Figure(
+            f"scheduler.fold_memory_{size_slug(n)}",
+            f"fold memory per task (tracemalloc), {n:,} tasks, deferred / resumed",
+            f"{deferred / n:,.0f} / {queued / n:,.0f}",
+            "B",
+        )
+    ]
 
 
 def _deferred_rows(first: int, n: int) -> list[tuple[bytes, bytes]]:
@@ -411,7 +484,7 @@ async def _scheduler_topics(bootstrap: str) -> tuple[Settings, Pools]:
     return settings, pools
 
 
-async def bench_restart(n: int, backend: str) -> None:
+async def bench_restart(n: int, backend: str) -> list[Figure]:
     tail = max(1, n // 100)
     async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
         settings, pools = await _scheduler_topics(bootstrap)
@@ -454,6 +527,7 @@ async def bench_restart(n: int, backend: str) -> None:
                 f"{cold_seconds / warm_seconds:,.1f}x faster than cold"
             )
             assert len(warm.table) == n + tail
+            restored_in = warm.restore_seconds or 0.0
             await warm.stop()
             del warm
             gc.collect()
@@ -474,9 +548,34 @@ async def bench_restart(n: int, backend: str) -> None:
             await kept.stop()
         finally:
             await producer.stop()
+    slug = size_slug(n)
+    return [
+        Figure(
+            f"restart.scheduler_{slug}",
+            f"scheduler, {n:,} tasks: start → ready from its checkpoint",
+            round(warm_seconds, 2),
+            "s",
+            note=f"restore {restored_in:.2f} s; cold {cold_seconds:.2f} s",
+        ),
+        Figure(
+            f"restart.scheduler_standby_{slug}",
+            f"scheduler, {n:,} tasks, `--standby`: start → ready from its checkpoint",
+            round(kept_seconds, 2),
+            "s",
+        ),
+        Figure(
+            f"restart.first_checkpoint_{slug}",
+            f"scheduler, {n:,} tasks: first checkpoint written, after ready",
+            round(wrote, 2),
+            "s",
+        ),
+        Figure(
+            "restart.checkpoint_size", "scheduler checkpoint on disk", round(size / n), "B per task"
+        ),
+    ]
 
 
-async def bench_takeover(n: int, backend: str, rounds: int = 8) -> None:
+async def bench_takeover(n: int, backend: str, rounds: int = 8) -> list[Figure]:
     """A scheduler's first acquisition, ``rounds`` times: one starts on a tasks topic of
     ``n`` deferred tasks (no checkpoint) and takes every partition over."""
     async with local_broker(backend, os.environ.get("DEFERLINE_BENCH_BOOTSTRAP")) as bootstrap:
@@ -499,6 +598,16 @@ async def bench_takeover(n: int, backend: str, rounds: int = 8) -> None:
             f"median {seconds[len(seconds) // 2]:.3f}s, min {seconds[0]:.3f}s, "
             f"max {seconds[-1]:.3f}s"
         )
+    return [
+        Figure(
+            f"restart.first_acquisition_{size_slug(n)}",
+            f"a scheduler's first acquisition of 12 partitions ({n:,} tasks, no checkpoint), "
+            f"{rounds} starts: `takeover_seconds` median",
+            round(seconds[len(seconds) // 2], 3),
+            "s",
+            note=f"{seconds[0]:.3f} to {seconds[-1]:.3f} s",
+        )
+    ]
 
 
 CASES = ("fold", "broker", "apply", "memory", "restart", "idle", "path", "states", "takeover")
@@ -520,26 +629,34 @@ def main() -> None:
     )
     parser.add_argument("--backend", choices=("tansu", "kafka"), default="tansu")
     args = parser.parse_args()
+    on_broker = {"broker", "apply", "restart", "takeover", "idle"} & set(args.only)
+    sitting = Sitting.begin(
+        "scheduler",
+        broker=args.backend if on_broker else "none",
+        deferline=args.deferline if "idle" in args.only else None,
+    )
     if not args.default_gc:
         gc.set_threshold(50_000, 20, 100)  # as `deferline scheduler` sets them
+    figures: list[Figure] = []
     if "fold" in args.only:
-        bench_fold(args.n)
+        figures += bench_fold(args.n)
     if "broker" in args.only:
-        asyncio.run(bench_broker(args.n, args.backend))
+        figures += asyncio.run(bench_broker(args.n, args.backend))
     if "apply" in args.only:
-        asyncio.run(bench_apply(args.n, args.backend))
+        figures += asyncio.run(bench_apply(args.n, args.backend))
     if "path" in args.only:
-        bench_path(args.n)
+        figures += bench_path(args.n)
     if "states" in args.only:
-        bench_states(args.n)
+        figures += bench_states(args.n)
     if "memory" in args.only:
-        bench_memory(args.n)
+        figures += bench_memory(args.n)
     if "restart" in args.only:
-        asyncio.run(bench_restart(args.n, args.backend))
+        figures += asyncio.run(bench_restart(args.n, args.backend))
     if "takeover" in args.only:
-        asyncio.run(bench_takeover(args.n, args.backend))
+        figures += asyncio.run(bench_takeover(args.n, args.backend))
     if "idle" in args.only:
-        asyncio.run(bench_idle(args.deferline, args.backend))
+        figures += asyncio.run(bench_idle(args.deferline, args.backend))
+    sitting.write(figures)
 
 
 if __name__ == "__main__":

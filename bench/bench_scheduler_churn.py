@@ -44,6 +44,7 @@ from deferline.topics import (
     topic_specs,
 )
 
+from bench._figures import Figure, Sitting
 from bench._harness import local_broker, quantile
 from bench.bench_end_to_end import DEFERLINE, Process, deferral, wait_said
 
@@ -316,6 +317,7 @@ async def main() -> None:
     parser.add_argument("--keep-logs", type=Path, help="write the processes' logs here")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args()
+    sitting = Sitting.begin("scheduler_churn", broker=args.backend, deferline=args.deferline)
     async with local_broker(args.backend, args.bootstrap) as bootstrap:
         with tempfile.TemporaryDirectory(prefix="deferline-churn-") as tmp:
             workdir = args.keep_logs or Path(tmp)
@@ -324,6 +326,43 @@ async def main() -> None:
     print_report(result)
     if args.json:
         print(json.dumps(result))
+    sitting.write(_figures(result, args.window))
+
+
+# The windows recorded: how their name starts, the claim's part, what the window follows.
+CHANGES = (
+    ("quiet", "quiet", "with nothing changing"),
+    ("join", "join", "after a join"),
+    ("leave", "leave", "after a leave (SIGTERM)"),
+    ("SIGKILL", "sigkill", "after a SIGKILL"),
+)
+
+
+def _figures(result: dict[str, Any], seconds: float) -> list[Figure]:
+    """One claim per window: its resume p99, with the run's counts in the note."""
+    standby = "standby_" if result["standby"] else ""
+    who = "schedulers with `--standby`" if result["standby"] else "schedulers"
+    counts = (
+        f"{result['tasks']:,} tasks, resumed {result['resumed']:,}, lost {result['lost']}, "
+        f"RunTask copies {result['copies']}"
+    )
+    figures = []
+    for window in result["windows"]:
+        for start, part, when in CHANGES:
+            if window["window"].startswith(start) and "p99_s" in window:
+                figures.append(
+                    Figure(
+                        f"churn.{standby}{part}_resume_p99",
+                        f"{who} under {result['rate']:.0f} timers/s, resume p99 "
+                        + (
+                            when if part == "quiet" else f"in the {seconds:g} s {when} (goal < 1 s)"
+                        ),
+                        round(window["p99_s"], 2),
+                        "s",
+                        note=counts,
+                    )
+                )
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Micro-benchmark of the wire codec: µs per DeferRequest encoded and decoded, plain and sealed;
 and the partitioner's hash of a task key.
 
-Run: .venv/bin/python bench/bench_schemas.py [--number N]
-Prints a Markdown table (best of 5 repeats) for docs/benchmarks.md.
+Run: .venv/bin/python -m bench.bench_schemas [--number N]
+Prints a Markdown table (best of 5 repeats) and records it (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,23 @@ from deferline.schemas import (
     seal,
 )
 from deferline.topics import partition_for
-from deferline.topics._partitioner import murmur2_reference
+from deferline.topics.testing import murmur2_reference
+
+from bench._figures import Figure, Peer, Sitting
+
+# The printed rows recorded, by name: claim id; the Python murmur2 is partition_for's peer.
+CLAIMS = {
+    "encode DeferRequest (plain)": "schemas.encode_defer_request",
+    "decode DeferRequest (plain)": "schemas.decode_defer_request",
+    "decode_as DeferRequest (plain)": "schemas.decode_as_defer_request",
+    "decode_deferral (plain: the triggerer's read)": "schemas.decode_deferral",
+    "seal + encode DeferRequest": "schemas.seal_encode",
+    "decode + open_kwargs (sealed)": "schemas.decode_open_kwargs",
+    "make_trigger_id": "schemas.make_trigger_id",
+    "make_event_id": "schemas.make_event_id",
+    "partition_for(ti_key, 12)": "schemas.partition_for",
+}
+REFERENCE = "murmur2 of ti_key, the Python reference"
 
 
 def sample_request() -> DeferRequest:
@@ -57,6 +73,7 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=20_000, help="calls per repeat")
     args = parser.parse_args()
     n: int = args.number
+    sitting = Sitting.begin("schemas")
 
     request = sample_request()
     cipher = KwargsCipher([KwargsCipher.generate_key()])
@@ -97,10 +114,27 @@ def main() -> None:
     print()
     print("| operation | bytes | µs/op | ops/s |")
     print("|---|---:|---:|---:|")
+    measured: dict[str, tuple[int | None, float]] = {}
     for name, size, fn in rows:
         us = best_us(fn, n)
+        measured[name] = size, us
         shown = "" if size is None else str(size)
         print(f"| {name} | {shown} | {us:.2f} | {1e6 / us:,.0f} |")
+    reference = Peer("the Python reference, same run", round(measured[REFERENCE][1], 2))
+    figures = []
+    for name, claim in CLAIMS.items():
+        size, us = measured[name]
+        figures.append(
+            Figure(
+                claim,
+                name if size is None else f"{name}, {size} B",
+                round(us, 2),
+                "µs",
+                peer=reference if claim == "schemas.partition_for" else None,
+                note=f"{1e6 / us:,.0f}/s on one core",
+            )
+        )
+    sitting.write(figures)
 
 
 if __name__ == "__main__":

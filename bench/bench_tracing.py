@@ -12,6 +12,7 @@ import time
 from deferline.schemas import DeferRequest, TaskKey, encode
 from deferline.topics import disable_tracing, enable_tracing, trace_receive, trace_send
 
+from bench._figures import Figure, Sitting
 from bench._harness import machine_line
 
 
@@ -31,6 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=200_000)
     args = parser.parse_args()
+    sitting = Sitting.begin("tracing")
     request = DeferRequest(
         trigger_id="t-1",
         task=TaskKey(dag_id="d", task_id="t", run_id="r"),
@@ -51,6 +53,14 @@ def main() -> None:
     print("|---|---|---|")
     print(f"| trace_send | {off[0]:.0f} | {on[0]:.0f} |")
     print(f"| trace_receive | {off[1]:.0f} | {on[1]:.0f} |")
+    sitting.write(
+        Figure(f"tracing.{hook}_{state}", f"`{hook}` per record, tracing {label}", round(ns), "ns")
+        for state, label, figures in (
+            ("off", "off (no OTEL_* variables)", off),
+            ("on", "on (an SDK provider without exporter)", on),
+        )
+        for hook, ns in zip(("trace_send", "trace_receive"), figures, strict=True)
+    )
 
 
 if __name__ == "__main__":

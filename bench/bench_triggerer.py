@@ -58,8 +58,9 @@ from deferline.topics import (
     make_producer,
     topic_specs,
 )
-from deferline.topics._process import free_port
+from deferline.topics.testing import free_port
 
+from bench._figures import Figure, Sitting, size_slug
 from bench._harness import produce_batched, record_batches, send_batches
 
 DEFERLINE = str(Path(sys.executable).with_name("deferline"))
@@ -304,6 +305,7 @@ async def bench_throughput(bootstrap: str, n: int, workdir: Path) -> dict[str, f
             ingest_cpu = member.cpu_seconds() - cpu0
             rate = n / (running_at - sent)
             results["ingest_per_s"] = rate
+            results["ingest_cpu_us"] = ingest_cpu / n * 1e6
             print(
                 f"live ingest: {n:,} produced in {produced - sent:.2f} s, all ingested after "
                 f"{running_at - sent:.2f} s -> {rate:,.0f} deferrals/s "
@@ -558,6 +560,7 @@ async def main() -> None:
         "--member-flags", default="", help="extra triggerer flags (latency, burst, idle)"
     )
     args = parser.parse_args()
+    sitting = Sitting.begin("triggerer", broker=args.backend, deferline=args.deferline)
     flags = args.member_flags.split()
     Member.executable = args.deferline
     wanted = set(args.only.split(","))
@@ -605,6 +608,103 @@ async def main() -> None:
             f"{AIRFLOW['failover_s']} s -> "
             f"{AIRFLOW['failover_s'] / results['sigkill_takeover_s']:.1f}x"
         )
+    sitting.write(_figures(args, results))
+
+
+def _figures(args: argparse.Namespace, results: dict[str, float]) -> list[Figure]:
+    """The claims of a run, from what it printed."""
+    anchors = "anchors, an earlier sitting"
+    flags = f"member flags `{args.member_flags}`; " if args.member_flags else ""
+    figures = []
+    n = args.n
+    if "bootstrap_s" in results:
+        figures += [
+            Figure(
+                f"triggerer.bootstrap_{size_slug(n)}",
+                f"a triggerer starting on {n:,} active triggers: bootstrap (assignment → all "
+                "running)",
+                round(results["bootstrap_s"], 2),
+                "s",
+            ),
+            Figure(
+                f"restart.triggerer_{size_slug(n)}",
+                f"a triggerer of {n:,} active triggers restarted from its checkpoints: "
+                "assignment → all running",
+                round(results["bootstrap_checkpoint_s"], 2),
+                "s",
+            ),
+            Figure(
+                "triggerer.deferrals_in",
+                "deferrals read and started, live, a worker's DeferRequests",
+                round(results["ingest_per_s"]),
+                "/s",
+                note=f"at {n:,}, {results['ingest_cpu_us']:.0f} µs CPU each",
+            ),
+            Figure(
+                "triggerer.events_out",
+                f"events/s out, {n:,} due at once (throughput case)",
+                round(results["fires_per_s"]),
+                "/s",
+                note=f"{results['cpu_ms_per_fire'] * 1000:.0f} µs CPU per fired trigger; "
+                f"Airflow 2.10.5: {AIRFLOW['fires_per_s_10k']:.0f}/s at 10,000, {anchors}",
+            ),
+        ]
+    if "latency_p99_ms" in results:
+        low, high = AIRFLOW["overhead_s"]
+        figures.append(
+            Figure(
+                "triggerer.due_now_latency",
+                f"due-now DeferRequest → event read back, {args.latency_count:,} at "
+                f"{args.latency_rate:.0f}/s: p50 / p99",
+                f"{results['latency_p50_ms']:.1f} / {results['latency_p99_ms']:.1f}",
+                "ms",
+                note=f"{flags}Airflow: {low} to {high} s per defer/resume cycle, {anchors}",
+            )
+        )
+    for how in ("sigkill", "sigterm"):
+        if f"{how}_takeover_s" in results:
+            figures.append(
+                Figure(
+                    f"failover.triggerer_{how}",
+                    f"{how.upper()} of one of two triggerers → all {args.failover_n:,} triggers "
+                    f"running on the other ({args.session_timeout_ms / 1000:g} s session "
+                    "timeout, 1 s heartbeat)",
+                    round(results[f"{how}_takeover_s"], 2),
+                    "s",
+                    note=f"Airflow: ≈ {AIRFLOW['failover_s']} s, {anchors}"
+                    if how == "sigkill"
+                    else "",
+                )
+            )
+    for size in [int(s) for s in args.burst_sizes.split(",")]:
+        if f"burst_{size}_events_per_s" not in results:
+            continue
+        waiting, peak = (
+            results[f"burst_{size}_rss_waiting_mb"],
+            results[f"burst_{size}_rss_peak_mb"],
+        )
+        figures.append(
+            Figure(
+                f"triggerer.burst_{size_slug(size)}",
+                f"{size:,} timers due at once in one member: events out",
+                round(results[f"burst_{size}_events_per_s"]),
+                "/s",
+                note=f"{flags}{results[f'burst_{size}_cpu_us_per_fire']:.0f} µs CPU per fired "
+                f"trigger; RSS waiting → peak {waiting:,.0f} → {peak:,.0f} MB "
+                f"({peak / waiting:.2f}x)",
+            )
+        )
+    if "idle_cpu_percent" in results:
+        figures.append(
+            Figure(
+                "triggerer.idle_cpu",
+                "idle member, 12 empty partitions",
+                round(results["idle_cpu_percent"], 2),
+                "% of a core",
+                note=flags.removesuffix("; "),
+            )
+        )
+    return figures
 
 
 if __name__ == "__main__":

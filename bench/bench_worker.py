@@ -1,10 +1,10 @@
 """Worker throughput on the embedded broker: RunTasks handled per second, and slot time each.
 
-Run: .venv/bin/python bench/bench_worker.py [--tasks N] [--slots S]
+Run: .venv/bin/python -m bench.bench_worker [--tasks N] [--slots S]
 Three workloads, each N RunTasks already waiting on the queue when the worker starts:
 ``succeed`` (operator returns at once), ``defer`` (operator defers: "deferred" state plus
 DeferRequest, each acknowledged) and ``resume`` (resume RunTasks into a method that returns).
-Prints a Markdown table for docs/benchmarks.md.
+Prints a Markdown table and records it (bench/_figures.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 from deferline.runners.worker import Worker
 from deferline.schemas import RunTask, TaskKey, encode, make_trigger_id
 from deferline.topics import Settings, TansuBroker, TopicNames, make_producer
+
+from bench._figures import Figure, Sitting
 
 EXAMPLES = "deferline.engine.examples"
 
@@ -90,6 +92,7 @@ async def measure(bootstrap: str, workload: str, n: int, slots: int) -> dict[str
 
 
 async def main(n: int, slots: int) -> None:
+    sitting = Sitting.begin("worker", broker="tansu")
     async with TansuBroker() as broker:
         rows = [
             await measure(broker.bootstrap, w, n, slots) for w in ("succeed", "defer", "resume")
@@ -104,6 +107,17 @@ async def main(n: int, slots: int) -> None:
         )
         if r["failed"]:
             print(f"(!) {r['failed']} failed")
+    sitting.write(
+        Figure(
+            f"worker.{r['workload']}_{slots}_slots",
+            f"{n:,} RunTasks waiting, one worker with {slots} slots: {r['workload']}",
+            round(r["per_s"]),
+            "RunTasks/s",
+            note=f"{r['slot_ms']:.2f} slot ms per run"
+            + (f"; {r['failed']} failed" if r["failed"] else ""),
+        )
+        for r in rows
+    )
 
 
 if __name__ == "__main__":
