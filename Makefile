@@ -16,8 +16,14 @@ LOCK_FLOORS := locks/python$(PY_VERSION)/floors.txt
 VENV_FLOORS ?= .venv-floors
 BIN_FLOORS := $(VENV_FLOORS)/bin
 COMMA := ,
+# The suite in parallel: it mostly waits on brokers and processes, not on the CPU. Tests that
+# share a module's Airflow deployment or a broker they change run on one worker (conftest.py).
+PYTEST_WORKERS ?= 4
+XDIST := -n $(PYTEST_WORKERS)
+# pytest keeps its rewritten test modules as bytecode; without it every worker rewrites them all.
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install test lint typecheck unit integration airflow2 bench schemas clean kafka-jars demo lock floors
+.PHONY: install check test lint typecheck unit integration airflow2 bench schemas clean kafka-jars demo lock floors
 
 $(LOCK_MAIN) $(LOCK_AIRFLOW2) $(LOCK_FLOORS):
 	@echo "no lock for Python $(PY_VERSION) ($@): 'make lock' resolves one from pyproject.toml" >&2
@@ -60,25 +66,33 @@ lint: install
 typecheck: install
 	$(BIN)/mypy $(PKG_DIRS) tests bench
 
+# The quick tier (a few minutes): lint, types, every test that needs no broker, and the
+# integration tests that run on Tansu (those joining no consumer group, and those whose
+# behaviour differs by broker), on Tansu alone.
+check: lint typecheck
+	DEFERLINE_TEST_BACKENDS=tansu $(BIN)/pytest $(XDIST) \
+		-m "not integration or tansu_first or brokers_differ"
+
+# Everything: every test on its brokers, then the Airflow 2.10 line and the floors.
 test: lint typecheck
-	$(BIN)/pytest --durations=30
+	$(BIN)/pytest $(XDIST) --durations=30
 	$(MAKE) airflow2
 	$(MAKE) floors
 
 # The tests of Airflow's trigger classes again on the Airflow 2.10 line, and its environment's.
 airflow2: install $(BIN_AIRFLOW2)/.deps
-	$(BIN_AIRFLOW2)/pytest -m "airflow or environment"
+	$(BIN_AIRFLOW2)/pytest $(XDIST) --durations=10 -m "airflow or environment"
 
 # The tests that need no broker, with every runtime dependency at its floor.
 floors: $(BIN_FLOORS)/.deps
 	$(BIN_FLOORS)/pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
-	$(BIN_FLOORS)/pytest -m "not integration and not airflow"
+	$(BIN_FLOORS)/pytest $(XDIST) -m "not integration and not airflow"
 
 unit: install
-	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest $(XDIST) -m "not integration"
 
 integration: install
-	$(BIN)/pytest -m integration
+	$(BIN)/pytest $(XDIST) -m integration
 
 # The whole loop on the embedded broker: ~2,000 tasks, a triggerer killed halfway (< 2 min).
 # BROKER=kafka runs it on Apache Kafka (KRaft) from its jars instead (needs Java 17+).

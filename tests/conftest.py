@@ -18,6 +18,14 @@ start).
 (treated as Apache Kafka). Each broker starts once per session and is stopped at the end, at
 exit, or when pytest gets SIGTERM.
 
+Under pytest-xdist (``-n N``, what ``make test`` runs) the controller starts the Tansu and
+Kafka backends once, before the workers, and hands each worker their addresses: tests share
+them, kept apart by their topic prefixes. Tests are sent to workers one by one, except groups
+that go to one worker whole (``_GroupScheduling``): the tests using the secured broker, and
+those using the three-node cluster (that one worker starts it; the tests change ACLs and stop
+nodes), and the tests of a module sharing a module-scoped fixture (an Airflow deployment is
+started once, not once per worker). Groups are sent first, largest first.
+
 Tests that use ``broker`` (or ``settings``) must be marked ``integration``. Each runs once,
 on the broker its markers name (this is the one place that decides which):
 
@@ -39,19 +47,29 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.metadata
+import json
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from deferline.topics import BrokerError, KRaftBroker, Settings, TansuBroker, _process
-from deferline.topics._kraft import BrokerSecurity
-from deferline.topics._kraft_cluster import KRaftCluster
+from deferline.topics import (
+    BrokerError,
+    BrokerSecurity,
+    KRaftBroker,
+    KRaftCluster,
+    Settings,
+    TansuBroker,
+)
+from deferline.topics.testing import terminate_all
 
 from tests.airflow_line import airflow_line
 from tests.integration._util import KafkaClients
@@ -98,6 +116,25 @@ class BrokerPool:
         if backend in self._failed:
             unavailable(backend, self._failed[backend])
         return self._bootstrap[backend]
+
+    def start_shared(self, backends: list[str]) -> None:
+        """Start ``backends`` now, remembering why one failed (the controller of an xdist run)."""
+        for backend in backends:
+            if backend not in self._bootstrap and backend not in self._failed:
+                try:
+                    self._bootstrap[backend] = self._start(backend)
+                except Exception as exc:
+                    self._failed[backend] = f"{type(exc).__name__}: {exc}"
+
+    def shared(self) -> str:
+        """The started backends' addresses and failures, for an xdist worker to adopt."""
+        return json.dumps({"bootstrap": self._bootstrap, "failed": self._failed})
+
+    def adopt(self, shared: str) -> None:
+        """Use the brokers another process started (and stops): an xdist worker's pool."""
+        started = json.loads(shared)
+        self._bootstrap.update(started["bootstrap"])
+        self._failed.update(started["failed"])
 
     def _start(self, backend: str) -> str:
         if backend == "external":
@@ -269,21 +306,69 @@ _PREVIOUS_SIGTERM: Any = None
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _process.terminate_all(grace=5.0)
+    terminate_all(grace=5.0)
     signal.signal(signum, _PREVIOUS_SIGTERM or signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+# The group of the tests using each broker that one worker starts and the tests change.
+_OWN_WORKER = {"secured_kafka": "secured-kafka", "kafka_cluster": "kafka-cluster"}
+_SHARED_BROKERS = "deferline_brokers"
+_GROUPS = "deferline_groups"
+
+
+class _Controller:
+    """xdist controller plugin: hands each worker the brokers the controller started and
+    where to write the test groups, and schedules by those groups."""
+
+    def __init__(self) -> None:
+        self.groups = Path(tempfile.mkdtemp(prefix="deferline-xdist-")) / "groups.json"
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[_SHARED_BROKERS] = _POOL.shared()
+        node.workerinput[_GROUPS] = str(self.groups)
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        return _group_scheduling(config, log, self.groups)
+
+    def pytest_unconfigure(self) -> None:
+        shutil.rmtree(self.groups.parent, ignore_errors=True)
+
+
+def _group_scheduling(config: pytest.Config, log: Any, groups: Path) -> Any:
+    """xdist's scope scheduling with each test its own scope, but for the groups the first
+    worker wrote (``groups``, read once every worker has collected): xdist's own
+    ``loadgroup`` cannot mark test ids on pytest 9."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        _group_of: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._group_of is None:
+                self._group_of = json.loads(groups.read_text())
+            return self._group_of.get(nodeid, nodeid)
+
+    return _GroupScheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     global _PREVIOUS_SIGTERM
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         _PREVIOUS_SIGTERM = signal.signal(signal.SIGTERM, _on_sigterm)
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        _POOL.adopt(workerinput[_SHARED_BROKERS])
+    elif getattr(config.option, "dist", "no") != "no":
+        if "not integration" not in (config.option.markexpr or ""):
+            _POOL.start_shared([b for b in selected_backends() if b in ("tansu", "kafka")])
+        config.pluginmanager.register(_Controller(), "deferline-xdist-controller")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _EXTRA.close()
     _POOL.close()
-    _process.terminate_all()
+    terminate_all()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -306,6 +391,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("kafka_only") and not item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.integration)
+
+
+def _group(item: pytest.Item) -> str | None:
+    """The group of ``item`` that one worker runs whole (see the module's docstring)."""
+    names = getattr(item, "fixturenames", ())
+    for fixture, group in _OWN_WORKER.items():
+        if fixture in names:
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    if any(defs and defs[-1].scope == "module" for defs in definitions):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before the worker tells the controller it has collected
+def pytest_collection_finish(session: pytest.Session) -> None:
+    workerinput = getattr(session.config, "workerinput", None)
+    if workerinput is not None and workerinput["workerid"] == "gw0":
+        groups = {item.nodeid: group for item in session.items if (group := _group(item))}
+        written = Path(workerinput[_GROUPS])
+        partial = written.with_suffix(".partial")
+        partial.write_text(json.dumps(groups))
+        partial.replace(written)
+    # What collection imported stays for the session: keep it out of every later collection.
+    gc.collect()
+    gc.freeze()
 
 
 def airflow_missing() -> str | None:
