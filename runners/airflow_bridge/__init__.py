@@ -3,12 +3,14 @@
 from ._bridge import AirflowBridge, BridgeOptions
 from ._cli import airflow_command
 from ._rows import bridge_trigger_id, parse_trigger_id
-from ._state import BridgeState
+from ._state import BridgeLifecycle, BridgeState, IllegalTransition
 
 __all__ = [
     "AirflowBridge",
+    "BridgeLifecycle",
     "BridgeOptions",
     "BridgeState",
+    "IllegalTransition",
     "airflow_command",
     "bridge_trigger_id",
     "parse_trigger_id",

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 from deferline.client import Client, ClientError, parse_ti_key
-from deferline.runners._task_cmds import _as_json
+from deferline.runners.testing import _as_json
 from deferline.schemas import TaskKey, TaskStateRecord
 from deferline.topics import Settings
 

@@ -1,23 +1,13 @@
-"""Helpers shared by the engine tests: polling, an outcome sink and small triggers."""
+"""Helpers shared by the engine tests: an outcome sink and small triggers."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from deferline.engine import BaseTrigger, TriggerEvent, TriggerOutcome
-
-
-async def wait_until(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    """Poll ``predicate`` until it holds; fail the test after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within} s")
-        await asyncio.sleep(0.002)
 
 
 class Sink:

@@ -30,14 +30,15 @@ from deferline.engine import (
     TaskFailureEvent,
     TaskSkippedEvent,
     TaskSuccessEvent,
+    TimerSpec,
     TriggerEvent,
     TriggerNotAllowed,
     TriggerSupervisor,
     deferral_records,
     load_trigger,
+    preload_airflow,
 )
-from deferline.engine._airflow import preload_airflow, to_deferline_event
-from deferline.engine._trigger import TimerSpec
+from deferline.engine.testing import to_deferline_event
 from deferline.schemas import (
     DeferRequest,
     TaskKey,

@@ -20,8 +20,10 @@ from deferline.engine import (
 )
 from deferline.schemas import from_tagged, make_event_id, to_tagged
 
+from tests._until import until
+
 from . import airflow_triggers
-from ._support import Sink, wait_until
+from ._support import Sink
 
 AIRFLOW_PREFIX = ["tests.engine.airflow_triggers"]
 
@@ -89,7 +91,7 @@ async def test_airflow_written_triggers_run_unchanged() -> None:
     async with TriggerSupervisor(capacity=10, on_event=sink) as sup:
         for trigger_id, trigger in triggers.items():
             assert sup.add(trigger_id, _rebuild(trigger))
-        await wait_until(lambda: len(sup) == 0)
+        await until(lambda: len(sup) == 0)
     assert sink.one("datetime").payload == moment
     assert sink.one("item").payload == {"result": 42}
     assert sink.one("wait").payload == {"duration": dt.timedelta(milliseconds=5)}
@@ -107,7 +109,7 @@ async def test_airflow_trigger_logging_goes_through_self_log(
     sink = Sink()
     async with TriggerSupervisor(capacity=1, on_event=sink) as sup:
         sup.add("j2", airflow_triggers.JobStatusTrigger("job-2", poll_interval=0.001))
-        await wait_until(lambda: "j2" not in sup)
+        await until(lambda: "j2" not in sup)
     assert sink.one("j2").payload == {"status": "error", "message": "Job job-2 failed"}
     assert any("Job job-2 is RUNNING" in r.getMessage() for r in caplog.records)
 
@@ -128,7 +130,7 @@ async def test_default_cleanup_is_a_no_op_and_none_payload_is_fine() -> None:
     sink = Sink()
     async with TriggerSupervisor(capacity=1, on_event=sink) as sup:
         sup.add("m", Minimal())
-        await wait_until(lambda: "m" not in sup)
+        await until(lambda: "m" not in sup)
     out = sink.one("m")
     assert out.payload is None
     assert out.event_id == make_event_id("m", "fired", None)

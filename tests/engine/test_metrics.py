@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from deferline.engine import LagHistogram, SupervisorMetrics, TriggerSupervisor
 
-from ._support import GateTrigger, Sink, wait_until
+from tests._until import until
+
+from ._support import GateTrigger, Sink
 
 
 def test_histogram_buckets_sum_and_quantiles() -> None:
@@ -47,7 +49,7 @@ async def test_snapshot_reports_gauges_and_counters() -> None:
         )
         for gate in gates:
             gate.gate.set()
-        await wait_until(lambda: len(sup) == 0)
+        await until(lambda: len(sup) == 0)
         snap = sup.metrics.snapshot()
         assert snap["fired"] == 4
         assert snap["running"] == 0

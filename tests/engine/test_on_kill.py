@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from deferline.engine import TriggerEvent, TriggerSupervisor
 
-from ._support import Sink, _TestTrigger, wait_until
+from tests._until import until
+
+from ._support import Sink, _TestTrigger
 
 
 class ExternalJob(_TestTrigger):
@@ -49,7 +51,7 @@ async def stopped(how: Callable[[TriggerSupervisor], Awaitable[object]]) -> list
         supervisor.add("job", trigger, timeout_at=utc_in(3600))
         await trigger.started.wait()
         await how(supervisor)
-        await wait_until(lambda: "job" not in supervisor)
+        await until(lambda: "job" not in supervisor)
     return trigger.calls
 
 
@@ -76,7 +78,7 @@ async def test_a_timeout_cleans_up_without_on_kill() -> None:
     sink = Sink()
     async with TriggerSupervisor(capacity=10, on_event=sink, cleanup_timeout=1.0) as supervisor:
         supervisor.add("job", trigger, timeout_at=utc_in(0.05))
-        await wait_until(lambda: "job" not in supervisor)
+        await until(lambda: "job" not in supervisor)
     assert sink.one("job").status == "timed_out"
     assert trigger.calls == ["run", "cleanup"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from deferline.engine._airflow_services import SharedReads
+from deferline.engine.testing import SharedReads
 
 pytestmark = pytest.mark.timeout(10)
 

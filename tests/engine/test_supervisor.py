@@ -20,6 +20,8 @@ from deferline.engine import (
 from deferline.engine.triggers import DateTimeTrigger
 from deferline.schemas import make_event_id
 
+from tests._until import until
+
 from ._support import (
     EmptyTrigger,
     GateTrigger,
@@ -27,7 +29,6 @@ from ._support import (
     RaisingTrigger,
     Sink,
     _TestTrigger,
-    wait_until,
 )
 
 
@@ -57,7 +58,7 @@ async def test_event_becomes_final_fired_outcome_with_deterministic_id(
     assert sup.running == 1
     assert sink.outcomes == []
     trigger.gate.set()
-    await wait_until(lambda: "t1" not in sup)
+    await until(lambda: "t1" not in sup)
     out = sink.one("t1")
     assert out.status == "fired"
     assert out.final
@@ -76,7 +77,7 @@ async def test_exception_becomes_failed_outcome_with_traceback(
 ) -> None:
     trigger = RaisingTrigger()
     sup.add("boom", trigger)
-    await wait_until(lambda: "boom" not in sup)
+    await until(lambda: "boom" not in sup)
     out = sink.one("boom")
     assert out.status == "failed"
     assert out.final
@@ -92,7 +93,7 @@ async def test_run_returning_without_an_event_is_a_failure(
     sup: TriggerSupervisor, sink: Sink
 ) -> None:
     sup.add("empty", EmptyTrigger())
-    await wait_until(lambda: "empty" not in sup)
+    await until(lambda: "empty" not in sup)
     out = sink.one("empty")
     assert out.status == "failed"
     assert out.final
@@ -128,7 +129,7 @@ async def test_contract_violations_fail_with_a_clear_error(
     sup: TriggerSupervisor, sink: Sink, trigger_cls: type[BaseTrigger], message: str
 ) -> None:
     sup.add("bad", trigger_cls())
-    await wait_until(lambda: "bad" not in sup)
+    await until(lambda: "bad" not in sup)
     out = sink.one("bad")
     assert out.status == "failed"
     assert out.error is not None
@@ -143,7 +144,7 @@ async def test_end_from_trigger_event_carries_task_outcome_and_xcoms(
             yield TaskSuccessEvent(xcoms={"return_value": 42})
 
     sup.add("end", Ends())
-    await wait_until(lambda: "end" not in sup)
+    await until(lambda: "end" not in sup)
     out = sink.one("end")
     assert out.status == "fired"
     assert out.task_outcome == "success"
@@ -156,7 +157,7 @@ async def test_default_stops_after_first_event_and_closes_the_generator(
 ) -> None:
     trigger = MultiTrigger(0, loop_forever=True)  # relies on being stopped, as in Airflow
     sup.add("once", trigger)
-    await wait_until(lambda: "once" not in sup)
+    await until(lambda: "once" not in sup)
     assert [(o.payload, o.final) for o in sink.of("once")] == [({"n": 0}, True)]
     assert trigger.closed
     assert trigger.cleaned
@@ -165,7 +166,7 @@ async def test_default_stops_after_first_event_and_closes_the_generator(
 async def test_max_events_stops_after_that_many(sup: TriggerSupervisor, sink: Sink) -> None:
     trigger = MultiTrigger(0, loop_forever=True)
     sup.add("two", trigger, max_events=2)
-    await wait_until(lambda: "two" not in sup)
+    await until(lambda: "two" not in sup)
     assert [(o.payload, o.final) for o in sink.of("two")] == [({"n": 0}, False), ({"n": 1}, True)]
     assert trigger.closed
     assert trigger.cleaned
@@ -176,7 +177,7 @@ async def test_multi_event_trigger_each_event_has_its_own_id_and_last_is_final(
 ) -> None:
     trigger = MultiTrigger(3)
     sup.add("multi", trigger, max_events=None)
-    await wait_until(lambda: "multi" not in sup)
+    await until(lambda: "multi" not in sup)
     outs = sink.of("multi")
     assert [o.payload for o in outs] == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert [o.final for o in outs] == [False, False, True]
@@ -191,10 +192,10 @@ async def test_multi_event_trigger_that_returns_later_emits_nothing_more(
 ) -> None:
     trigger = MultiTrigger(2, pause_at_end=True)
     sup.add("later", trigger, max_events=None)
-    await wait_until(lambda: len(sink.of("later")) == 2)
+    await until(lambda: len(sink.of("later")) == 2)
     assert [o.final for o in sink.of("later")] == [False, False]
     trigger.end_gate.set()
-    await wait_until(lambda: "later" not in sup)
+    await until(lambda: "later" not in sup)
     assert len(sink.of("later")) == 2
     assert trigger.cleaned
 
@@ -207,7 +208,7 @@ async def test_failure_after_events_is_final(sup: TriggerSupervisor, sink: Sink)
             raise ValueError("second poll failed")
 
     sup.add("fs", FailsSecond(), max_events=None)
-    await wait_until(lambda: "fs" not in sup)
+    await until(lambda: "fs" not in sup)
     assert [(o.status, o.final) for o in sink.of("fs")] == [("fired", False), ("failed", True)]
 
 
@@ -265,7 +266,7 @@ async def test_trigger_ignoring_cancellation_is_bounded_and_abandoned(
     assert sup.metrics.abandoned == 1
     assert any("ignored cancellation" in r.getMessage() for r in caplog.records)
     trigger.release.set()  # the zombie now yields: nothing may be emitted
-    await wait_until(lambda: not sup._runner._abandoned)
+    await until(lambda: not sup._runner._abandoned)
     assert sink.outcomes == []
 
 
@@ -294,7 +295,7 @@ async def test_hanging_cleanup_is_abandoned_after_cleanup_timeout(
 ) -> None:
     trigger = HangingCleanup(swallow_cancel=swallow_cancel)
     sup.add("hang", trigger)
-    await wait_until(lambda: "hang" not in sup, within=3.0)
+    await until(lambda: "hang" not in sup, within=3.0)
     assert sink.one("hang").status == "fired"  # the event went out before cleanup
     assert sup.metrics.abandoned == 1
     assert sup.running == 0
@@ -302,7 +303,7 @@ async def test_hanging_cleanup_is_abandoned_after_cleanup_timeout(
         "cleanup()" in r.getMessage() and "abandoned" in r.getMessage() for r in caplog.records
     )
     trigger.forever.set()
-    await wait_until(lambda: not sup._runner._abandoned)
+    await until(lambda: not sup._runner._abandoned)
 
 
 async def test_cleanup_that_raises_is_logged_not_fatal(
@@ -316,7 +317,7 @@ async def test_cleanup_that_raises_is_logged_not_fatal(
             raise OSError("socket already closed")
 
     sup.add("bc", BadCleanup())
-    await wait_until(lambda: "bc" not in sup)
+    await until(lambda: "bc" not in sup)
     assert sink.one("bc").status == "fired"
     assert any("cleanup() of" in r.getMessage() and r.exc_info for r in caplog.records)
 
@@ -327,7 +328,7 @@ async def test_timeout_gives_timed_out_outcome_and_cleans_up(
     trigger = GateTrigger()
     timeout_at = _utcnow_plus(0.05)
     sup.add("slow", trigger, timeout_at=timeout_at)
-    await wait_until(lambda: "slow" not in sup)
+    await until(lambda: "slow" not in sup)
     out = sink.one("slow")
     assert out.status == "timed_out"
     assert out.final
@@ -346,7 +347,7 @@ async def test_timeout_in_the_past_times_out_without_running(
 ) -> None:
     trigger = GateTrigger()
     sup.add("late", trigger, timeout_at=_utcnow_plus(-5))
-    await wait_until(lambda: "late" not in sup)
+    await until(lambda: "late" not in sup)
     assert sink.one("late").status == "timed_out"
     assert not trigger.started.is_set()
 
@@ -357,8 +358,8 @@ async def test_trigger_that_fires_before_its_timeout_does_not_time_out(
     trigger = GateTrigger()
     sup.add("quick", trigger, timeout_at=_utcnow_plus(0.1))
     trigger.gate.set()
-    await wait_until(lambda: "quick" not in sup)
-    await wait_until(
+    await until(lambda: "quick" not in sup)
+    await until(
         lambda: sup._deadlines.first() is None
     )  # the stale timeout entry came due and was dropped
     assert [o.status for o in sink.of("quick")] == ["fired"]
@@ -370,13 +371,13 @@ async def test_capacity_queues_triggers_in_order(sink: Sink) -> None:
         triggers = {name: GateTrigger(name, log=order) for name in "abcde"}
         for name, trigger in triggers.items():
             sup.add(name, trigger)
-        await wait_until(lambda: len(order) == 2)
+        await until(lambda: len(order) == 2)
         assert (sup.running, sup.pending, sup.capacity_left) == (2, 3, 0)
         assert sup.metrics.pending == 3
         assert sup.metrics.capacity_left == 0
         for name in "abcde":
             triggers[name].gate.set()
-            await wait_until(lambda name=name: name not in sup)  # type: ignore[misc]
+            await until(lambda name=name: name not in sup)  # type: ignore[misc]
         assert order == [f"start:{n}" for n in "abcde"]
         assert [o.trigger_id for o in sink.outcomes] == list("abcde")
         assert (sup.running, sup.pending, sup.capacity_left) == (0, 0, 2)
@@ -391,12 +392,12 @@ async def test_pending_triggers_can_be_cancelled_and_time_out(sink: Sink) -> Non
         sup.add("doomed", doomed, timeout_at=_utcnow_plus(0.03))
         assert sup.pending == 2
         assert await sup.cancel("waiting")
-        await wait_until(lambda: "doomed" not in sup)
+        await until(lambda: "doomed" not in sup)
         assert sink.one("doomed").status == "timed_out"
         assert sup.pending == 0
         assert sup.metrics.cancelled == 1
         first.gate.set()
-        await wait_until(lambda: "first" not in sup)
+        await until(lambda: "first" not in sup)
         assert not waiting.started.is_set()
         assert not doomed.started.is_set()
 
@@ -481,7 +482,7 @@ async def test_on_event_errors_are_counted_not_propagated(
         sup.add("b", b)
         a.gate.set()
         b.gate.set()
-        await wait_until(lambda: len(sup) == 0)
+        await until(lambda: len(sup) == 0)
         assert sorted(calls) == ["a", "b"]
         assert sup.metrics.callback_errors == 1
 
@@ -498,7 +499,7 @@ async def test_log_lines_carry_trigger_task_partition_and_member(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="deferline.engine")
     sup.add("ctx", RaisingTrigger(), context=RunnerContext("dag/task/run/-1#1", 7, "m-1"))
-    await wait_until(lambda: "ctx" not in sup)
+    await until(lambda: "ctx" not in sup)
     record = next(r for r in caplog.records if "trigger failed" in r.getMessage())
     assert record.__dict__["trigger_id"] == "ctx"
     assert record.__dict__["task"] == "dag/task/run/-1#1"
@@ -543,7 +544,7 @@ async def test_closing_a_run_that_hangs_in_finally_is_bounded(
 ) -> None:
     trigger = HangsWhenClosed()
     sup.add("close", trigger)
-    await wait_until(lambda: "close" not in sup, within=3.0)
+    await until(lambda: "close" not in sup, within=3.0)
     assert [(o.status, o.final) for o in sink.of("close")] == [("fired", True)]
     assert trigger.cleaned
     assert sup.running == 0
@@ -561,12 +562,12 @@ async def test_a_compaction_while_a_run_closes_keeps_its_close_bound(sink: Sink)
     ) as sup:
         trigger = HangsWhenClosed()
         sup.add("close", trigger)
-        await wait_until(lambda: bool(sink.of("close")))  # fired: now closing run()
+        await until(lambda: bool(sink.of("close")))  # fired: now closing run()
         ids = [f"t{i}" for i in range(count)]
         for tid in ids:
             sup.add(tid, DateTimeTrigger(far))
         assert await sup.cancel_many(ids) == count
-        await wait_until(lambda: "close" not in sup, within=3.0)
+        await until(lambda: "close" not in sup, within=3.0)
         assert sup.running == 0
         assert trigger.cleaned
         assert [(o.status, o.final) for o in sink.outcomes] == [("fired", True)]

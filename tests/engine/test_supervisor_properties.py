@@ -9,10 +9,7 @@ import math
 from collections.abc import AsyncIterator
 
 from deferline.engine import TriggerEvent, TriggerOutcome, TriggerSupervisor
-from deferline.engine._coroutine_runs import _Run
-from deferline.engine._slots import SlotBook
-from deferline.engine._supervisor_state import _Expiry, _Queued, _Timer
-from deferline.engine._timer_heap import DeadlineHeap
+from deferline.engine.testing import DeadlineHeap, SlotBook, _Expiry, _Queued, _Run, _Timer
 from deferline.engine.triggers import DateTimeTrigger
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,7 +23,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ._support import _TestTrigger, wait_until
+from tests._until import until
+
+from ._support import _TestTrigger
 
 _IDS = st.sampled_from([f"t{i}" for i in range(12)])
 
@@ -281,7 +280,7 @@ async def _one_outcome_each(
                 tid = f"t{index}"
                 cancelled_at[tid] = len(outcomes.get(tid, ()))
                 await supervisor.cancel(tid)
-        await wait_until(lambda: len(supervisor) == 0, within=10)
+        await until(lambda: len(supervisor) == 0, within=10)
         assert supervisor.running == supervisor.pending == 0
     for index in range(len(specs)):
         tid = f"t{index}"

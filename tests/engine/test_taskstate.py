@@ -8,9 +8,7 @@ import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any
 
-from deferline.engine._task_pools import Pools
-from deferline.engine._taskstate import TaskTable
-from deferline.engine._taskstate_values import FAIL_METHOD, Emit, progress
+from deferline.engine import FAIL_METHOD, Emit, Pools, TaskTable, progress
 from deferline.schemas import (
     CancelRequest,
     ResumeTarget,

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import random
 
-from deferline.engine._task_pools import Pools
-from deferline.engine._taskstate import TaskTable
+from deferline.engine import Pools, TaskTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

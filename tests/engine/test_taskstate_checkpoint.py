@@ -9,10 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
-from deferline.engine._task_pools import Pools
-from deferline.engine._taskstate import TaskTable
-from deferline.engine._taskstate_checkpoint import FORMAT, _Stored
-from deferline.engine._taskstate_values import Emit
+from deferline.engine import Emit, Pools, TaskTable
+from deferline.engine.testing import FORMAT, _Stored
 from deferline.schemas import ResumeTarget, TaskStateRecord, TriggerEventRecord, encode
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -7,8 +7,8 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from deferline.engine import Emit, Pools, TaskTable, _taskstate_values
-from deferline.engine._taskstate_values import _Slim
+from deferline.engine import Emit, Pools, TaskTable
+from deferline.engine.testing import _Slim, _tagged_value
 from deferline.schemas import (
     CancelRequest,
     EventFields,
@@ -184,7 +184,7 @@ def test_a_usual_resume_is_encoded_without_building_a_model(
     def no_model(record: Any) -> bytes:
         raise AssertionError("encoded through the model")
 
-    monkeypatch.setattr(_taskstate_values, "encode", no_model)
+    monkeypatch.setattr("deferline.engine._taskstate_values.encode", no_model)
     _, out = resume(deferred, EventFields.of(event))
     assert [emit.value() for emit in out] == expected
     assert [emit.kind for emit in out] == ["task_state", "run_task"]
@@ -246,5 +246,5 @@ def test_a_moment_tagged_again_is_the_same_form_and_other_zones_are_not_mixed_up
     utc = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
     paris = utc.astimezone(dt.timezone(dt.timedelta(hours=1)))
     for moment in (utc, paris, paris, utc, utc.replace(microsecond=1)):
-        assert _taskstate_values._tagged_value(moment) == to_tagged(moment)
-    assert _taskstate_values._tagged_value(utc) is _taskstate_values._tagged_value(utc)
+        assert _tagged_value(moment) == to_tagged(moment)
+    assert _tagged_value(utc) is _tagged_value(utc)

@@ -16,11 +16,13 @@ from deferline.engine import (
     TriggerEvent,
     TriggerSupervisor,
 )
-from deferline.engine._supervisor_state import _AT_DEADLINE, _Timer
+from deferline.engine.testing import _AT_DEADLINE, _Timer
 from deferline.engine.triggers import DateTimeTrigger, TimeDeltaTrigger
 from deferline.schemas import make_event_id
 
-from ._support import GateTrigger, Sink, wait_until
+from tests._until import until
+
+from ._support import GateTrigger, Sink
 
 
 def _in(seconds: float) -> dt.datetime:
@@ -47,7 +49,7 @@ async def test_timers_of_a_burst_share_their_due_time_each_with_its_own_event_id
     for i in range(3):
         sup.add(f"a{i}", DateTimeTrigger(first))
     sup.add("b", DateTimeTrigger(second))
-    await wait_until(lambda: sup.running == 0)
+    await until(lambda: sup.running == 0)
     for tid, moment in [("a0", first), ("a1", first), ("a2", first), ("b", second)]:
         out = sink.one(tid)
         assert out.payload == moment
@@ -82,7 +84,7 @@ async def test_datetime_trigger_waits_in_the_heap_and_fires_at_its_moment(
     assert sup.waiting_timers == 1
     assert sup.running == 1
     assert not any(t.get_name().startswith("deferline-trigger") for t in asyncio.all_tasks())
-    await wait_until(lambda: "dt" not in sup)
+    await until(lambda: "dt" not in sup)
     out = sink.one("dt")
     assert out.status == "fired"
     assert out.final
@@ -101,7 +103,7 @@ async def test_datetime_trigger_waits_in_the_heap_and_fires_at_its_moment(
 async def test_timedelta_and_end_from_trigger(sup: TriggerSupervisor, sink: Sink) -> None:
     sup.add("td", TimeDeltaTrigger(dt.timedelta(milliseconds=10), end_from_trigger=True))
     assert sup.waiting_timers == 1
-    await wait_until(lambda: "td" not in sup)
+    await until(lambda: "td" not in sup)
     out = sink.one("td")
     assert (out.status, out.payload, out.task_outcome, out.xcoms) == (
         "fired",
@@ -115,7 +117,7 @@ async def test_timers_fire_in_due_order(sup: TriggerSupervisor, sink: Sink) -> N
     base = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=10)
     for i in (3, 1, 4, 0, 2):
         sup.add(f"t{i}", DateTimeTrigger(base + dt.timedelta(seconds=i)))
-    await wait_until(lambda: len(sup) == 0)
+    await until(lambda: len(sup) == 0)
     assert [o.trigger_id for o in sink.outcomes] == ["t0", "t1", "t2", "t3", "t4"]
 
 
@@ -123,7 +125,7 @@ async def test_timeout_before_the_moment_times_out(sup: TriggerSupervisor, sink:
     timeout_at = _in(0.02)
     sup.add("t", DateTimeTrigger(_in(3600)), timeout_at=timeout_at)
     assert sup.waiting_timers == 1
-    await wait_until(lambda: "t" not in sup)
+    await until(lambda: "t" not in sup)
     out = sink.one("t")
     assert out.status == "timed_out"
     assert out.due_at == timeout_at
@@ -131,8 +133,8 @@ async def test_timeout_before_the_moment_times_out(sup: TriggerSupervisor, sink:
 
 async def test_timeout_after_the_moment_does_not_matter(sup: TriggerSupervisor, sink: Sink) -> None:
     sup.add("t", DateTimeTrigger(_in(0.01)), timeout_at=_in(0.02))
-    await wait_until(lambda: "t" not in sup)
-    await wait_until(lambda: sup._deadlines.first() is None)
+    await until(lambda: "t" not in sup)
+    await until(lambda: sup._deadlines.first() is None)
     assert [o.status for o in sink.outcomes] == ["fired"]
 
 
@@ -144,11 +146,11 @@ async def test_cancelled_timer_never_fires_and_frees_capacity(
     assert sup.running == 0
     assert sup.waiting_timers == 0
     assert sup.metrics.cancelled == 1
-    await wait_until(lambda: sup._deadlines.first() is None)
+    await until(lambda: sup._deadlines.first() is None)
     assert sink.outcomes == []
     # The same id may be added again (e.g. after a rebalance) and then fires once.
     sup.add("t", DateTimeTrigger(_in(0.0)))
-    await wait_until(lambda: "t" not in sup)
+    await until(lambda: "t" not in sup)
     assert len(sink.of("t")) == 1
 
 
@@ -162,7 +164,7 @@ async def test_timers_count_toward_capacity(sink: Sink) -> None:
         await gate.started.wait()  # admitted once the timer fired
         assert sink.one("timer").status == "fired"
         gate.gate.set()
-        await wait_until(lambda: len(sup) == 0)
+        await until(lambda: len(sup) == 0)
 
 
 async def test_pending_timer_is_admitted_into_the_heap(sink: Sink) -> None:
@@ -172,7 +174,7 @@ async def test_pending_timer_is_admitted_into_the_heap(sink: Sink) -> None:
         sup.add("timer", DateTimeTrigger(_in(-1)), timeout_at=_in(3600))
         assert sup.pending == 1
         gate.gate.set()
-        await wait_until(lambda: len(sup) == 0)
+        await until(lambda: len(sup) == 0)
         assert [o.trigger_id for o in sink.outcomes] == ["coro", "timer"]
         assert sink.one("timer").status == "fired"
 
@@ -207,7 +209,7 @@ async def test_custom_trigger_declaring_a_deadline_uses_the_fast_path(
     skip = Deadline(_in(0.01), None)
     sup.add("skip", skip)
     assert sup.waiting_timers == 2
-    await wait_until(lambda: len(sup) == 0)
+    await until(lambda: len(sup) == 0)
     assert sink.one("custom").payload == {"batch": 7}
     assert sink.one("skip").task_outcome == "skipped"
     assert not trigger.ran
@@ -230,7 +232,7 @@ async def test_subclass_overriding_run_is_not_treated_as_a_timer(
     sup.add("c", Custom(_in(3600)))
     sup.add("cc", CustomCleanup(_in(-1)))
     assert sup.waiting_timers == 0
-    await wait_until(lambda: len(sup) == 0)
+    await until(lambda: len(sup) == 0)
     assert sink.one("c").payload == "custom run"
     assert sink.one("cc").status == "fired"
     assert CustomCleanup.cleaned
@@ -250,7 +252,7 @@ async def test_as_timer_that_fails_falls_back_to_running(
     sup.add("broken", Broken(_in(0), "ran"))
     sup.add("naive", Naive(_in(0), "ran too"))
     assert sup.waiting_timers == 0
-    await wait_until(lambda: len(sup) == 0)
+    await until(lambda: len(sup) == 0)
     assert sink.one("broken").payload == "ran"
     assert sink.one("naive").payload == "ran too"
 
@@ -265,7 +267,7 @@ async def test_a_failing_as_timer_is_reported_once_per_class(
     caplog.set_level(logging.WARNING, logger="deferline.engine")
     for i in range(3):
         sup.add(f"broken{i}", Broken(_in(0), "ran"))
-    await wait_until(lambda: len(sup) == 0)
+    await until(lambda: len(sup) == 0)
     warned = [r.getMessage() for r in caplog.records if "as_timer()" in r.getMessage()]
     assert len(warned) == 1
     assert "Broken" in warned[0]
@@ -275,7 +277,7 @@ async def test_a_failing_as_timer_is_reported_once_per_class(
 
 async def test_unserializable_timer_payload_fails(sup: TriggerSupervisor, sink: Sink) -> None:
     sup.add("odd", Deadline(_in(0), object()))
-    await wait_until(lambda: "odd" not in sup)
+    await until(lambda: "odd" not in sup)
     out = sink.one("odd")
     assert out.status == "failed"
     assert out.error is not None
@@ -296,7 +298,7 @@ async def test_many_due_timers_fire_in_slices_keeping_the_loop_responsive(
             seen.append(len(sink.outcomes))
             await asyncio.sleep(0)
 
-    await asyncio.gather(ticker(), wait_until(lambda: len(sink.outcomes) == n, within=30))
+    await asyncio.gather(ticker(), until(lambda: len(sink.outcomes) == n, within=30))
     assert len({o.trigger_id for o in sink.outcomes}) == n
     assert sup.metrics.fired == n
     assert sup.running == 0
@@ -319,7 +321,7 @@ async def test_timers_added_from_on_event_into_the_firing_bucket_are_not_lost() 
     async with TriggerSupervisor(capacity=10_000, on_event=on_event, block_threshold=None) as sup:
         for i in range(3000):
             sup.add(f"t{i}", DateTimeTrigger(past))
-        await wait_until(lambda: len(sup) == 0, within=30)
+        await until(lambda: len(sup) == 0, within=30)
     assert len(fired) == len(set(fired)) == 3006
     assert fired[:3000] == [f"t{i}" for i in range(3000)]  # one bucket fires in add order
 
@@ -327,9 +329,7 @@ async def test_timers_added_from_on_event_into_the_firing_bucket_are_not_lost() 
 async def test_cancelled_timers_do_not_linger_in_the_heap(
     sup: TriggerSupervisor, sink: Sink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import deferline.engine._timer_heap as supervisor_module
-
-    monkeypatch.setattr(supervisor_module, "_COMPACT_MIN", 10)
+    monkeypatch.setattr("deferline.engine._timer_heap._COMPACT_MIN", 10)
     far = dt.datetime.now(dt.UTC) + dt.timedelta(days=30)
     for i in range(40):
         sup.add(f"t{i}", DateTimeTrigger(far + dt.timedelta(seconds=i)))
@@ -340,7 +340,7 @@ async def test_cancelled_timers_do_not_linger_in_the_heap(
     assert set(sup._deadlines._buckets.values()) <= {f"t{i}" for i in range(40)}
     assert {f"t{i}" for i in range(30, 40)} <= set(sup._deadlines._buckets.values())
     sup.add("now", DateTimeTrigger(dt.datetime.now(dt.UTC)))
-    await wait_until(lambda: "now" not in sup)
+    await until(lambda: "now" not in sup)
     assert [o.trigger_id for o in sink.outcomes] == ["now"]
     assert sup.waiting_timers == 10
 
@@ -357,14 +357,14 @@ async def test_held_timers_wait_in_order_and_fire_once_released(sink: Sink) -> N
     async with TriggerSupervisor(capacity=10_000, on_event=on_event, block_threshold=None) as sup:
         for i in range(1000):
             sup.add(f"t{i:04}", DateTimeTrigger(past + dt.timedelta(milliseconds=i % 7)))
-        await wait_until(lambda: len(sink.outcomes) >= 100)
+        await until(lambda: len(sink.outcomes) >= 100)
         for _ in range(20):  # the loop runs; nothing more fires while held
             await asyncio.sleep(0.005)
         assert len(sink.outcomes) == 100
         assert sup.timers_held
         assert sup.waiting_timers == 900
         sup.hold_timers(False)
-        await wait_until(lambda: len(sink.outcomes) == 1000)
+        await until(lambda: len(sink.outcomes) == 1000)
     fired = [o.trigger_id for o in sink.outcomes]
     assert len(set(fired)) == 1000
     expected = sorted((i % 7, f"t{i:04}") for i in range(1000))  # due order, then add order
@@ -379,5 +379,5 @@ async def test_timers_added_while_held_fire_after_release(sink: Sink) -> None:
             await asyncio.sleep(0.005)
         assert sink.outcomes == []
         sup.hold_timers(False)
-        await wait_until(lambda: len(sink.outcomes) == 1)
+        await until(lambda: len(sink.outcomes) == 1)
     assert sink.one("late").status == "fired"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from deferline.engine import TriggerEvent
 from deferline.engine.triggers import FileTrigger
-from deferline.engine.triggers._file import find_file
+from deferline.engine.triggers.testing import find_file
 
 from ._support import first_event
 

@@ -12,9 +12,11 @@ import pytest
 from aiohttp import web
 from deferline.engine import TriggerEvent, TriggerSupervisor
 from deferline.engine.triggers import HttpTrigger
-from deferline.engine.triggers._http import parse_json_path, resolve_json_path
+from deferline.engine.triggers.testing import parse_json_path, resolve_json_path
 
-from ._support import Sink, wait_until
+from tests._until import until
+
+from ._support import Sink
 
 
 @dataclass
@@ -130,7 +132,7 @@ async def test_connection_errors_are_retried(caplog: pytest.LogCaptureFixture) -
     def failures() -> int:
         return sum("failed (attempt" in r.getMessage() for r in caplog.records)
 
-    await wait_until(lambda: failures() >= 2)
+    await until(lambda: failures() >= 2)
     assert not task.done()
 
     async def up(request: web.Request) -> web.Response:
@@ -153,7 +155,7 @@ async def test_runs_under_the_supervisor_and_cancels_cleanly(server: Server) -> 
     sink = Sink()
     async with TriggerSupervisor(capacity=2, on_event=sink) as sup:
         sup.add("http", HttpTrigger(server.url, poll_interval=0.001))
-        await wait_until(lambda: len(server.requests) >= 2)
+        await until(lambda: len(server.requests) >= 2)
         assert await sup.cancel("http")
         count = len(server.requests)
         server.responses = [(200, "late")]

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka import TopicPartition
 from deferline.engine.triggers import KafkaMessageTrigger
-from deferline.engine.triggers._kafka import decode_value, json_contains
+from deferline.engine.triggers.testing import decode_value, json_contains
 
-from ._support import first_event, wait_until
+from tests._until import until
+from tests.fakes import FakeConsumer, FakeKafka
+
+from ._support import first_event
 
 SINCE = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 MS = int(SINCE.timestamp() * 1000)
@@ -86,87 +88,6 @@ def test_validation(kwargs: dict[str, Any], error: type[Exception], message: str
         KafkaMessageTrigger(**kwargs)
 
 
-@dataclass
-class Msg:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: int
-
-
-@dataclass
-class FakeConsumer:
-    """The slice of AIOKafkaConsumer the trigger uses, over an in-memory log."""
-
-    log: dict[int, list[Msg]]
-    topic: str
-    visible_after: int = 0  # metadata calls before the topic "exists"
-    started: bool = False
-    stopped: bool = False
-    positions: dict[int, int] = field(default_factory=dict)
-    metadata_calls: int = 0
-    polls: int = 0
-
-    async def start(self) -> None:
-        self.started = True
-
-    async def stop(self) -> None:
-        self.stopped = True
-
-    def partitions_for_topic(self, topic: str) -> set[int] | None:
-        return None  # like aiokafka: no metadata for topics it does not track
-
-    @property
-    def _client(self) -> FakeConsumer:
-        return self
-
-    async def fetch_all_metadata(self) -> Any:
-        self.metadata_calls += 1
-        visible = self.metadata_calls > self.visible_after
-        partitions = set(self.log) if visible else None
-        return type("Cluster", (), {"partitions_for_topic": lambda _, topic: partitions})()
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        assert [tp.partition for tp in tps] == sorted(self.log)
-
-    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        for tp in tps:
-            self.positions[tp.partition] = 0
-
-    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: len(self.log[tp.partition]) for tp in tps}
-
-    async def offsets_for_times(
-        self, query: dict[TopicPartition, int]
-    ) -> dict[TopicPartition, Any]:
-        out: dict[TopicPartition, Any] = {}
-        for tp, ts in query.items():
-            hit = next((m for m in self.log[tp.partition] if m.timestamp >= ts), None)
-            out[tp] = None if hit is None else type("OT", (), {"offset": hit.offset})()
-        return out
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.positions[tp.partition] = offset
-
-    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Msg]]:
-        await asyncio.sleep(0)
-        self.polls += 1
-        out: dict[TopicPartition, list[Msg]] = {}
-        for p, pos in self.positions.items():
-            batch = self.log[p][pos : pos + max_records]
-            if batch:
-                out[TopicPartition(self.topic, p)] = batch
-                self.positions[p] = pos + len(batch)
-        return out
-
-    def append(self, partition: int, key: bytes | None, value: Any, timestamp: int) -> None:
-        part = self.log[partition]
-        raw = value if isinstance(value, bytes) else orjson.dumps(value)
-        part.append(Msg(self.topic, partition, len(part), key, raw, timestamp))
-
-
 class FakeKafkaTrigger(KafkaMessageTrigger):
     fake: FakeConsumer
 
@@ -174,21 +95,32 @@ class FakeKafkaTrigger(KafkaMessageTrigger):
         return self.fake
 
 
-def _trigger(fake: FakeConsumer, **kwargs: Any) -> FakeKafkaTrigger:
-    trigger = FakeKafkaTrigger(fake.topic, **kwargs)
+def _trigger(fake: FakeConsumer, topic: str, **kwargs: Any) -> FakeKafkaTrigger:
+    trigger = FakeKafkaTrigger(topic, **kwargs)
     trigger.fake = fake
     return trigger
 
 
+def put(
+    kafka: FakeKafka, topic: str, partition: int, key: bytes | None, value: Any, ts: int
+) -> None:
+    """Write a record (``value`` as JSON unless bytes) with the time ``ts`` (ms)."""
+    raw = value if isinstance(value, bytes) else orjson.dumps(value)
+    kafka.append(topic, key, raw, partition=partition, timestamp_ms=ts)
+
+
 async def test_first_matching_message_since_the_start_fires() -> None:
-    fake = FakeConsumer({0: [], 1: []}, "orders")
-    fake.append(0, b"o-1", {"state": "paid"}, MS - 10)  # before `since`: ignored
-    fake.append(1, b"o-1", {"state": "new"}, MS + 1)
-    trigger = _trigger(fake, match={"state": "paid"}, since=SINCE, poll_timeout=0.01)
+    kafka = FakeKafka()
+    kafka.create_topic("orders", 2)
+    fake = FakeConsumer(kafka)
+    put(kafka, "orders", 0, b"o-1", {"state": "paid"}, MS - 10)  # before `since`: ignored
+    put(kafka, "orders", 1, b"o-1", {"state": "new"}, MS + 1)
+    trigger = _trigger(fake, "orders", match={"state": "paid"}, since=SINCE, poll_timeout=0.01)
     pending = asyncio.create_task(first_event(trigger))
-    await wait_until(lambda: fake.polls >= 2)
+    await until(lambda: fake.fetches >= 2)
     assert not pending.done()
-    fake.append(1, b"o-1", {"state": "paid", "amount": 5}, MS + 2)
+    assert fake.assignment() == {TopicPartition("orders", 0), TopicPartition("orders", 1)}
+    put(kafka, "orders", 1, b"o-1", {"state": "paid", "amount": 5}, MS + 2)
     event = await asyncio.wait_for(pending, 5)
     assert event.payload == {
         "topic": "orders",
@@ -203,21 +135,32 @@ async def test_first_matching_message_since_the_start_fires() -> None:
 
 
 async def test_earliest_reads_from_the_beginning_and_waits_for_the_topic() -> None:
-    fake = FakeConsumer({0: []}, "late-topic", visible_after=2)
-    fake.append(0, None, b"hello world", 5)
-    trigger = _trigger(fake, value_regex="world", since="earliest", poll_timeout=0.001)
-    events = [event async for event in trigger.run()]
+    kafka = FakeKafka()
+    fake = FakeConsumer(kafka)
+    trigger = _trigger(
+        fake, "late-topic", value_regex="world", since="earliest", poll_timeout=0.001
+    )
+
+    async def run() -> list[Any]:
+        return [event async for event in trigger.run()]
+
+    running = asyncio.create_task(run())
+    await until(lambda: fake.client.metadata_requests >= 2)
+    assert not running.done(), "no topic yet"
+    put(kafka, "late-topic", 0, None, b"hello world", 5)  # the topic is created with it
+    events = await asyncio.wait_for(running, 5)
     assert [e.payload["value"] for e in events] == ["hello world"]
-    assert fake.metadata_calls >= 2
+    assert fake.client.metadata_requests >= 2
     assert fake.stopped
 
 
 async def test_latest_skips_what_is_already_there() -> None:
-    fake = FakeConsumer({0: []}, "t")
-    fake.append(0, None, {"n": 1}, 5)
-    trigger = _trigger(fake, since="latest", poll_timeout=0.001)
+    kafka = FakeKafka()
+    fake = FakeConsumer(kafka)
+    put(kafka, "t", 0, None, {"n": 1}, 5)
+    trigger = _trigger(fake, "t", since="latest", poll_timeout=0.001)
     pending = asyncio.create_task(first_event(trigger))
-    await wait_until(lambda: fake.polls >= 2)
-    fake.append(0, None, {"n": 2}, 6)
+    await until(lambda: fake.fetches >= 2)
+    put(kafka, "t", 0, None, {"n": 2}, 6)
     event = await asyncio.wait_for(pending, 5)
     assert event.payload["value"] == {"n": 2}

@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 from deferline.engine import TriggerEvent, TriggerSupervisor
 
-from ._support import Sink, _TestTrigger, wait_until
+from tests._until import until
+
+from ._support import Sink, _TestTrigger
 
 
 class BlockingTrigger(_TestTrigger):
@@ -43,8 +45,8 @@ async def test_watchdog_names_the_blocking_trigger_and_duration(
     sink = Sink()
     async with TriggerSupervisor(capacity=5, on_event=sink, block_threshold=0.1) as sup:
         sup.add("sleepy", BlockingTrigger(0.4))
-        await wait_until(lambda: "sleepy" not in sup)
-        await wait_until(lambda: _named(caplog, "was blocked", "sleepy") is not None)
+        await until(lambda: "sleepy" not in sup)
+        await until(lambda: _named(caplog, "was blocked", "sleepy") is not None)
         metrics = sup.metrics
     assert sink.one("sleepy").status == "fired"
     assert metrics.blocked_loop >= 1
@@ -77,7 +79,7 @@ async def test_watchdog_names_a_task_that_is_not_a_trigger(
 
     async with TriggerSupervisor(capacity=1, on_event=Sink(), block_threshold=0.1) as sup:
         await asyncio.create_task(offender(), name="consumer-loop")
-        await wait_until(named)
+        await until(named)
         assert sup.metrics.blocked_loop >= 1
 
 

@@ -7,11 +7,14 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 from deferline.topics import Settings
 
-from ._airflow_deployment import AirflowDeployment, until
+from tests._until import until
+
+from ._airflow_deployment import AirflowDeployment
 from ._process import DeferlineProcess
 
 __all__ = ["Processes", "reach", "run_id_of", "trigger_dag", "xcom"]
@@ -105,7 +108,12 @@ async def reach(
         states = af.states(dag_id, run_id)
         return set(states) >= tasks and all(states[t] in states_wanted for t in tasks)
 
-    await until(f"{dag_id} {sorted(tasks)} {sorted(states_wanted)}", check, within=240)
+    await until(
+        partial(asyncio.to_thread, check),
+        within=240,
+        interval=0.5,
+        what=f"{dag_id} {sorted(tasks)} {sorted(states_wanted)}",
+    )
 
 
 def xcom(af: AirflowDeployment, dag_id: str, run_id: str, task_id: str, key: str) -> object:

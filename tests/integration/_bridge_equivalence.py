@@ -16,8 +16,7 @@ import json
 import sys
 from typing import Any
 
-from deferline.runners.airflow_bridge._airflow_db import AirflowDatabase
-from deferline.runners.airflow_bridge._rows import BridgeEvent, RowRef
+from deferline.runners.airflow_bridge.testing import AirflowDatabase, BridgeEvent, RowRef
 
 from tests.integration import _airflow_seed as seeding
 

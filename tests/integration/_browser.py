@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from tests._tools import system_program
-from tests.integration._util import wait_until
+from tests._until import until
 
 SCREENSHOTS_ENV = "DEFERLINE_SCREENSHOTS"
 """A directory to keep the screenshots in (default: ``screenshots/`` under the test's tmp)."""
@@ -75,7 +75,7 @@ class Browser:
             lines = port_file.read_text().split() if port_file.exists() else []
             return int(lines[0]) if len(lines) >= 2 else None
 
-        devtools = await wait_until(port, timeout=30, message="chromium's DevTools port")
+        devtools = await until(port, within=30, interval=0.05, what="chromium's DevTools port")
         self._http = aiohttp.ClientSession()
         async with self._http.get(f"http://127.0.0.1:{devtools}/json/list") as response:
             targets = await response.json()
@@ -116,7 +116,7 @@ class Browser:
             here = await self.evaluate("document.readyState === 'complete' && location.href")
             return bool(here == url)
 
-        await wait_until(loaded, timeout=30, message=f"page {url} loaded")
+        await until(loaded, within=30, interval=0.05, what=f"page {url} loaded")
 
     async def evaluate(self, expression: str) -> Any:
         result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)

@@ -17,7 +17,7 @@ from deferline.topics import (
     stop_client,
 )
 
-from ._util import wait_until
+from tests._until import until
 
 
 @contextlib.asynccontextmanager
@@ -43,7 +43,7 @@ async def delete_topic(settings: Settings, topic: str) -> None:
         async def gone() -> bool:
             return topic not in await admin.list_topics()
 
-        await wait_until(gone, 30, message=f"{topic} is deleted")
+        await until(gone, within=30, interval=0.05, what=f"{topic} is deleted")
     finally:
         await admin.close()
 
@@ -64,7 +64,9 @@ async def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
             await consumer.getmany(timeout_ms=50)
             return all(consumer.highwater(tp) is not None for tp in tps)
 
-        await wait_until(fetched, 30, message=f"a fetch of every partition of {topic}")
+        await until(
+            fetched, within=30, interval=0.05, what=f"a fetch of every partition of {topic}"
+        )
         return {tp.partition: max(listed[tp], int(consumer.highwater(tp))) for tp in tps}
     finally:
         await stop_client(consumer, grace=10.0, name="test consumer")

@@ -44,6 +44,8 @@ from deferline.topics import (
     topic_specs,
 )
 
+from tests._until import until
+
 DATETIME = "deferline.engine.triggers.DateTimeTrigger"
 TARGET = ResumeTarget(operator="deferline.engine.examples.WaitOperator")
 
@@ -198,15 +200,6 @@ async def _leaders(settings: Settings, topics: list[str]) -> dict[int, int]:
     return dict(counts)
 
 
-async def _until(predicate: Any, timeout: float, what: str) -> None:  # noqa: ASYNC109
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() >= deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what}")
-        await asyncio.sleep(0.1)
-
-
 async def run_failover(
     cluster: KRaftCluster,
     *,
@@ -312,11 +305,17 @@ async def run_failover(
         def resumed() -> list[RunTask]:
             return [v for _, v in resumes.seen if isinstance(v, RunTask) and v.mode == "resume"]
 
-        await _until(lambda: len(fired()) >= total, 180 + n / 200, "every trigger fired")
-        await _until(
+        await until(
+            lambda: len(fired()) >= total,
+            within=180 + n / 200,
+            interval=0.1,
+            what="every trigger fired",
+        )
+        await until(
             lambda: len({r.task.ti_key for r in resumed()}) >= total,
-            120 + n / 200,
-            "every task resumed",
+            within=120 + n / 200,
+            interval=0.1,
+            what="every task resumed",
         )
         await asyncio.sleep(2.0)  # a duplicate, if any, would land now
 

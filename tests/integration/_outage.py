@@ -34,6 +34,7 @@ from deferline.topics import (
     topic_specs,
 )
 
+from tests._until import until
 from tests.integration._failover import TopicWatch, deferral, publish
 from tests.integration._process import DeferlineProcess
 from tests.integration._scheduler_help import SchedulerProcess
@@ -128,17 +129,19 @@ class _Processes:
         }
 
     async def ready(self, within: float = 90.0) -> None:
-        deadline = time.monotonic() + within
-        while not (
-            self.scheduler.find("scheduler ready")
-            and await self.triggerer.bootstrapped()
-            and self.worker.find("worker started")
-            and self.console.find("console served")
-        ):
+        async def all_ready() -> bool:
+            if (
+                self.scheduler.find("scheduler ready")
+                and await self.triggerer.bootstrapped()
+                and self.worker.find("worker started")
+                and self.console.find("console served")
+            ):
+                return True
             exited = {name: p.proc.returncode for name, p in self.named.items() if not p.alive}
-            if exited or time.monotonic() > deadline:
-                raise AssertionError(f"processes not ready (exited: {exited})")
-            await asyncio.sleep(0.2)
+            assert not exited, f"processes not ready (exited: {exited})"
+            return False
+
+        await until(all_ready, within=within, interval=0.2, what="every process ready")
 
     def close(self) -> None:
         for process in self.named.values():

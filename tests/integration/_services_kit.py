@@ -3,15 +3,19 @@ triggerer's environment without Airflow's database, and what the bridge says it 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import threading
 import urllib.request
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from ._airflow_deployment import AirflowDeployment, until
+from tests._until import until
+
+from ._airflow_deployment import AirflowDeployment
 from ._process import DeferlineProcess
 
 # What the services tests' DAGs name (services_dags.py, services2_dags.py).
@@ -106,7 +110,12 @@ async def dag_run_reaches(af: AirflowDeployment, dag_id: str, run_id: str, wante
         rows = af.query("SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
         return rows == [(wanted,)]
 
-    await until(f"{dag_id} run {run_id} {wanted}", check, within=60)
+    await until(
+        partial(asyncio.to_thread, check),
+        within=60,
+        interval=0.5,
+        what=f"{dag_id} run {run_id} {wanted}",
+    )
 
 
 def requests_answered(metrics_port: int, kind: str) -> float:

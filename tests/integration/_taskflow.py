@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +33,8 @@ from deferline.topics import (
     stop_client,
     topic_specs,
 )
+
+from tests._until import describe, until
 
 
 def task_key(name: str, try_number: int = 1) -> TaskKey:
@@ -160,21 +161,15 @@ class TaskFlow:
         )
 
     async def wait_for(self, predicate: Callable[[], Any], within: float = 20.0) -> Any:
-        """Wait until ``predicate()`` is truthy (re-checked whenever records arrive)."""
-        deadline = time.monotonic() + within
-        while True:
-            value = predicate()
-            if value:
-                return value
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(
-                    f"timed out after {within}s waiting for {predicate}; read so far: "
-                    f"{self.summary()}"
-                )
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+        """Wait until ``predicate()`` is truthy (re-checked whenever records arrive, and every
+        0.5 s); on timeout, the failure says what was read so far."""
+        return await until(
+            predicate,
+            within=within,
+            interval=0.5,
+            what=lambda: f"{describe(predicate)}; read so far: {self.summary()}",
+            wake=self._changed,
+        )
 
     async def wait_state(
         self, task: TaskKey, *states: str, within: float = 20.0

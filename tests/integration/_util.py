@@ -1,40 +1,13 @@
-"""Helpers for tests against a real broker: polling with a deadline, clients that get closed."""
+"""Helpers for tests against a real broker: clients that get closed."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from deferline.topics import Settings, make_admin, make_consumer, make_producer
-
-
-async def wait_until(
-    predicate: Callable[[], Any],
-    timeout: float = 10.0,  # noqa: ASYNC109 - a polling deadline, not an I/O timeout
-    interval: float = 0.05,
-    *,
-    message: str | None = None,
-) -> Any:
-    """Poll ``predicate`` (sync or async) until it returns something truthy; return that.
-
-    Raises AssertionError naming the condition when ``timeout`` seconds pass first.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if loop.time() >= deadline:
-            what = message or getattr(predicate, "__name__", repr(predicate))
-            raise AssertionError(f"condition not met within {timeout:.1f}s: {what}")
-        await asyncio.sleep(interval)
 
 
 class KafkaClients:

@@ -89,7 +89,7 @@ def airflow(
         af.start()
         af.wait_for(
             "SELECT count(*) FROM dag WHERE dag_id LIKE 'services2%' HAVING count(*) = 3",
-            timeout=240,
+            within=240,
         )
         yield af
     finally:

@@ -16,6 +16,7 @@ one ``deferline triggerer`` on the bridge's prefix. Two DAG runs:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -27,9 +28,10 @@ import aiohttp
 import pytest
 from deferline.topics import Settings
 
+from tests._until import until
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
 
-from ._airflow_deployment import AirflowDeployment, airflow_deployment, until
+from ._airflow_deployment import AirflowDeployment, airflow_deployment
 from ._process import DeferlineProcess
 from .test_airflow_triggers import http_api
 
@@ -113,19 +115,33 @@ async def test_a_deployment_runs_its_deferred_tasks_through_the_bridge(
         home.mkdir()
         with airflow_deployment(home, extra_env=env) as af:
             await until(
-                "Airflow knows both DAGs",
-                lambda: len(af.query("SELECT dag_id FROM dag WHERE dag_id LIKE 'bridge_%'")) == 2,
+                partial(
+                    asyncio.to_thread,
+                    lambda: (
+                        len(af.query("SELECT dag_id FROM dag WHERE dag_id LIKE 'bridge_%'")) == 2
+                    ),
+                ),
+                within=180,
+                interval=0.5,
+                what="Airflow knows both DAGs",
             )
             af.run("dags", "trigger", "bridge_bad_input", "--run-id", BAD_RUN)
             af.run("dags", "trigger", "bridge_test", "--run-id", RUN)
             for task_id in BAD_EXPECTED:
-                await until(f"{task_id} deferred", partial(deferred, af, BAD_RUN, task_id))
+                await until(
+                    partial(asyncio.to_thread, deferred, af, BAD_RUN, task_id),
+                    within=180,
+                    interval=0.5,
+                    what=f"{task_id} deferred",
+                )
                 # Until Airflow's scheduler has read the executor's report of the run that
                 # deferred, a resume written back makes it fail the task instance as changed
                 # behind its back ("finished with state success, but ... queued"), not run it.
                 await until(
-                    f"{task_id}'s deferring run reported",
-                    partial(executor_reported, af, task_id),
+                    partial(asyncio.to_thread, executor_reported, af, task_id),
+                    within=180,
+                    interval=0.5,
+                    what=f"{task_id}'s deferring run reported",
                 )
             snapshot = tmp_path / "deferred.db"
             af.snapshot(snapshot)
@@ -178,18 +194,34 @@ async def _drive(
     af: AirflowDeployment,
     api_state: dict[str, bool],
 ) -> None:
-    await until("wait_http deferred", lambda: deferred(af, RUN, "wait_http"))
     await until(
-        "the HTTP sensor's deferring run reported", lambda: executor_reported(af, "wait_http")
+        partial(asyncio.to_thread, deferred, af, RUN, "wait_http"),
+        within=180,
+        interval=0.5,
+        what="wait_http deferred",
+    )
+    await until(
+        partial(asyncio.to_thread, executor_reported, af, "wait_http"),
+        within=180,
+        interval=0.5,
+        what="the HTTP sensor's deferring run reported",
     )
     api_state["ready"] = True
     # Claimed by the bridge, so published: the triggerer reads its cancel after its request.
     await until(
-        "the cleared task's trigger is claimed", partial(claimed, af, "cleared_while_deferred")
+        partial(asyncio.to_thread, claimed, af, "cleared_while_deferred"),
+        within=180,
+        interval=0.5,
+        what="the cleared task's trigger is claimed",
     )
     af.clear("bridge_test", RUN, "cleared_while_deferred")
     for run_id in (RUN, BAD_RUN):
-        await until(f"{run_id} finished", partial(finished, af, run_id), within=300)
+        await until(
+            partial(asyncio.to_thread, finished, af, run_id),
+            within=300,
+            interval=0.5,
+            what=f"{run_id} finished",
+        )
 
 
 async def _check(
@@ -214,7 +246,9 @@ async def _check(
     ]
     assert cancelled
     if airflow_line() >= 3:
-        await until("on_kill ran", marker.exists, within=10)
+        await until(
+            partial(asyncio.to_thread, marker.exists), within=10, interval=0.5, what="on_kill ran"
+        )
     # Airflow sees a healthy triggerer.
     af.run("jobs", "check", "--job-type", "TriggererJob")
     assert bridge.alive

@@ -37,6 +37,7 @@ from aiokafka import TopicPartition
 from deferline.schemas import DeferRequest, decode_as
 from deferline.topics import Settings, TopicNames
 
+from tests._until import until
 from tests.airflow_line import airflow_version
 
 from ._airflow_deployment import AirflowDeployment
@@ -96,7 +97,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowDeploym
         af.start()
         af.wait_for(
             "SELECT count(*) FROM dag WHERE dag_id LIKE 'features_%' HAVING count(*) = 4",
-            timeout=240,
+            within=240,
         )
         yield af
     finally:
@@ -241,16 +242,17 @@ async def test_a_task_started_from_its_trigger_runs_through_the_bridge(
 
         async def enough() -> bool:
             nonlocal records
+            if defer not in await topics(kafka_clients):  # the bridge creates it at start
+                return False
             records = await defer_records(kafka_clients, defer, run_id)
             return set(records) == ours | sensors and all(len(r) >= times for r in records.values())
 
-        deadline = time.monotonic() + 120
-        while defer not in await topics(kafka_clients):  # the bridge creates it at start
-            assert time.monotonic() < deadline, f"no topic {defer}"
-            await asyncio.sleep(0.5)
-        while not await enough():
-            assert time.monotonic() < deadline, f"not published {times}x: {sorted(records)}"
-            await asyncio.sleep(0.5)
+        await until(
+            enough,
+            within=120,
+            interval=0.5,
+            what=lambda: f"{defer} published {times}x (so far {sorted(records)})",
+        )
         return records
 
     assert all(len(r) == 1 for r in (await published(1)).values())

@@ -20,14 +20,16 @@ import json
 import os
 import signal
 import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
 from deferline.topics import KRaftBroker, Settings
 
+from tests._until import until
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
 
-from ._airflow_deployment import airflow_deployment, until
+from ._airflow_deployment import airflow_deployment
 from ._airflow_processes import Processes
 from ._outage import BACK, LOST
 
@@ -69,8 +71,13 @@ async def test_the_bridge_rides_out_a_lost_cluster_while_airflow_triggers_fall_d
                 bridge = started.bridge("bridge")
                 triggerer = started.triggerer("triggerer")
                 await until(
-                    "Airflow knows the DAG",
-                    lambda: bool(af.query("SELECT dag_id FROM dag WHERE dag_id = 'outage'")),
+                    partial(
+                        asyncio.to_thread,
+                        lambda: bool(af.query("SELECT dag_id FROM dag WHERE dag_id = 'outage'")),
+                    ),
+                    within=180,
+                    interval=0.5,
+                    what="Airflow knows the DAG",
                 )
                 first = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60)
                 due = [first + dt.timedelta(seconds=STEP * i) for i in range(TASKS)]
@@ -87,7 +94,12 @@ async def test_the_bridge_rides_out_a_lost_cluster_while_airflow_triggers_fall_d
                     )
                     return len(rows) == TASKS and all(r[0] is not None for r in rows)
 
-                await until("every task deferred and claimed by the bridge", claimed)
+                await until(
+                    partial(asyncio.to_thread, claimed),
+                    within=180,
+                    interval=0.5,
+                    what="every task deferred and claimed by the bridge",
+                )
                 wait = (first - dt.datetime.now(dt.UTC)).total_seconds() + 1.0
                 await asyncio.sleep(max(0.0, wait))  # the first has fired
                 pid = broker.pid
@@ -101,7 +113,12 @@ async def test_the_bridge_rides_out_a_lost_cluster_while_airflow_triggers_fall_d
                     rows = af.query("SELECT state FROM dag_run WHERE run_id = ?", RUN)
                     return bool(rows) and rows[0][0] in ("success", "failed")
 
-                await until("the run finished", finished, within=240)
+                await until(
+                    partial(asyncio.to_thread, finished),
+                    within=240,
+                    interval=0.5,
+                    what="the run finished",
+                )
                 states = af.states("outage", RUN)
                 assert states == {f"wait_{i}": "success" for i in range(TASKS)}
                 tries = af.query("SELECT try_number FROM task_instance WHERE run_id = ?", RUN)

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -24,6 +24,7 @@ import pytest
 from deferline.schemas import TriggerEventRecord, decode_as
 from deferline.topics import Settings, TopicNames
 
+from tests._until import until, until_sync
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_line
 from tests.conftest import in_ci
 from tests.integration import _airflow_seed as seeding
@@ -68,12 +69,21 @@ def rows(postgres: PostgresServer, database: str, sql: str) -> list[list[str]]:
 def wait_none_deferred(
     postgres: PostgresServer, database: str, procs: list[subprocess.Popen[bytes]], limit: float
 ) -> None:
-    deadline = time.monotonic() + limit
     query = "SELECT count(*) FROM task_instance WHERE state = 'deferred'"
-    while (left := int(postgres.psql(query, database))) and time.monotonic() < deadline:
-        assert all(proc.poll() is None for proc in procs), "a triggerer exited"
-        time.sleep(0.2)
-    assert left == 0, f"{left} task instances still deferred after {limit} s"
+    left = -1
+
+    def none_deferred() -> bool:
+        nonlocal left
+        left = int(postgres.psql(query, database))
+        assert left == 0 or all(proc.poll() is None for proc in procs), "a triggerer exited"
+        return left == 0
+
+    until_sync(
+        none_deferred,
+        within=limit,
+        interval=0.2,
+        what=lambda: f"no task instance deferred ({left} still are)",
+    )
 
 
 def test_airflow_triggerer_resumes_the_seeded_deferrals(
@@ -211,15 +221,6 @@ def _count(postgres: PostgresServer, database: str, sql: str) -> int:
     return int(postgres.psql(sql, database))
 
 
-async def _until(what: str, check: Callable[[], bool], limit: float) -> float:
-    """Poll ``check`` every 0.1 s until true; the seconds it took (fails after ``limit``)."""
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < limit, f"not within {limit} s: {what}"
-        await asyncio.sleep(0.1)
-    return time.monotonic() - start
-
-
 @pytest.mark.timeout(900)
 async def test_two_bridges_one_killed_while_due_resume_each_task_once(
     postgres: PostgresServer,
@@ -282,23 +283,32 @@ async def test_two_bridges_one_killed_while_due_resume_each_task_once(
     processes = [triggerer, first]
     try:
         # The first bridge claims up to its capacity, the second the rest: both hold rows.
-        await _until("the first bridge's job row", lambda: count(jobs) == 1, 120)
+        await until(
+            lambda: count(jobs) == 1, within=120, interval=0.1, what="the first bridge's job row"
+        )
         first_job = int(postgres.psql("SELECT max(id) FROM job", database))
-        await _until(
-            "the first bridge holds its capacity",
+        await until(
             lambda: count(held.format(first_job)) == HA_FIRST_CAPACITY,
-            120,
+            within=120,
+            interval=0.1,
+            what="the first bridge holds its capacity",
         )
         second = bridge("second")
         processes.append(second)
-        await _until(
-            "the second bridge holds the rest",
+        await until(
             lambda: count("SELECT count(*) FROM trigger WHERE triggerer_id IS NULL") == 0,
-            120,
+            within=120,
+            interval=0.1,
+            what="the second bridge holds the rest",
         )
         assert time.time() < due.timestamp() - 5, f"claiming took over {SETUP_S - 5} s"
         await asyncio.sleep(due.timestamp() - time.time())
-        await _until("the first task instance resumed", lambda: count(deferred) < HA_N, 60)
+        await until(
+            lambda: count(deferred) < HA_N,
+            within=60,
+            interval=0.1,
+            what="the first task instance resumed",
+        )
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
         last_heartbeat = float(
@@ -316,10 +326,11 @@ async def test_two_bridges_one_killed_while_due_resume_each_task_once(
         # partitions and writes their events back), which can win. The late rows have no
         # event, so only a reclaim moves them.
         try:
-            await _until(
-                "the killed bridge's rows reclaimed",
+            await until(
                 lambda: count(held.format(first_job)) == 0,
-                HEALTH_THRESHOLD_S + 60,
+                within=HEALTH_THRESHOLD_S + 60,
+                interval=0.1,
+                what="the killed bridge's rows reclaimed",
             )
             reclaimed_s = time.time() - last_heartbeat
         except AssertionError as exc:
@@ -328,10 +339,11 @@ async def test_two_bridges_one_killed_while_due_resume_each_task_once(
             detail = f"rows by holder {rows(postgres, database, holders)}, jobs (id, since "
             detail += f"heartbeat, end) {rows(postgres, database, jobs_now)}"
             raise AssertionError(f"{exc}: {detail}") from None
-        await _until(
-            "no task instance deferred but the late ones",
+        await until(
             lambda: count(deferred) == LATE_N,
-            180,
+            within=180,
+            interval=0.1,
+            what="no task instance deferred but the late ones",
         )
         second_job = int(postgres.psql("SELECT max(id) FROM job", database))
         assert count(waiting_on.format(second_job) + late) == LATE_N

@@ -45,15 +45,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deferline.topics import Settings
 
+from tests._until import until
 from tests.airflow_line import airflow_version
 
-from ._airflow_deployment import AirflowDeployment, free_port, until
+from ._airflow_deployment import AirflowDeployment, free_port
 from ._airflow_processes import Processes, reach, run_id_of, trigger_dag, xcom
 from ._services_kit import (
     MISSING_CONN_ID,
@@ -113,7 +115,7 @@ def airflow(
         af.start()
         af.wait_for(
             "SELECT count(*) FROM dag WHERE dag_id LIKE 'services%' HAVING count(*) = 4",
-            timeout=240,
+            within=240,
         )
         yield af
     finally:
@@ -289,7 +291,12 @@ async def test_a_trigger_fails_when_its_bridge_is_gone(
         return len(triggerer.find("polled variable"))
 
     # The trigger reads the variable through the bridge, once a second.
-    await until("the trigger polled the variable twice", lambda: polls() >= 2, within=60)
+    await until(
+        partial(asyncio.to_thread, lambda: polls() >= 2),
+        within=60,
+        interval=0.5,
+        what="the trigger polled the variable twice",
+    )
     await asyncio.sleep(max(0.0, deferred_at + RESUME_AFTER - time.monotonic()))
     bridge.proc.terminate()
     assert await asyncio.to_thread(bridge.proc.wait, 60) == 0
@@ -297,7 +304,12 @@ async def test_a_trigger_fails_when_its_bridge_is_gone(
     def failures() -> list[dict[str, Any]]:
         return triggerer.find("trigger failed")
 
-    await until("the trigger failed", lambda: bool(failures()), within=60)
+    await until(
+        partial(asyncio.to_thread, lambda: bool(failures())),
+        within=60,
+        interval=0.5,
+        what="the trigger failed",
+    )
     (failure,) = failures()
     message = str(failure["message"])
     assert "AirflowServicesUnavailable" in message, message

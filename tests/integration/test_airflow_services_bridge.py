@@ -26,6 +26,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,10 @@ from deferline.engine import AirflowServicesUnavailable, preload_airflow, use_ai
 from deferline.schemas import KwargsCipher
 from deferline.topics import Settings
 
+from tests._until import until
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_version
 
-from ._airflow_deployment import AirflowDeployment, free_port, until
+from ._airflow_deployment import AirflowDeployment, free_port
 from ._process import DeferlineProcess
 
 pytestmark = [
@@ -124,7 +126,10 @@ class Bridge:
 
     async def serving(self) -> None:
         await until(
-            "the bridge serves", lambda: bool(self.process.find("Airflow services serving"))
+            partial(asyncio.to_thread, lambda: bool(self.process.find("Airflow services serving"))),
+            within=180,
+            interval=0.5,
+            what="the bridge serves",
         )
 
     def requests_answered(self, kind: str) -> float:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from deferline.topics import BrokerStartError, KRaftBroker, Settings, TansuBroker, describe_topics
-from deferline.topics._process import _metadata_has_broker, free_port
+from deferline.topics.testing import _metadata_has_broker, free_port
 
-from tests.integration._util import wait_until
+from tests._until import until
 
 pytestmark = pytest.mark.integration
 
@@ -105,14 +105,14 @@ async def test_broker_dies_with_a_killed_parent():
     assert _alive(broker_pid)
     proc.kill()
     await proc.wait()
-    await wait_until(lambda: not _alive(broker_pid), timeout=10, message="broker gone")
+    await until(lambda: not _alive(broker_pid), within=10, interval=0.05, what="broker gone")
     shutil.rmtree(workdir)  # nobody was left to remove it
 
 
 async def test_broker_is_stopped_at_interpreter_exit():
     proc, broker_pid, workdir = await _spawn(_START)  # exits without stopping the broker
     assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
-    await wait_until(lambda: not _alive(broker_pid), timeout=10, message="broker gone")
+    await until(lambda: not _alive(broker_pid), within=10, interval=0.05, what="broker gone")
     assert not workdir.exists()
 
 
@@ -148,8 +148,11 @@ async def test_sigterm_to_pytest_stops_the_session_brokers(tmp_path):
     assert all(_alive(p) for p in broker_pids)
     proc.send_signal(signal.SIGTERM)
     await asyncio.wait_for(proc.wait(), timeout=30)
-    await wait_until(
-        lambda: not any(_alive(p) for p in broker_pids), timeout=10, message="brokers gone"
+    await until(
+        lambda: not any(_alive(p) for p in broker_pids),
+        within=10,
+        interval=0.05,
+        what="brokers gone",
     )
 
 

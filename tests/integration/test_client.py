@@ -24,7 +24,7 @@ from deferline.schemas import (
 )
 from deferline.topics import Settings, TopicNames, make_consumer, partition_for
 
-from tests.integration._util import wait_until
+from tests._until import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.tansu_first]
 
@@ -50,7 +50,7 @@ async def read_topic(settings: Settings, topic: str) -> list[tuple[int, bytes | 
                 )
             return all([await consumer.position(tp) >= ends[tp] for tp in tps])
 
-        await wait_until(caught_up, 20, message=f"read {topic} to its end")
+        await until(caught_up, within=20, interval=0.05, what=f"read {topic} to its end")
         return out
     finally:
         await consumer.stop()

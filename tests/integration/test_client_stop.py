@@ -19,7 +19,7 @@ from deferline.topics import (
     stop_client,
 )
 
-from tests.integration._util import wait_until
+from tests._until import until
 
 pytestmark = pytest.mark.integration
 
@@ -45,10 +45,11 @@ async def test_a_consumer_stopped_while_its_fetch_backs_off_stops_and_closes_eve
         assert await consumer.getmany(timeout_ms=10_000)
         fetching = asyncio.create_task(consumer.getmany(timeout_ms=60_000))
         await broker.stop()
-        await wait_until(
+        await until(
             lambda: "Failed fetch messages" in caplog.text,
-            30,
-            message="a fetch failed and sleeps in its retry backoff",
+            within=30,
+            interval=0.05,
+            what="a fetch failed and sleeps in its retry backoff",
         )
     completed = await stop_client(consumer, grace=5.0)
     assert completed is False, "stop() was cut short by the fetcher's CancelledError"

@@ -23,12 +23,12 @@ from deferline.runners.scheduler import Scheduler
 from deferline.runners.worker import Worker
 from deferline.topics import Settings, ensure_acls, ensure_topics, topic_specs
 
+from tests._until import until
 from tests.conftest import SecuredKafka
 from tests.integration import _e2e_ops
 from tests.integration._browser import Browser, screenshot_dir
 from tests.integration._taskflow import TaskFlow
 from tests.integration._triggerer_help import TriggererProcess
-from tests.integration._util import wait_until
 from tests.integration.test_replay_system import EXAMPLES, allowed, submit, triggerer
 
 FAST = ConsoleOptions(
@@ -55,7 +55,7 @@ async def status_says(browser: Browser, state: str) -> str:
         found = await browser.evaluate("document.getElementById('status').dataset.state")
         return await browser.text("#status") if found == state else ""
 
-    text: str = await wait_until(shown, timeout=60, interval=0.2, message=f"status {state}")
+    text: str = await until(shown, within=60, interval=0.2, what=f"status {state}")
     return text
 
 
@@ -92,14 +92,14 @@ async def test_counts_move_and_a_refused_deferral_is_explained(settings: Setting
         async def all_succeeded() -> bool:
             return await count(browser, "success") == len(quick)
 
-        await wait_until(all_succeeded, timeout=20, message="6 successes on the page")
+        await until(all_succeeded, within=20, interval=0.05, what="6 successes on the page")
         waits = await submit(client, "waits", f"{EXAMPLES}.WaitOperator", seconds=600)
         await flow.wait_state(waits, "deferred")
 
         async def one_waiting() -> bool:
             return await browser.text("#deferrals-waiting") == "1"
 
-        await wait_until(one_waiting, timeout=20, message="1 deferral waiting on the page")
+        await until(one_waiting, within=20, interval=0.05, what="1 deferral waiting on the page")
         await browser.screenshot(shots / "console-loop.png")
 
         refused = await submit(client, "refused", f"{_e2e_ops.MODULE}.ExplodeOperator")
@@ -112,7 +112,7 @@ async def test_counts_move_and_a_refused_deferral_is_explained(settings: Setting
                 waits.ti_key in r and "running" in r for r in rows
             )
 
-        await wait_until(listed, timeout=30, interval=0.3, message="both deferrals listed")
+        await until(listed, within=30, interval=0.3, what="both deferrals listed")
         await browser.screenshot(shots / "console-stuck.png")
 
         await browser.evaluate(
@@ -123,7 +123,7 @@ async def test_counts_move_and_a_refused_deferral_is_explained(settings: Setting
         async def verdict() -> str:
             return await browser.text("#task-verdict")
 
-        said = await wait_until(verdict, timeout=30, interval=0.2, message="the task's verdict")
+        said = await until(verdict, within=30, interval=0.2, what="the task's verdict")
         assert said.startswith("classpath_not_allowed")
         assert "not under an allowed prefix" in said
         assert await browser.evaluate("document.querySelectorAll('#task-page svg circle').length")
@@ -131,8 +131,8 @@ async def test_counts_move_and_a_refused_deferral_is_explained(settings: Setting
         await browser.screenshot(shots / "console-task.png")
 
         await browser.goto(browser_url(await browser.evaluate("location.origin"), "dead"))
-        letters = await wait_until(
-            lambda: browser.texts("tr.dead-row"), timeout=20, message="dead letters"
+        letters = await until(
+            lambda: browser.texts("tr.dead-row"), within=20, interval=0.05, what="dead letters"
         )
         assert "TriggerNotAllowed" in letters[0]
         assert refused.ti_key in letters[0]
@@ -164,7 +164,7 @@ async def test_a_killed_triggerers_partitions_move_in_the_groups_view(
                     a, b = await partitions_of("trig-a"), await partitions_of("trig-b")
                     return len(a) + len(b) == settings.partitions and bool(a) and bool(b)
 
-                await wait_until(both_own, timeout=60, interval=0.3, message="both own partitions")
+                await until(both_own, within=60, interval=0.3, what="both own partitions")
                 moved = await partitions_of("trig-a")
                 await browser.screenshot(shots / "console-groups-before.png")
 
@@ -173,9 +173,12 @@ async def test_a_killed_triggerers_partitions_move_in_the_groups_view(
                 async def b_owns_all() -> bool:
                     return len(await partitions_of("trig-b")) == settings.partitions
 
-                await wait_until(b_owns_all, timeout=60, interval=0.3, message="b owns all")
-                moves = await wait_until(
-                    lambda: browser.texts(".group tr.move"), timeout=10, message="moves listed"
+                await until(b_owns_all, within=60, interval=0.3, what="b owns all")
+                moves = await until(
+                    lambda: browser.texts(".group tr.move"),
+                    within=10,
+                    interval=0.05,
+                    what="moves listed",
                 )
                 for partition in moved:
                     assert any(partition in m and "trig-a" in m and "trig-b" in m for m in moves)
@@ -262,4 +265,6 @@ async def test_a_redrive_needs_the_flag_and_the_token(settings: Settings, tmp_pa
         async with Browser(tmp_path / "chromium") as browser:
             url = f"http://127.0.0.1:{console.port}/#/task/{task.ti_key}"
             await browser.goto(url)
-            await wait_until(lambda: browser.text("#redrive"), timeout=30, message="the button")
+            await until(
+                lambda: browser.text("#redrive"), within=30, interval=0.05, what="the button"
+            )

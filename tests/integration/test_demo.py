@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests._until import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -40,11 +41,14 @@ def processes_of(marker: str) -> list[int]:
     return found
 
 
-def wait_gone(marker: str, within: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + within
-    while (left := processes_of(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
+def wait_gone(marker: str, within: float = 15.0) -> None:
+    """Wait until no process of the demo run ``marker`` is left; fail naming those that are."""
+    until_sync(
+        lambda: not processes_of(marker),
+        within=within,
+        interval=0.1,
+        what=lambda: f"every demo process to exit ({processes_of(marker)} still running)",
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
@@ -78,7 +82,7 @@ def test_demo_runs_to_the_end_and_leaves_no_process(tmp_path: Path) -> None:
     assert summary["failover"]["partitions"], "the killed triggerer owned partitions"
     assert summary["worker_slot_seconds"] < summary["blocking_slot_seconds"]
     assert summary["elapsed_seconds"] < 120
-    assert wait_gone(marker, within=5.0) == [], "a demo process outlived it"
+    wait_gone(marker, within=5.0)
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
@@ -107,7 +111,7 @@ def test_demo_with_a_scheduler_killed_halfway_applies_nothing_twice(
     # left `queued` on an event it reads again; a copy whose original did go out reaches the
     # worker, which ignores it. Any other RunTask reaching a worker twice fails here.
     assert summary["worker_duplicate_runs"] <= summary["runs_resent"], summary
-    assert wait_gone(marker, within=5.0) == [], "a demo process outlived it"
+    wait_gone(marker, within=5.0)
 
 
 def _interruptible() -> None:
@@ -138,7 +142,7 @@ def test_interrupted_demo_leaves_no_process() -> None:
         demo.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal does
         demo.communicate(timeout=30)
         assert demo.returncode == 130
-        assert wait_gone(marker) == [], "a demo process outlived the interrupt"
+        wait_gone(marker)
     finally:
         if demo.poll() is None:
             demo.kill()

@@ -21,9 +21,10 @@ from deferline.runners.worker import Worker
 from deferline.schemas import TaskKey, make_trigger_id
 from deferline.topics import Settings, TopicNames, make_consumer
 
+from tests._until import until
+
 from . import _e2e_ops
 from ._taskflow import TaskFlow
-from ._util import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +137,9 @@ async def test_task_lifecycles(settings: Settings) -> None:
         await flow.wait_for(
             lambda: any(e.trigger_id == trigger_id and e.status == "cancelled" for e in flow.events)
         )
-        await wait_until(lambda: d.scheduler.table.counters.events_cancelled == 1)
+        await until(
+            lambda: d.scheduler.table.counters.events_cancelled == 1, within=10, interval=0.05
+        )
         assert flow.latest(cleared).state == "removed"  # type: ignore[union-attr]
         assert flow.runs_of(cleared, "resume") == []
         retried = await flow.wait_state(flaky, "success")
@@ -176,7 +179,7 @@ async def test_resumes_go_ahead_of_new_work(settings: Settings) -> None:
         assert len(started) < 30, f"{len(started)} of 50 new tasks ran before the resumes"
         for task in blocked:
             await d.flow.wait_state(task, "success", within=30)
-        await wait_until(lambda: all(_done(d.flow, t) for t in flood), timeout=30)
+        await until(lambda: all(_done(d.flow, t) for t in flood), within=30, interval=0.05)
 
 
 def _ran(flow: TaskFlow, task: TaskKey) -> bool:
@@ -197,7 +200,9 @@ async def test_direct_resume(settings: Settings) -> None:
         for task in tasks:
             await d.flow.wait_state(task, "success")
         counters = d.scheduler.table.counters
-        await wait_until(lambda: counters.events_applied + counters.events_direct == 5)
+        await until(
+            lambda: counters.events_applied + counters.events_direct == 5, within=10, interval=0.05
+        )
         assert counters.resumes == 0, "the triggerer enqueued every resume itself"
         assert all(len(d.flow.runs_of(t, "resume")) == 1 for t in tasks)
         assert d.worker.metrics.resumed == 5
@@ -206,7 +211,7 @@ async def test_direct_resume(settings: Settings) -> None:
 async def group_lag(settings: Settings, group: str, topic: str) -> dict[int, int]:
     """Per partition of ``topic``: its end less ``group``'s committed offset, as
     ``kafka-consumer-groups`` and the console compute a lag. The end is the high watermark of
-    a fetch response (Tansu's ListOffsets answers short of it: docs/operations.md, "Broker
+    a fetch response (Tansu's ListOffsets answers short of it: docs/operations.md, "Tansu
     notes")."""
     consumer = make_consumer(settings, group_id=group)
     await consumer.start()
@@ -244,17 +249,18 @@ async def test_at_rest_no_group_shows_lag(settings: Settings) -> None:
         for task in tasks:
             await d.flow.wait_state(task, "success")
         for group, topic in [("scheduler", names.task_events), ("triggerer", names.defer())]:
-            await wait_until(
+            await until(
                 functools.partial(_no_lag, settings, f"{settings.topic_prefix}{group}", topic),
-                timeout=20,
+                within=20,
                 interval=0.5,
-                message=f"the {group} group's lag on {topic} came to 0",
+                what=f"the {group} group's lag on {topic} came to 0",
             )
         # The triggerer's own lag gauge says the same, once its next commit is made.
-        await wait_until(
+        await until(
             lambda: not [row for lane in d.triggerer.lanes for row in lane.partitions() if row[3]],
-            timeout=10,
-            message="deferline_triggerer_consumer_lag came to 0",
+            within=10,
+            interval=0.05,
+            what="deferline_triggerer_consumer_lag came to 0",
         )
 
 

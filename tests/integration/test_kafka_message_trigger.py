@@ -13,7 +13,8 @@ from deferline.engine import TriggerOutcome, TriggerSupervisor
 from deferline.engine.triggers import KafkaMessageTrigger
 from deferline.topics import Settings
 
-from tests.integration._util import KafkaClients, wait_until
+from tests._until import until
+from tests.integration._util import KafkaClients
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ async def test_fires_on_the_first_matching_message_since_it_was_created(
     outcomes: list[TriggerOutcome] = []
     async with TriggerSupervisor(capacity=5, on_event=outcomes.append) as sup:
         sup.add("kafka", trigger)
-        await wait_until(lambda: outcomes, timeout=30)
+        await until(lambda: outcomes, within=30, interval=0.05)
         assert "kafka" not in sup or outcomes[0].final
     out = outcomes[0]
     assert out.status == "fired"
@@ -82,12 +83,14 @@ async def test_waits_for_a_message_that_arrives_later(
     outcomes: list[TriggerOutcome] = []
     async with TriggerSupervisor(capacity=5, on_event=outcomes.append) as sup:
         sup.add("later", trigger)
-        await wait_until(
-            lambda: any("reading" in r.getMessage() for r in caplog.records), timeout=30
+        await until(
+            lambda: any("reading" in r.getMessage() for r in caplog.records),
+            within=30,
+            interval=0.05,
         )  # the trigger is assigned and positioned at the end: nothing matched yet
         assert outcomes == []
         await producer.send_and_wait(topic, b"job-9 RUNNING", key=b"job-9")
         await producer.send_and_wait(topic, b"job-8 DONE", key=b"job-8")
         await producer.send_and_wait(topic, b"job-9 DONE", key=b"job-9")
-        await wait_until(lambda: outcomes, timeout=30)
+        await until(lambda: outcomes, within=30, interval=0.05)
     assert outcomes[0].payload["value"] == "job-9 DONE"

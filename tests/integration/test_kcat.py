@@ -20,7 +20,7 @@ from deferline.schemas import DeferRequest, TaskKey, decode, encode, make_trigge
 from deferline.topics import Settings, TopicNames, ensure_topics, partition_for, topic_specs
 
 from tests._tools import system_program
-from tests.integration._util import wait_until
+from tests._until import until
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ async def test_documented_kcat_command_lands_on_partition_for(
         records.extend((tp.partition, r) for tp, rs in batch.items() for r in rs)
         return bool(records)
 
-    await wait_until(received, timeout=20, message=f"the kcat record on {topic}")
+    await until(received, within=20, interval=0.05, what=f"the kcat record on {topic}")
     assert len(records) == 1, records
     partition, record = records[0]
     assert record.key == key

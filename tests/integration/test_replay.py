@@ -34,7 +34,7 @@ from deferline.topics import (
     topic_specs,
 )
 
-from tests.integration._util import wait_until
+from tests._until import until
 from tests.replay._history import History, at, task_key
 
 pytestmark = pytest.mark.integration
@@ -95,7 +95,7 @@ async def group_member(
     )
     await consumer.start()
     try:
-        await wait_until(lambda: consumer.assignment(), timeout=30, message="group joined")
+        await until(lambda: consumer.assignment(), within=30, interval=0.05, what="group joined")
         yield consumer
     finally:
         await consumer.stop()

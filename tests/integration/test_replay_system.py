@@ -15,9 +15,9 @@ from deferline.runners.worker import Worker
 from deferline.schemas import TaskKey
 from deferline.topics import Settings
 
+from tests._until import until
 from tests.integration import _e2e_ops
 from tests.integration._taskflow import TaskFlow
-from tests.integration._util import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ async def test_a_deferral_without_triggerer_then_with_one(settings: Settings, br
                 found, _ = await why(settings, task.ti_key)
                 return found if found.kind is VerdictKind.RUNNING else None
 
-            verdict = await wait_until(running, timeout=30, message="verdict 'running'")
+            verdict = await until(running, within=30, interval=0.05, what="verdict 'running'")
             assert verdict.facts["due_at"] > dt.datetime.now(dt.UTC)
             if broker_backend != "tansu":
                 assert verdict.facts["member"] == "replay-trig-1"

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -14,9 +11,9 @@ import pytest
 from aiokafka import TopicPartition
 from deferline.engine import FAIL_METHOD
 from deferline.replay import ReplaySession, parse_subject
-from deferline.runners._aiokafka import group_generation
 from deferline.runners.scheduler import Scheduler
-from deferline.runners.scheduler._records import read_as
+from deferline.runners.scheduler.testing import read_as
+from deferline.runners.testing import group_generation
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,
@@ -28,26 +25,27 @@ from deferline.schemas import (
 )
 from deferline.topics import Settings, make_consumer, partition_for
 
+from tests._until import until
+
 from ._taskflow import TaskFlow, task_key
 from ._triggerer_help import TopicReader
-from ._util import wait_until
 
 pytestmark = pytest.mark.integration
 
 FAST: dict[str, Any] = {"orphan_check_interval": 0.3, "commit_interval": 0.1}
 
 
-async def until(predicate: Callable[[], Any], within: float = 20.0) -> Any:
-    return await wait_until(predicate, timeout=within, interval=0.02)
-
-
 async def barrier(flow: TaskFlow, scheduler: Scheduler) -> None:
     """Push one more deferral through the scheduler; what was read before it is settled."""
     sentinel = task_key(f"sentinel-{uuid.uuid4().hex[:6]}")
     await flow.defer(sentinel, resume=None)
-    await until(lambda: scheduler.table.get(sentinel.ti_key) is not None)
+    await until(lambda: scheduler.table.get(sentinel.ti_key) is not None, within=20, interval=0.02)
     await flow.fire(sentinel)
-    await until(lambda: getattr(scheduler.table.get(sentinel.ti_key), "state", "") == "scheduled")
+    await until(
+        lambda: getattr(scheduler.table.get(sentinel.ti_key), "state", "") == "scheduled",
+        within=20,
+        interval=0.02,
+    )
     await flow.wait_for(lambda: getattr(flow.latest(sentinel), "state", "") == "scheduled")
 
 
@@ -78,10 +76,18 @@ async def test_defer_fire_resume(settings: Settings) -> None:
         assert queued.next_method == "execute_complete"
         await flow.wait_for(lambda: flow.runs_of(b, "resume"))
         # Every partition of tasks.events is read, each folded to its end.
-        await until(lambda: sched.events_lag == dict.fromkeys(range(settings.partitions), 0))
+        await until(
+            lambda: sched.events_lag == dict.fromkeys(range(settings.partitions), 0),
+            within=20,
+            interval=0.02,
+        )
         await flow.worker_state(a, "running", trigger_id=resume.trigger_id, defer_seq=0)
         await flow.worker_state(a, "success")
-        await until(lambda: sched.table.get(a.ti_key).state == "success")  # type: ignore[union-attr]
+        await until(
+            lambda: getattr(sched.table.get(a.ti_key), "state", "") == "success",
+            within=20,
+            interval=0.02,
+        )
         assert sched.table.pool_usage()["default_pool"][0] == 1, "only b holds a slot now"
 
 
@@ -98,7 +104,7 @@ async def test_injected_duplicate_events_are_never_applied(settings: Settings) -
         for _ in range(4):
             await flow.fire(a)  # the same event again (a second copy of the trigger)
         await flow.fire(a, payload={"another": "payload"})
-        await until(lambda: sched.table.counters.events_duplicate == 5)
+        await until(lambda: sched.table.counters.events_duplicate == 5, within=20, interval=0.02)
         await barrier(flow, sched)
         assert len(flow.runs_of(a, "resume")) == 1
         assert sched.table.counters.events_applied == 2  # a and the barrier's sentinel
@@ -121,7 +127,7 @@ async def test_event_read_before_its_deferral_waits_for_it(settings: Settings) -
         await flow.submit(a)
         await flow.wait_for(lambda: flow.runs_of(a, "start"))
         await flow.fire(a)
-        await until(lambda: sched.table.pending_events == 1)
+        await until(lambda: sched.table.pending_events == 1, within=20, interval=0.02)
         await flow.worker_state(a, "running")
         await flow.defer(a)
         await flow.wait_for(lambda: flow.runs_of(a, "resume"))
@@ -171,7 +177,11 @@ async def test_clear_while_deferred_cancels_the_trigger(settings: Settings) -> N
         await flow.submit(a)
         await flow.wait_for(lambda: flow.runs_of(a, "start"))
         await flow.defer(a, queue="slow")
-        await until(lambda: sched.table.get(a.ti_key).state == "deferred")  # type: ignore[union-attr]
+        await until(
+            lambda: getattr(sched.table.get(a.ti_key), "state", "") == "deferred",
+            within=20,
+            interval=0.02,
+        )
         await flow.put(
             flow.names.tasks,
             a.ti_key,
@@ -184,8 +194,8 @@ async def test_clear_while_deferred_cancels_the_trigger(settings: Settings) -> N
         assert cancel.reason == "cleared by test"
         await flow.fire(a, status="cancelled", queue="slow", payload={"reason": "cleared"})
         await flow.fire(a, queue="slow")  # a late fire of a zombie copy
-        await until(lambda: sched.table.counters.events_cancelled == 1)
-        await until(lambda: sched.table.counters.events_duplicate == 1)
+        await until(lambda: sched.table.counters.events_cancelled == 1, within=20, interval=0.02)
+        await until(lambda: sched.table.counters.events_duplicate == 1, within=20, interval=0.02)
         await barrier(flow, sched)
         assert flow.runs_of(a, "resume") == []
         assert flow.latest(a).state == "removed"  # type: ignore[union-attr]
@@ -205,7 +215,9 @@ async def test_resumes_bypass_a_pool_saturated_by_new_tasks(settings: Settings) 
         flood = [task_key(f"new-{n}") for n in range(30)]
         for task in flood:
             await flow.submit(task, pool="p", priority_weight=100)
-        await until(lambda: sched.table.count_by_state().get("scheduled") == 30)
+        await until(
+            lambda: sched.table.count_by_state().get("scheduled") == 30, within=20, interval=0.02
+        )
         await flow.fire(held[0])
         [resume] = await flow.wait_for(lambda: flow.runs_of(held[0], "resume"))
         assert resume.pool == "p"
@@ -235,11 +247,15 @@ async def test_direct_resume_events(settings: Settings) -> None:
         trigger_b = make_trigger_id(b, 0)
         await flow.worker_state(b, "running", trigger_id=trigger_b, defer_seq=0)
         await flow.worker_state(b, "success")
-        await until(lambda: sched.table.get(b.ti_key).state == "success")  # type: ignore[union-attr]
+        await until(
+            lambda: getattr(sched.table.get(b.ti_key), "state", "") == "success",
+            within=20,
+            interval=0.02,
+        )
         await flow.fire(b, resumed_directly=True)
         await flow.fire(b, resumed_directly=True)
-        await until(lambda: sched.table.counters.events_direct == 1)
-        await until(lambda: sched.table.counters.events_duplicate == 1)
+        await until(lambda: sched.table.counters.events_direct == 1, within=20, interval=0.02)
+        await until(lambda: sched.table.counters.events_duplicate == 1, within=20, interval=0.02)
         await barrier(flow, sched)
         assert flow.runs_of(a, "resume") == []
         assert flow.runs_of(b, "resume") == []
@@ -263,7 +279,11 @@ async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> Non
             await flow.wait_for(lambda: flow.runs_of(c, "start"))
             await flow.worker_state(b, "running")
             await flow.defer(b)
-            await until(lambda: first.table.get(b.ti_key).state == "deferred")  # type: ignore[union-attr]
+            await until(
+                lambda: getattr(first.table.get(b.ti_key), "state", "") == "deferred",
+                within=20,
+                interval=0.02,
+            )
             before = first.table.snapshot()
             usage = first.table.pool_usage()
             runs_before = len(flow.runs)
@@ -284,7 +304,9 @@ async def test_restart_rebuilds_state_from_the_topics(settings: Settings) -> Non
         async with Scheduler(settings, pools=pools, group_id=fresh, **FAST) as third:
             await third.wait_active()
             counters = third.table.counters
-            await until(lambda: counters.events_duplicate + counters.resends >= 2)
+            await until(
+                lambda: counters.events_duplicate + counters.resends >= 2, within=20, interval=0.02
+            )
             assert third.table.snapshot() == after
             assert counters.events_applied == 0
             await barrier(flow, third)
@@ -308,9 +330,11 @@ async def test_event_without_deferral_is_dead_lettered_named_and_committed(
         await sched.wait_active()
         ghost = task_key("ghost")
         record = await flow.fire(ghost)
-        await until(lambda: sched.table.counters.events_orphaned == 1, within=10)
+        await until(lambda: sched.table.counters.events_orphaned == 1, within=10, interval=0.02)
         assert sched.table.pending_events == 0
-        await wait_until(lambda: dead.values(), 10, message="the orphan is dead-lettered")
+        await until(
+            lambda: dead.values(), within=10, interval=0.05, what="the orphan is dead-lettered"
+        )
         [letter] = dead.values()
         assert isinstance(letter, DeadLetter)
         assert (letter.topic, letter.offset) == (flow.names.task_events, 0)
@@ -336,10 +360,7 @@ async def test_event_without_deferral_is_dead_lettered_named_and_committed(
             async def committed() -> int:
                 return (await consumer.committed(tp)) or 0
 
-            deadline = time.monotonic() + 10
-            while await committed() < 1:
-                assert time.monotonic() < deadline, "the orphan's offset was never committed"
-                await asyncio.sleep(0.05)
+            await until(committed, within=10, interval=0.05, what="the orphan's offset committed")
         finally:
             await consumer.stop()
 
@@ -375,8 +396,11 @@ async def test_unreadable_events_are_dead_lettered_with_the_models_reason(
             await flow.put_bytes(flow.names.task_events, task.ti_key, value)
         await flow.fire(task)
         await flow.wait_for(lambda: flow.runs_of(task, "resume"))
-        letters = await wait_until(
-            lambda: len(dead.values()) == len(bad) and dead.values(), 10, message="dead letters"
+        letters = await until(
+            lambda: len(dead.values()) == len(bad) and dead.values(),
+            within=10,
+            interval=0.05,
+            what="dead letters",
         )
         for letter, value in zip(sorted(letters, key=lambda d: d.offset), bad, strict=True):
             assert isinstance(letter, DeadLetter)
@@ -413,12 +437,13 @@ async def test_a_static_member_restarted_in_time_keeps_its_partitions(
             await until(
                 lambda: b.ready and a.owned and b.owned and sorted(a.owned + b.owned) == everything,
                 within=60,
+                interval=0.02,
             )
             owned, generation = b.owned, group_generation(b.clients.events)
             kept = a.owned
         again = Scheduler(settings, group_instance_id="b", **static)
         async with again:
-            await until(lambda: again.owned == owned, within=30)
+            await until(lambda: again.owned == owned, within=30, interval=0.02)
             assert group_generation(again.clients.events) == generation, "no rebalance"
             assert a.owned == kept
             assert group_generation(a.clients.events) == generation

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 from deferline.runners.scheduler import Scheduler
-from deferline.runners.scheduler._checkpoint import SchedulerCheckpoint
+from deferline.runners.scheduler.testing import SchedulerCheckpoint
 from deferline.topics import Settings, TopicNames, make_consumer, partition_for, stop_client
+
+from tests._until import until
 
 from ._clusters import another_cluster, delete_topic, end_offsets
 from ._taskflow import TaskFlow, task_key
-from .test_scheduler import FAST, barrier, until
+from .test_scheduler import FAST, barrier
 
 pytestmark = pytest.mark.integration
 
@@ -83,11 +85,13 @@ async def test_restart_from_a_checkpoint_reads_only_the_tail(
                 await flow.fire(task)
             await flow.wait_for(lambda: all(flow.runs_of(t, "resume") for t in old[:6]))
             await until(
-                lambda: sum(r.state == "deferred" for r in first.table.snapshot().values()) == 6
+                lambda: sum(r.state == "deferred" for r in first.table.snapshot().values()) == 6,
+                within=20,
+                interval=0.02,
             )
             # A checkpoint is written only at a consistent point (nothing folded and unsent):
             # wait for one holding every task, since a busy stop keeps the last periodic one.
-            await until(lambda: _checkpointed_at_reader(first), within=30)
+            await until(lambda: _checkpointed_at_reader(first), within=30, interval=0.02)
         # Stopped cleanly: the last checkpoint holds the fold up to these positions.
         saved = _saved_positions(settings, state["state_dir"])
         for task in new:  # written while no scheduler runs
@@ -150,7 +154,9 @@ async def _checkpoint_deferred_tasks(settings: Settings, state: dict[str, Any]) 
             await flow.worker_state(task, "running")
             await flow.defer(task)
         await until(
-            lambda: all(getattr(first.table.get(t.ti_key), "state", "") == "deferred" for t in old)
+            lambda: all(getattr(first.table.get(t.ti_key), "state", "") == "deferred" for t in old),
+            within=20,
+            interval=0.02,
         )
     return _saved_positions(settings, state["state_dir"])
 
@@ -233,7 +239,9 @@ async def test_two_schedulers_share_one_state_directory(
                         and len(first.owned) + len(second.owned) == len(everything)
                         and set(first.owned) | set(second.owned) == everything
                         and len(second.owned) == len(everything) // 2
-                    )
+                    ),
+                    within=20,
+                    interval=0.02,
                 )
                 held = {
                     r.args[0]  # type: ignore[index]
@@ -253,7 +261,7 @@ async def test_two_schedulers_share_one_state_directory(
                 other = second if owner is first else first
                 assert other.table.get(a.ti_key) is None, "each folds only its partitions"
                 await first.stop()
-                await until(lambda: set(second.owned) == everything)
+                await until(lambda: set(second.owned) == everything, within=20, interval=0.02)
                 await flow.submit(b)
                 await flow.wait_for(lambda: flow.runs_of(b, "start"))
                 await barrier(flow, second)

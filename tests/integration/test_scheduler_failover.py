@@ -23,6 +23,7 @@ import pytest
 from deferline.schemas import encode, utcnow
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
+from tests._until import until
 from tests.integration._failover import deferral, failover_task, publish
 from tests.integration._scheduler_help import (
     ACQUIRED,
@@ -36,7 +37,6 @@ from tests.integration._scheduler_help import (
 )
 from tests.integration._taskflow import TaskFlow, task_key
 from tests.integration._triggerer_help import TriggererProcess
-from tests.integration._util import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -67,10 +67,11 @@ async def schedulers(
         process = SchedulerProcess(settings, name, tmp_path, *extra)
         spawn.append(process)
         started.append(process)
-        await wait_until(
+        await until(
             lambda: shared_out(spawn, settings.partitions),
-            timeout=90,
-            message=f"partitions shared out after {name} joined",
+            within=90,
+            interval=0.05,
+            what=f"partitions shared out after {name} joined",
         )
     return started
 
@@ -93,14 +94,15 @@ async def check_exactly_once(
     that took a partition over without transactions may send a RunTask again (a task still
     queued on an event it re-read, logged): such a copy is the same RunTask, which a worker
     ignores."""
-    await wait_until(
+    await until(
         lambda: len({r.task.ti_key for _, r in flow.runs if r.mode == "resume"}) >= len(tasks),
-        timeout=120,
-        message="every task resumed",
+        within=120,
+        interval=0.05,
+        what="every task resumed",
     )
     # Every event's effects are published once its offset is committed: then count.
-    await wait_until(lambda: all_events_committed(settings, flow), timeout=60)
-    await wait_until(lambda: flow_caught_up(flow), timeout=30)
+    await until(lambda: all_events_committed(settings, flow), within=60, interval=0.05)
+    await until(lambda: flow_caught_up(flow), within=30, interval=0.05)
     runs, queued = resume_counts(flow, tasks)  # type: ignore[arg-type]
     assert len(runs) == len(tasks), "every task resumed"
     assert [k for k, n in queued.items() if n != 1] == [], "one 'queued' state per deferral"
@@ -128,13 +130,14 @@ async def test_a_join_takes_a_share_from_the_members_and_a_leave_moves_only_the_
     assert len(before["a"]) == len(before["b"]) == settings.partitions // 2
     [c] = await schedulers(settings, tmp_path, spawn, "c")
     # A member that keeps all it had may log its assignment after the others: wait for it.
-    await wait_until(
+    await until(
         lambda: (
             all(len(p.assignments()) > seen[p.name] for p in (a, b))
             and shared_out(spawn, settings.partitions)
         ),
-        timeout=60,
-        message="the join reached every member",
+        within=60,
+        interval=0.05,
+        what="the join reached every member",
     )
     # The newcomer took about a third, only from the two members, who kept the rest.
     assert len(c.owned) == settings.partitions // 3
@@ -154,13 +157,14 @@ async def test_a_join_takes_a_share_from_the_members_and_a_leave_moves_only_the_
     b.signal(signal.SIGTERM)  # a clean leave: the member leaves the group at once
     b.proc.wait(30)
     assert b.find("scheduler stopped")
-    await wait_until(
+    await until(
         lambda: (
             all(len(p.assignments()) > seen[p.name] for p in (a, c))
             and shared_out(spawn, settings.partitions)
         ),
-        timeout=60,
-        message="the leave reached every member",
+        within=60,
+        interval=0.05,
+        what="the leave reached every member",
     )
     for member in (a, c):
         since = member.assignments()[seen[member.name] :]
@@ -190,11 +194,11 @@ async def test_sigkill_of_a_scheduler_moves_its_partitions_within_the_session_ti
         victim.signal(signal.SIGKILL)
         killed = time.monotonic()
         victim.proc.wait(10)
-        await wait_until(
+        await until(
             lambda: survivor.owned == set(range(settings.partitions)),
-            timeout=60,
+            within=60,
             interval=0.02,
-            message="the survivor owns every partition",
+            what="the survivor owns every partition",
         )
         moved = time.monotonic() - killed
         # Tansu holds a rebalance's join phase for half the session timeout (see
@@ -220,14 +224,14 @@ async def test_a_paused_scheduler_is_fenced_when_it_wakes(
         firing = asyncio.create_task(fire_all(flow, tasks, pause=0.05))  # type: ignore[arg-type]
         await flow.wait_for(lambda: len(flow.runs) >= N // 4, within=60)
         old.signal(signal.SIGSTOP)
-        await wait_until(lambda: new.owned == set(range(settings.partitions)), timeout=60)
+        await until(lambda: new.owned == set(range(settings.partitions)), within=60, interval=0.05)
         old.signal(signal.SIGCONT)  # wakes believing it owns half, mid-batch perhaps
         await firing
         # The flow reads read_committed: whatever the old owner still sent, fenced, is not seen.
         await check_exactly_once(settings, flow, tasks)  # type: ignore[arg-type]
         # It learns it lost them (a revocation, or a fenced batch), rejoins, and the two
         # share the partitions again.
-        await wait_until(lambda: shared_out(spawn, settings.partitions), timeout=90)
+        await until(lambda: shared_out(spawn, settings.partitions), within=90, interval=0.05)
 
 
 def _due_deferrals(
@@ -278,29 +282,31 @@ async def test_churn_every_task_resumed_once_while_schedulers_join_leave_die_and
                 return len({r.task.ti_key for _, r in flow.runs if r.mode == "resume"} & keys)
 
             began = time.monotonic()
-            await wait_until(lambda: resumed() >= CHURN_TASKS // 8, timeout=60)
+            await until(lambda: resumed() >= CHURN_TASKS // 8, within=60, interval=0.05)
             [d] = [SchedulerProcess(settings, "d", tmp_path, *extra)]
             spawn.append(d)  # joins
-            await wait_until(lambda: d.owned, timeout=60, message="the newcomer owns a share")
+            await until(lambda: d.owned, within=60, interval=0.05, what="the newcomer owns a share")
             if standby:  # folded before it joined: it took its share over warm
                 [joined] = d.find(ACQUIRED)
                 assert joined["from_standby"] == sorted(joined["partitions"]), joined
             b.signal(signal.SIGTERM)  # leaves cleanly
-            await wait_until(lambda: resumed() >= CHURN_TASKS * 3 // 8, timeout=60)
+            await until(lambda: resumed() >= CHURN_TASKS * 3 // 8, within=60, interval=0.05)
             c.signal(signal.SIGKILL)  # dies
-            await wait_until(lambda: resumed() >= CHURN_TASKS // 2, timeout=60)
+            await until(lambda: resumed() >= CHURN_TASKS // 2, within=60, interval=0.05)
             if fenced:
                 a.signal(signal.SIGSTOP)  # pauses past its session...
-                await wait_until(
+                await until(
                     lambda: d.owned == set(range(settings.partitions)),
-                    timeout=60,
-                    message="the last member took every partition over",
+                    within=60,
+                    interval=0.05,
+                    what="the last member took every partition over",
                 )
                 a.signal(signal.SIGCONT)  # ...and wakes
-            await wait_until(
+            await until(
                 lambda: resumed() >= CHURN_TASKS,
-                timeout=CHURN_WINDOW + 120,
-                message="every task resumed",
+                within=CHURN_WINDOW + 120,
+                interval=0.05,
+                what="every task resumed",
             )
             churned = time.monotonic() - began
             # One "queued" state and one distinct resume RunTask per task (copies only as

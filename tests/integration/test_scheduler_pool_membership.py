@@ -26,9 +26,9 @@ from deferline.engine import HOLDING_STATES
 from deferline.schemas import TaskKey, TaskStateRecord, decode
 from deferline.topics import Settings, TopicNames, make_consumer, stop_client
 
+from tests._until import until
 from tests.integration._scheduler_help import SchedulerProcess, shared_out
 from tests.integration._taskflow import TaskFlow, task_key
-from tests.integration._util import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -130,10 +130,11 @@ async def start_three(settings: Settings, tmp_path: Path, spawn: list[SchedulerP
     """Start schedulers a, b and c one by one, each once the partitions are shared out."""
     for name in ("a", "b", "c"):
         spawn.append(start(settings, tmp_path, name))
-        await wait_until(
+        await until(
             lambda: shared_out(spawn, settings.partitions),
-            timeout=90,
-            message=f"partitions shared out after {name} joined",
+            within=90,
+            interval=0.05,
+            what=f"partitions shared out after {name} joined",
         )
 
 
@@ -163,10 +164,11 @@ async def test_a_pool_stays_exact_while_the_ledger_owner_dies_and_a_scheduler_jo
             owner.proc.wait(10)
             await flow.wait_for(lambda: succeeded() >= POOL_TASKS // 2, within=120)
             spawn.append(start(settings, tmp_path, "d"))  # and another joins
-            await wait_until(
+            await until(
                 lambda: shared_out(spawn, settings.partitions),
-                timeout=90,
-                message="partitions shared out after d joined",
+                within=90,
+                interval=0.05,
+                what="partitions shared out after d joined",
             )
             await flow.wait_for(lambda: succeeded() == POOL_TASKS, within=180)
         finally:
@@ -215,30 +217,33 @@ async def test_a_pool_stays_exact_while_schedulers_join_leave_die_and_pause(
             await flow.wait_for(lambda: done() >= POOL_TASKS // 8, within=120)
             spawn.append(start(settings, tmp_path, "d"))  # joins
             steps.append(("join", done()))
-            await wait_until(
+            await until(
                 lambda: shared_out(spawn, settings.partitions),
-                timeout=90,
-                message="partitions shared out after d joined",
+                within=90,
+                interval=0.05,
+                what="partitions shared out after d joined",
             )
             # A clean leave of one that does not hold the ledger: the kill below does.
             leaver = next(p for p in spawn if p.alive and 0 not in p.owned and p.name != "d")
             leaver.signal(signal.SIGTERM)
             steps.append(("leave", done()))
             leaver.proc.wait(30)
-            await wait_until(
+            await until(
                 lambda: shared_out(spawn, settings.partitions),
-                timeout=90,
-                message="partitions shared out after the leave",
+                within=90,
+                interval=0.05,
+                what="partitions shared out after the leave",
             )
             await flow.wait_for(lambda: done() >= POOL_TASKS * 3 // 8, within=120)
             killed = ledger_owner(spawn)
             killed.signal(signal.SIGKILL)  # the pool ledger's owner dies
             steps.append(("kill ledger owner", done()))
             killed.proc.wait(10)
-            await wait_until(
+            await until(
                 lambda: shared_out(spawn, settings.partitions),
-                timeout=90,
-                message="partitions shared out after the kill",
+                within=90,
+                interval=0.05,
+                what="partitions shared out after the kill",
             )
             paused: SchedulerProcess | None = None
             if fenced:
@@ -247,18 +252,20 @@ async def test_a_pool_stays_exact_while_schedulers_join_leave_die_and_pause(
                 [other] = [p for p in spawn if p.alive and p is not paused]
                 paused.signal(signal.SIGSTOP)
                 steps.append(("pause ledger owner", done()))
-                await wait_until(
+                await until(
                     lambda: other.owned == set(range(settings.partitions)),
-                    timeout=90,
-                    message="the other member took every partition over",
+                    within=90,
+                    interval=0.05,
+                    what="the other member took every partition over",
                 )
                 paused.signal(signal.SIGCONT)  # ...and wakes, fenced
             await flow.wait_for(lambda: done() == POOL_TASKS, within=180)
             if paused is not None:  # the woken one rejoins and gets a share back
-                await wait_until(
+                await until(
                     lambda: shared_out(spawn, settings.partitions),
-                    timeout=90,
-                    message="partitions shared out after the woken one rejoined",
+                    within=90,
+                    interval=0.05,
+                    what="partitions shared out after the woken one rejoined",
                 )
         finally:
             stop.set()  # not a cancel: Python 3.11's wait_for can swallow one

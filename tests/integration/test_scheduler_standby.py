@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 from deferline.runners.scheduler import Scheduler
-from deferline.runners.scheduler._fold import TaskFold
-from deferline.runners.scheduler._tasks_topic import TasksReader
+from deferline.runners.scheduler.testing import TaskFold, TasksReader
 from deferline.schemas import TaskKey, TaskStateRecord
 from deferline.topics import Settings, TopicNames, make_consumer, partition_for, stop_client
 
+from tests._until import until
+
 from ._taskflow import TaskFlow, task_key
-from .test_scheduler import FAST, until
+from .test_scheduler import FAST
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -120,8 +121,11 @@ async def test_takeovers_from_standby_fold_the_tail_into_the_table_a_full_fold_b
             await until(
                 lambda: b is not None and b.ready and b.owned and not set(a.owned) & set(b.owned),
                 within=60,
+                interval=0.02,
             )
-            await until(lambda: len(a.owned) + len(b.owned) == settings.partitions, within=60)
+            await until(
+                lambda: len(a.owned) + len(b.owned) == settings.partitions, within=60, interval=0.02
+            )
             assert b.standby is not None
             taken = set(b.owned)
             assert b.standby.handed == len(taken & holding)
@@ -140,7 +144,11 @@ async def test_takeovers_from_standby_fold_the_tail_into_the_table_a_full_fold_b
             handed = b.standby.handed
             folded = b.recovered_records
             await a.stop()
-            await until(lambda: b is not None and len(b.owned) == settings.partitions, 60)
+            await until(
+                lambda: b is not None and len(b.owned) == settings.partitions,
+                within=60,
+                interval=0.02,
+            )
             assert b.standby.handed - handed == len(
                 (set(range(settings.partitions)) - taken) & holding
             )
@@ -158,10 +166,18 @@ async def test_takeovers_from_standby_fold_the_tail_into_the_table_a_full_fold_b
             c = Scheduler(settings, state_dir=tmp_path / "c", **options)
             await c.start()
             try:
-                await until(lambda: c.ready and c.owned and not set(b.owned) & set(c.owned), 60)
+                await until(
+                    lambda: c.ready and c.owned and not set(b.owned) & set(c.owned),
+                    within=60,
+                    interval=0.02,
+                )
             finally:
                 await c.stop()
-            await until(lambda: b is not None and len(b.owned) == settings.partitions, 60)
+            await until(
+                lambda: b is not None and len(b.owned) == settings.partitions,
+                within=60,
+                interval=0.02,
+            )
             for task in tasks[50:]:
                 await flow.fire(task)
             await flow.wait_for(lambda: all(flow.runs_of(t, "resume") for t in tasks))

@@ -23,6 +23,7 @@ from deferline.runners.worker import Worker
 from deferline.schemas import DeferRequest
 from deferline.topics import (
     ROLES,
+    ThrowawayTLS,
     TopicNames,
     acl_bindings,
     ensure_topics,
@@ -30,8 +31,7 @@ from deferline.topics import (
     make_producer,
     topic_specs,
 )
-from deferline.topics._acls import create_acls
-from deferline.topics._tls import ThrowawayTLS
+from deferline.topics.testing import create_acls
 
 from tests.conftest import SecuredKafka
 

@@ -17,6 +17,7 @@ from deferline.runners.triggerer import Triggerer, TriggererOptions
 from deferline.schemas import DeferRequest
 from deferline.topics import (
     ROLES,
+    BrokerSecurity,
     KRaftBroker,
     Settings,
     TopicNames,
@@ -25,12 +26,11 @@ from deferline.topics import (
     make_producer,
     topic_specs,
 )
-from deferline.topics._kraft import BrokerSecurity
 
+from tests._until import until
 from tests.conftest import SECURED_USERS, selected_backends
 
 from ._triggerer_help import TopicReader, defer_request, produce_requests
-from ._util import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -69,23 +69,31 @@ async def test_a_password_rotated_under_a_running_triggerer(
             ):
                 before = [defer_request(i, run="before") for i in range(20)]
                 await produce_requests(producer, admin, before)
-                await wait_until(lambda: _fired(reader, before), 60, message="fired before")
+                await until(
+                    lambda: _fired(reader, before), within=60, interval=0.05, what="fired before"
+                )
 
                 caplog.clear()
                 with caplog.at_level(logging.WARNING):
                     await broker.set_password("triggerer", "rotated-elsewhere")
                     during = [defer_request(i, run="during", due_in=1.0) for i in range(20)]
                     await produce_requests(producer, admin, during)
-                    await wait_until(
+                    await until(
                         lambda: (
                             "Authentication failed" in caplog.text
                             or "SaslAuthenticationFailed" in caplog.text
                         ),
-                        REAUTH_MS / 1000 * 6,
-                        message="the broker's reason is logged",
+                        within=REAUTH_MS / 1000 * 6,
+                        interval=0.05,
+                        what="the broker's reason is logged",
                     )
                     await broker.set_password("triggerer", users["triggerer"])
-                    await wait_until(lambda: _fired(reader, during), 90, message="fired after fix")
+                    await until(
+                        lambda: _fired(reader, during),
+                        within=90,
+                        interval=0.05,
+                        what="fired after fix",
+                    )
                 assert running._fatal is None, running._fatal
                 fired_before = {e.trigger_id for e in reader.events() if e.status == "fired"}
                 assert {r.trigger_id for r in before} <= fired_before

@@ -25,8 +25,9 @@ from deferline.topics import (
     topic_specs,
 )
 
+from tests._until import until
 from tests.integration._triggerer_help import defer_request, produce, produce_requests
-from tests.integration._util import KafkaClients, wait_until
+from tests.integration._util import KafkaClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -82,7 +83,7 @@ async def test_every_event_of_every_queue_is_copied_to_its_tasks_partition(
         assert events.partitions == task_partitions
         producer = await kafka_clients.producer()
         await produce_requests(producer, settings, requests)
-        await wait_until(lambda: cancelled.trigger_id in triggerer.supervisor, 30)
+        await until(lambda: cancelled.trigger_id in triggerer.supervisor, within=30, interval=0.05)
         cancel = CancelRequest(trigger_id=cancelled.trigger_id, task=cancelled.task, reason="x")
         await produce(producer, names.defer(), [(cancelled.trigger_id.encode(), encode(cancel))])
 
@@ -96,7 +97,7 @@ async def test_every_event_of_every_queue_is_copied_to_its_tasks_partition(
             }
             return len(tombstones) == len(requests)
 
-        await wait_until(all_tombstoned, 60, interval=0.5, message="every trigger tombstoned")
+        await until(all_tombstoned, within=60, interval=0.5, what="every trigger tombstoned")
     resume = await read_all(settings, names.resume()) + await read_all(
         settings, names.resume("fast")
     )
@@ -150,7 +151,7 @@ async def test_a_new_owner_copies_an_event_its_predecessor_left_uncopied(
             defer = await read_all(settings, names.defer(), tombstones=True)
             return any(value is None for _, _, value in defer)
 
-        await wait_until(tombstoned, 60, interval=0.5, message="the missing tombstone written")
+        await until(tombstoned, within=60, interval=0.5, what="the missing tombstone written")
         assert request.trigger_id not in triggerer.supervisor, "the trigger ran again"
     [(partition, key, value)] = await read_all(settings, names.task_events)
     assert (key, value) == (request.task.ti_key.encode(), encode(event))

@@ -28,6 +28,7 @@ from deferline.schemas import (
 )
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
+from tests._until import until
 from tests.integration._triggerer_help import (
     TopicReader,
     defer_request,
@@ -35,7 +36,7 @@ from tests.integration._triggerer_help import (
     produce,
     produce_requests,
 )
-from tests.integration._util import KafkaClients, wait_until
+from tests.integration._util import KafkaClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -81,12 +82,13 @@ async def test_each_trigger_fires_once_and_is_tombstoned(
             TopicReader(settings, names.resume()) as events,
             TopicReader(settings, names.defer()) as defer,
         ):
-            await wait_until(lambda: len(events.distinct_triggers()) == 300, 30)
-            await wait_until(lambda: len(defer.tombstones()) == 300, 30)
-            await wait_until(
+            await until(lambda: len(events.distinct_triggers()) == 300, within=30, interval=0.05)
+            await until(lambda: len(defer.tombstones()) == 300, within=30, interval=0.05)
+            await until(
                 lambda: all(row[2] == 0 for lane in triggerer.lanes for row in lane.partitions()),
-                10,
-                message="tables empty once tombstones are read back",
+                within=10,
+                interval=0.05,
+                what="tables empty once tombstones are read back",
             )
     fired = events.events()
     assert len(fired) == 300, "exactly one event per trigger"
@@ -106,16 +108,20 @@ async def test_cancel_request_stops_the_trigger_and_emits_cancelled(
     async with Triggerer(settings, options(tmp_path)) as triggerer:
         producer = await kafka_clients.producer()
         await produce_requests(producer, settings, [request])
-        await wait_until(lambda: running(triggerer, request.trigger_id), 20)
+        await until(lambda: running(triggerer, request.trigger_id), within=20, interval=0.05)
         cancel = CancelRequest(
             trigger_id=request.trigger_id, task=request.task, reason="task cleared"
         )
         await produce(producer, names.defer(), [(request.trigger_id.encode(), encode(cancel))])
         async with TopicReader(settings, names.resume()) as events:
-            await wait_until(lambda: events.events(), 20)
-            await wait_until(lambda: not running(triggerer, request.trigger_id), 10)
+            await until(lambda: events.events(), within=20, interval=0.05)
+            await until(
+                lambda: not running(triggerer, request.trigger_id), within=10, interval=0.05
+            )
         async with TopicReader(settings, names.defer()) as defer:
-            await wait_until(lambda: request.trigger_id.encode() in defer.tombstones(), 10)
+            await until(
+                lambda: request.trigger_id.encode() in defer.tombstones(), within=10, interval=0.05
+            )
     [event] = events.events()
     assert event.status == "cancelled"
     assert event.trigger_id == request.trigger_id
@@ -161,11 +167,11 @@ async def test_bad_input_is_dead_lettered_and_the_partition_keeps_moving(
         TopicReader(settings, names.dead) as dead,
         TopicReader(settings, names.defer()) as defer,
     ):
-        await wait_until(lambda: good.trigger_id in events.distinct_triggers(), 30)
-        await wait_until(lambda: len(dead.values()) >= len(cases), 20)
+        await until(lambda: good.trigger_id in events.distinct_triggers(), within=30, interval=0.05)
+        await until(lambda: len(dead.values()) >= len(cases), within=20, interval=0.05)
         keyed = {k for k, _ in cases.values() if k is not None}
-        await wait_until(lambda: keyed <= defer.tombstones(), 20)
-        await wait_until(lambda: len(events.events()) >= len(cases), 20)
+        await until(lambda: keyed <= defer.tombstones(), within=20, interval=0.05)
+        await until(lambda: len(events.events()) >= len(cases), within=20, interval=0.05)
     letters = [v for v in dead.values() if isinstance(v, DeadLetter)]
     assert sorted(letter.error_type for letter in letters) == sorted(cases)
     for letter in letters:
@@ -217,11 +223,13 @@ async def test_an_event_already_on_the_resume_topic_is_not_fired_again(
         TopicReader(settings, names.defer()) as defer,
         TopicReader(settings, names.resume()) as events,
     ):
-        await wait_until(lambda: bootstrapped(triggerer), 20)
-        await wait_until(lambda: emitted.trigger_id.encode() in defer.tombstones(), 20)
+        await until(lambda: bootstrapped(triggerer), within=20, interval=0.05)
+        await until(
+            lambda: emitted.trigger_id.encode() in defer.tombstones(), within=20, interval=0.05
+        )
         assert running(triggerer, waiting.trigger_id)
         assert not running(triggerer, emitted.trigger_id)
-        await wait_until(lambda: events.events(), 10)
+        await until(lambda: events.events(), within=10, interval=0.05)
     assert [e.member for e in events.events()] == ["dead-member"], "no second event"
 
 
@@ -236,17 +244,17 @@ async def test_restart_of_a_member_reads_only_the_tail(
     producer = await kafka_clients.producer()
     async with Triggerer(settings, options(tmp_path)) as triggerer:
         await produce_requests(producer, settings, first)
-        await wait_until(lambda: triggerer.supervisor.running == 400, 30)
+        await until(lambda: triggerer.supervisor.running == 400, within=30, interval=0.05)
     # Stopped cleanly: checkpoints written. Records produced meanwhile form the tail.
     await produce_requests(producer, settings, tail)
     async with Triggerer(settings, options(tmp_path)) as triggerer:
-        await wait_until(lambda: bootstrapped(triggerer), 30)
+        await until(lambda: bootstrapped(triggerer), within=30, interval=0.05)
         assert triggerer.supervisor.running == 437
         assert records_read(triggerer, "defer") == 37
         assert records_read(triggerer, "resume") == 0
     # Without the checkpoint, a member reads everything.
     async with Triggerer(settings, options(tmp_path, member="fresh")) as triggerer:
-        await wait_until(lambda: bootstrapped(triggerer), 30)
+        await until(lambda: bootstrapped(triggerer), within=30, interval=0.05)
         assert triggerer.supervisor.running == 437
         assert records_read(triggerer, "defer") == 437
 
@@ -264,11 +272,11 @@ async def test_a_queue_runs_only_on_members_of_that_queue(
         TopicReader(settings, names.resume("q1")) as q1_events,
         TopicReader(settings, names.resume()) as default_events,
     ):
-        await wait_until(lambda: bootstrapped(q1) and bootstrapped(default), 30)
+        await until(lambda: bootstrapped(q1) and bootstrapped(default), within=30, interval=0.05)
         producer = await kafka_clients.producer()
         await produce_requests(producer, settings, [*on_q1, *on_default])
-        await wait_until(lambda: len(q1_events.distinct_triggers()) == 20, 30)
-        await wait_until(lambda: len(default_events.distinct_triggers()) == 20, 30)
+        await until(lambda: len(q1_events.distinct_triggers()) == 20, within=30, interval=0.05)
+        await until(lambda: len(default_events.distinct_triggers()) == 20, within=30, interval=0.05)
     assert {e.member for e in q1_events.events()} == {"q1-member"}
     assert {e.queue for e in q1_events.events()} == {"q1"}
     assert q1_events.distinct_triggers() == {r.trigger_id for r in on_q1}
@@ -289,8 +297,8 @@ async def test_direct_resume_enqueues_the_run_task(
     ):
         producer = await kafka_clients.producer()
         await produce_requests(producer, settings, [with_target, without])
-        await wait_until(lambda: len(events.distinct_triggers()) == 2, 30)
-        await wait_until(lambda: resumes.values(), 10)
+        await until(lambda: len(events.distinct_triggers()) == 2, within=30, interval=0.05)
+        await until(lambda: resumes.values(), within=10, interval=0.05)
     by_trigger = {e.trigger_id: e for e in events.events()}
     assert by_trigger[with_target.trigger_id].resumed_directly
     assert not by_trigger[without.trigger_id].resumed_directly
@@ -322,18 +330,18 @@ async def test_backpressure_pauses_fetching_and_drops_nothing(
         Triggerer(settings, opts) as triggerer,
         TopicReader(settings, names.resume()) as events,
     ):
-        await wait_until(lambda: bootstrapped(triggerer), 30)
+        await until(lambda: bootstrapped(triggerer), within=30, interval=0.05)
         producer = await kafka_clients.producer()
         await produce_requests(producer, settings, requests)
 
         def paused() -> float | None:
             return sample(triggerer, "deferline_triggerer_fetch_paused", queue="default")
 
-        await wait_until(lambda: paused() == 1, 20, message="fetch paused")
+        await until(lambda: paused() == 1, within=20, interval=0.05, what="fetch paused")
         assert triggerer.supervisor.running == 10
         (tmp_path / "flag").write_text("go")
-        await wait_until(lambda: len(events.distinct_triggers()) == 120, 60)
-        await wait_until(lambda: paused() == 0, 10, message="fetch resumed")
+        await until(lambda: len(events.distinct_triggers()) == 120, within=60, interval=0.05)
+        await until(lambda: paused() == 0, within=10, interval=0.05, what="fetch resumed")
     assert {e.status for e in events.events()} == {"fired"}
 
 
@@ -348,19 +356,22 @@ async def test_graceful_stop_hands_partitions_over(
         b = Triggerer(settings, options(tmp_path, member="b"))
         await b.start()
         try:
-            await wait_until(
+            await until(
                 lambda: (
                     bootstrapped(a)
                     and bootstrapped(b)
                     and len(a.lanes[0].owned) + len(b.lanes[0].owned) == settings.partitions
                 ),
-                30,
+                within=30,
+                interval=0.05,
             )
             assert a.supervisor.running + b.supervisor.running == 100
         finally:
             await b.stop()
-        await wait_until(lambda: len(a.lanes[0].owned) == settings.partitions, 20)
-        await wait_until(lambda: bootstrapped(a) and a.supervisor.running == 100, 20)
+        await until(lambda: len(a.lanes[0].owned) == settings.partitions, within=20, interval=0.05)
+        await until(
+            lambda: bootstrapped(a) and a.supervisor.running == 100, within=20, interval=0.05
+        )
 
 
 @pytest.mark.brokers_differ("the fetch wait is chosen from the broker's own answers")

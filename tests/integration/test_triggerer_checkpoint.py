@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from deferline.runners.triggerer import Triggerer
-from deferline.runners.triggerer._checkpoint import RocksCheckpointStore
+from deferline.runners.triggerer.testing import RocksCheckpointStore
 from deferline.schemas import DeferRequest
 from deferline.topics import (
     Settings,
@@ -20,9 +20,9 @@ from deferline.topics import (
     topic_specs,
 )
 
+from tests._until import until
 from tests.integration._clusters import another_cluster, delete_topic, end_offsets
 from tests.integration._triggerer_help import TopicReader, defer_request, produce_requests
-from tests.integration._util import wait_until
 from tests.integration.test_triggerer import bootstrapped, options, running, sample
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -34,7 +34,7 @@ async def _checkpoint_waiting_triggers(settings: Settings, tmp_path: Path) -> di
     await ensure_topics(settings, topic_specs(settings))
     await _produce(settings, waiting)
     async with Triggerer(settings, options(tmp_path)) as triggerer:
-        await wait_until(lambda: triggerer.supervisor.running == 40, 30)
+        await until(lambda: triggerer.supervisor.running == 40, within=30, interval=0.05)
     store = RocksCheckpointStore(tmp_path / "solo")
     try:
         defer = TopicNames(settings.topic_prefix).defer()
@@ -61,12 +61,12 @@ async def _fire_all_past(
             Triggerer(settings, options(tmp_path)) as triggerer,
             TopicReader(settings, names.resume()) as events,
         ):
-            await wait_until(lambda: bootstrapped(triggerer), 30)
+            await until(lambda: bootstrapped(triggerer), within=30, interval=0.05)
             assert not any(
                 running(triggerer, r.trigger_id)
                 for r in (defer_request(i, run="a") for i in range(40))
             ), "no trigger of the other log runs"
-            await wait_until(lambda: len(events.distinct_triggers()) == 120, 60)
+            await until(lambda: len(events.distinct_triggers()) == 120, within=60, interval=0.05)
             discarded = sample(triggerer, "deferline_triggerer_checkpoint_mismatches_total")
     assert events.distinct_triggers() == {r.trigger_id for r in requests}
     assert discarded == len(saved)

@@ -14,6 +14,7 @@ import pytest
 from deferline.schemas import TriggerEventRecord
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
+from tests._until import until
 from tests.integration._triggerer_help import (
     FAILOVER_FLAGS,
     TopicReader,
@@ -23,7 +24,7 @@ from tests.integration._triggerer_help import (
     partition_of,
     produce_requests,
 )
-from tests.integration._util import KafkaClients, wait_until
+from tests.integration._util import KafkaClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -73,13 +74,13 @@ async def test_members_share_triggers_and_each_fires_once_on_its_owner(
     await ensure_topics(wide, topic_specs(wide))
     for member in ("a", "b", "c"):
         start(wide, tmp_path, spawn, member)
-    await wait_until(lambda: settled(spawn), 60, interval=0.2, message="group settled")
+    await until(lambda: settled(spawn), within=60, interval=0.2, what="group settled")
     ownership = await owners(spawn)
     requests = [defer_request(i, due_in=1.0) for i in range(3000)]
     async with TopicReader(wide, names.resume()) as events:
         producer = await kafka_clients.producer()
         await produce_requests(producer, wide, requests)
-        await wait_until(lambda: len(events.distinct_triggers()) == 3000, 60, interval=0.2)
+        await until(lambda: len(events.distinct_triggers()) == 3000, within=60, interval=0.2)
     fired = events.events()
     ids = once_each(fired)
     assert set(ids) == {r.trigger_id for r in requests}
@@ -100,16 +101,16 @@ async def test_sigkill_of_a_member_under_load_loses_nothing(
     await ensure_topics(wide, topic_specs(wide))
     for member in ("a", "b", "c"):
         start(wide, tmp_path, spawn, member)
-    await wait_until(lambda: settled(spawn), 60, interval=0.2, message="group settled")
+    await until(lambda: settled(spawn), within=60, interval=0.2, what="group settled")
     # Due over eight seconds: some fire before the kill, the rest during and after failover.
     requests = [defer_request(i, due_in=1.0 + 8.0 * i / 2000) for i in range(2000)]
     victim = spawn[0]
     async with TopicReader(wide, names.resume()) as events:
         producer = await kafka_clients.producer()
         await produce_requests(producer, wide, requests)
-        await wait_until(lambda: len(events.distinct_triggers()) >= 300, 30, interval=0.1)
+        await until(lambda: len(events.distinct_triggers()) >= 300, within=30, interval=0.1)
         victim.kill()
-        await wait_until(lambda: len(events.distinct_triggers()) == 2000, 60, interval=0.2)
+        await until(lambda: len(events.distinct_triggers()) == 2000, within=60, interval=0.2)
     ids = once_each(events.events())
     assert set(ids) == {r.trigger_id for r in requests}, "no trigger lost"
     assert all(len(event_ids) == 1 for event_ids in ids.values()), "duplicates share an id"
@@ -123,21 +124,21 @@ async def test_scale_out_to_three_and_back_to_one_loses_nothing(
     names = TopicNames(wide.topic_prefix)
     await ensure_topics(wide, topic_specs(wide))
     start(wide, tmp_path, spawn, "a")
-    await wait_until(lambda: settled(spawn), 60, interval=0.2, message="first member ready")
+    await until(lambda: settled(spawn), within=60, interval=0.2, what="first member ready")
     requests = [defer_request(i, due_in=1.0 + 14.0 * i / 1500) for i in range(1500)]
     async with TopicReader(wide, names.resume()) as events:
         producer = await kafka_clients.producer()
         await produce_requests(producer, wide, requests)
-        await wait_until(lambda: events.events(), 20, interval=0.1)
+        await until(lambda: events.events(), within=20, interval=0.1)
         start(wide, tmp_path, spawn, "b")
         start(wide, tmp_path, spawn, "c")
-        await wait_until(lambda: settled(spawn), 60, interval=0.2, message="three members")
+        await until(lambda: settled(spawn), within=60, interval=0.2, what="three members")
         for process in spawn[1:]:
             process.terminate()
         for process in spawn[1:]:
             assert process.wait(30) == 0, "graceful stop exits cleanly"
-        await wait_until(lambda: settled(spawn), 60, interval=0.2, message="back to one")
-        await wait_until(lambda: len(events.distinct_triggers()) == 1500, 60, interval=0.2)
+        await until(lambda: settled(spawn), within=60, interval=0.2, what="back to one")
+        await until(lambda: len(events.distinct_triggers()) == 1500, within=60, interval=0.2)
     ids = once_each(events.events())
     assert set(ids) == {r.trigger_id for r in requests}
     assert all(len(event_ids) == 1 for event_ids in ids.values())
@@ -155,7 +156,7 @@ async def test_a_paused_member_is_fenced_and_each_event_is_written_once(
     await ensure_topics(wide, topic_specs(wide))
     for member in ("a", "b"):
         start(wide, tmp_path, spawn, member)
-    await wait_until(lambda: settled(spawn), 60, interval=0.2, message="group settled")
+    await until(lambda: settled(spawn), within=60, interval=0.2, what="group settled")
     paused, other = spawn
     requests = [defer_request(i, due_in=1.0 + 12.0 * i / 2000) for i in range(2000)]
     async with (
@@ -164,14 +165,14 @@ async def test_a_paused_member_is_fenced_and_each_event_is_written_once(
     ):
         producer = await kafka_clients.producer()
         await produce_requests(producer, wide, requests)
-        await wait_until(lambda: len(events.distinct_triggers()) >= 300, 30, interval=0.1)
+        await until(lambda: len(events.distinct_triggers()) >= 300, within=30, interval=0.1)
         paused.pause()
-        await wait_until(
-            lambda: other_owns_all(other), 60, interval=0.1, message="the other took over"
+        await until(
+            lambda: other_owns_all(other), within=60, interval=0.1, what="the other took over"
         )
         paused.resume()  # its due timers fire at once, for partitions it no longer owns
-        await wait_until(lambda: len(copies.distinct_triggers()) == 2000, 60, interval=0.2)
-        await wait_until(lambda: settled(spawn), 60, interval=0.2, message="shared again")
+        await until(lambda: len(copies.distinct_triggers()) == 2000, within=60, interval=0.2)
+        await until(lambda: settled(spawn), within=60, interval=0.2, what="shared again")
     for reader in (events, copies):
         counts: dict[str, int] = defaultdict(int)
         for event in reader.events():

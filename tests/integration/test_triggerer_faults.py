@@ -13,8 +13,10 @@ from deferline.runners.triggerer import (
 )
 from deferline.topics import Settings, TopicNames, make_admin
 
+from tests._until import until
+
 from ._triggerer_help import TopicReader, defer_request, produce_requests
-from ._util import KafkaClients, wait_until
+from ._util import KafkaClients
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +36,9 @@ async def test_a_defer_topic_deleted_under_a_running_triggerer_stops_it_naming_t
         Triggerer(settings, options) as running,
     ):
         await produce_requests(producer, settings, requests)
-        await wait_until(lambda: len(reader.events()) >= len(requests), 60, message="fired")
+        await until(
+            lambda: len(reader.events()) >= len(requests), within=60, interval=0.05, what="fired"
+        )
         caplog.clear()
         with caplog.at_level(logging.INFO):
             admin = make_admin(settings)
@@ -43,7 +47,12 @@ async def test_a_defer_topic_deleted_under_a_running_triggerer_stops_it_naming_t
                 await admin.delete_topics([names.defer()])
             finally:
                 await admin.close()
-            await wait_until(lambda: running._fatal is not None, 60, message="the member stops")
+            await until(
+                lambda: running._fatal is not None,
+                within=60,
+                interval=0.05,
+                what="the member stops",
+            )
             with pytest.raises(TriggererError, match="deleted"):
                 await running.wait()  # the stop is requested, and why
         assert isinstance(running._fatal, TopicDeletedError)

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 from deferline.runners.triggerer import Triggerer, TriggererOptions
-from deferline.runners.triggerer._lane import RebalanceSummary
+from deferline.runners.triggerer.testing import RebalanceSummary
 from deferline.schemas import CancelRequest, encode
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
+from tests._until import until
 from tests.integration._triggerer_help import (
     FAILOVER_FLAGS,
     TopicReader,
@@ -27,7 +28,7 @@ from tests.integration._triggerer_help import (
     produce,
     produce_requests,
 )
-from tests.integration._util import KafkaClients, wait_until
+from tests.integration._util import KafkaClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -116,7 +117,7 @@ async def test_join_and_leave_move_only_the_moved_share_and_lose_nothing(
     await produce_requests(producer, wide, waiting)
     a = await group.start("a")
     b = await group.start("b")
-    await wait_until(group.settled, 60, interval=0.1, message="a and b settled")
+    await until(group.settled, within=60, interval=0.1, what="a and b settled")
     async with TopicReader(wide, names.resume()) as events:
         await produce_requests(producer, wide, due)
         before = {m: set(t.lanes[0].owned) for m, t in group.members.items()}
@@ -124,14 +125,14 @@ async def test_join_and_leave_move_only_the_moved_share_and_lose_nothing(
         generation = log(a)[-1].generation
 
         c = await group.start("c")
-        await wait_until(
+        await until(
             lambda: (
                 group.settled()
                 and all(len(log(t)) > rebalances[m] for m, t in [("a", a), ("b", b)])
             ),
-            60,
+            within=60,
             interval=0.1,
-            message="a, b and c settled",
+            what="a, b and c settled",
         )
         after = group.owners()
         assert sorted(len(t.lanes[0].owned) for t in group.members.values()) == [2, 2, 2]
@@ -161,22 +162,26 @@ async def test_join_and_leave_move_only_the_moved_share_and_lose_nothing(
 
         rebalances = {m: len(log(t)) for m, t in group.members.items() if m != "c"}
         await group.stop("c")
-        await wait_until(
+        await until(
             lambda: (
                 group.settled()
                 and all(len(log(t)) > rebalances[m] for m, t in [("a", a), ("b", b)])
             ),
-            60,
+            within=60,
             interval=0.1,
-            message="a and b took c's partitions",
+            what="a and b took c's partitions",
         )
         for _member, triggerer in (("a", a), ("b", b)):
             summary = log(triggerer)[-1]
             assert summary.lost == [], "a leave moves only the leaver's partitions"
             assert set(summary.acquired) <= set(moved)
             assert summary.triggers_cancelled == 0
-        await wait_until(lambda: len(events.distinct_triggers()) == len(due), 60, interval=0.2)
-        await wait_until(lambda: a.supervisor.running + b.supervisor.running == len(waiting), 20)
+        await until(lambda: len(events.distinct_triggers()) == len(due), within=60, interval=0.2)
+        await until(
+            lambda: a.supervisor.running + b.supervisor.running == len(waiting),
+            within=20,
+            interval=0.05,
+        )
     per_trigger = Counter(event.trigger_id for event in events.events())
     assert set(per_trigger) == {r.trigger_id for r in due}, "no trigger lost"
     assert set(per_trigger.values()) == {1}, "none emitted twice"
@@ -188,25 +193,27 @@ async def test_a_timer_due_during_the_rebalance_is_emitted_once_by_its_next_owne
     names = TopicNames(wide.topic_prefix)
     a = await group.start("a")
     b = await group.start("b")
-    await wait_until(group.settled, 60, interval=0.1, message="a and b settled")
+    await until(group.settled, within=60, interval=0.1, what="a and b settled")
     # Due densely over the seconds around the join, so some fall due while it is underway.
     requests = [defer_request(i, due_in=1.0 + 6.0 * i / 3000) for i in range(3000)]
     producer = await kafka_clients.producer()
     async with TopicReader(wide, names.resume()) as events:
         await produce_requests(producer, wide, requests)
-        await wait_until(lambda: events.events(), 20, interval=0.05, message="first events")
+        await until(lambda: events.events(), within=20, interval=0.05, what="first events")
         counts = {m: len(log(t)) for m, t in group.members.items()}
         owner_before = group.owners()
         await group.start("c")
-        await wait_until(
+        await until(
             lambda: (
                 group.settled() and all(len(log(t)) > counts[m] for m, t in [("a", a), ("b", b)])
             ),
-            60,
+            within=60,
             interval=0.1,
         )
         owner_after = group.owners()
-        await wait_until(lambda: len(events.distinct_triggers()) == len(requests), 60, interval=0.2)
+        await until(
+            lambda: len(events.distinct_triggers()) == len(requests), within=60, interval=0.2
+        )
     quiet: dict[str, list[tuple[float, float]]] = {
         t.member: [
             (s.revoked_at, s.assigned_at)
@@ -259,12 +266,14 @@ async def test_a_static_member_restarted_in_time_gets_its_partitions_back_withou
     a = await group.start("a", **static)
     b = await group.start("b", **static)
     c = await group.start("c", **static)
-    await wait_until(group.settled, 90, interval=0.1, message="a, b and c settled")
+    await until(group.settled, within=90, interval=0.1, what="a, b and c settled")
     owned_by_c = c.lanes[0].owned
     counts = {m: len(log(t)) for m, t in group.members.items()}
     await group.stop("c")
     c2 = await group.start("c", **static)
-    await wait_until(lambda: c2.lanes[0].bootstrapped.is_set() and c2.lanes[0].owned, 30)
+    await until(
+        lambda: c2.lanes[0].bootstrapped.is_set() and c2.lanes[0].owned, within=30, interval=0.05
+    )
     assert c2.lanes[0].owned == owned_by_c, "the same partitions came back"
     assert log(c2)[-1].acquired == owned_by_c
     assert counter(c2, "deferline_triggerer_bootstrap_records_total", topic="defer") == 0, (
@@ -308,24 +317,24 @@ async def test_kill_and_restart_churn_loses_nothing(
         owned = [n for p in running for n in p.find("partitions assigned")[-1]["partitions"]]
         return sorted(owned) == list(range(PARTITIONS))
 
-    await wait_until(settled, 90, interval=0.2, message="three members settled")
+    await until(settled, within=90, interval=0.2, what="three members settled")
     total = 20_000
     requests = [defer_request(i, due_in=2.0 + 25.0 * i / total) for i in range(total)]
     producer = await kafka_clients.producer()
     async with TopicReader(wide, names.resume()) as events:
         await produce_requests(producer, wide, requests)
-        await wait_until(lambda: len(events.distinct_triggers()) >= 1000, 60, interval=0.1)
+        await until(lambda: len(events.distinct_triggers()) >= 1000, within=60, interval=0.1)
         live["a"].kill()
         await asyncio.sleep(2)  # down for a while: its partitions move after the session timeout
         live["a"] = start("a")
-        await wait_until(lambda: len(events.distinct_triggers()) >= 8000, 90, interval=0.1)
+        await until(lambda: len(events.distinct_triggers()) >= 8000, within=90, interval=0.1)
         live["b"].terminate()
         assert live["b"].wait(60) == 0, "graceful stop exits cleanly"
         live["b"] = start("b")
-        await wait_until(lambda: len(events.distinct_triggers()) >= 14000, 90, interval=0.1)
+        await until(lambda: len(events.distinct_triggers()) >= 14000, within=90, interval=0.1)
         live["c"].kill()
         live["c"] = start("c")
-        await wait_until(lambda: len(events.distinct_triggers()) == total, 120, interval=0.5)
+        await until(lambda: len(events.distinct_triggers()) == total, within=120, interval=0.5)
     ids: dict[str, set[str]] = defaultdict(set)
     for event in events.events():
         ids[event.trigger_id].add(event.event_id)
@@ -357,7 +366,7 @@ async def test_every_queue_lane_rebalances_incrementally(
 
     a = await group.start("a", **both)
     b = await group.start("b", **both)
-    await wait_until(settled, 60, interval=0.1, message="a and b settled on both queues")
+    await until(settled, within=60, interval=0.1, what="a and b settled on both queues")
     before = {(t.member, i): set(t.lanes[i].owned) for t in (a, b) for i in (0, 1)}
     counts = {
         key: len(t.lanes[key[1]].rebalance_log)
@@ -366,16 +375,16 @@ async def test_every_queue_lane_rebalances_incrementally(
         if key[0] == t.member
     }
     await group.start("c", **both)
-    await wait_until(
+    await until(
         lambda: (
             settled()
             and all(
                 len(group.members[m].lanes[i].rebalance_log) > n for (m, i), n in counts.items()
             )
         ),
-        60,
+        within=60,
         interval=0.1,
-        message="a, b and c settled on both queues",
+        what="a, b and c settled on both queues",
     )
     for (member, index), owned in before.items():
         lane = group.members[member].lanes[index]
@@ -385,10 +394,11 @@ async def test_every_queue_lane_rebalances_incrementally(
         )
         assert set(summary.kept) == set(lane.owned)
         assert set(summary.kept) | set(summary.lost) == owned
-    await wait_until(
+    await until(
         lambda: sum(t.supervisor.running for t in group.members.values()) == len(requests),
-        20,
-        message="every waiting trigger runs once across the three members",
+        within=20,
+        interval=0.05,
+        what="every waiting trigger runs once across the three members",
     )
 
 
@@ -406,20 +416,20 @@ async def test_requests_arriving_while_a_partition_is_rebuilt_are_served_before_
     async with TopicReader(wide, names.resume()) as events:
         a = await group.start("a", capacity=100_000)
         lane = a.lanes[0]
-        await wait_until(
+        await until(
             lambda: any(p.live and not p.ready for p in lane._parts.values()),
-            60,
+            within=60,
             interval=0.002,
-            message="a partition follows its tail while its triggers are started",
+            what="a partition follows its tail while its triggers are started",
         )
         probe = defer_request(1, due_in=0, run="probe")
         cancel = CancelRequest(trigger_id=old.trigger_id, task=old.task, reason="test")
         await produce_requests(producer, wide, [probe])
         await produce(producer, names.defer(), [(cancel.trigger_id.encode(), encode(cancel))])
         both = {probe.trigger_id, old.trigger_id}
-        await wait_until(lambda: events.distinct_triggers() == both, 60)
-        await wait_until(lane.bootstrapped.is_set, 60, interval=0.01)
-        await wait_until(lambda: a.supervisor.running == len(waiting), 30)
+        await until(lambda: events.distinct_triggers() == both, within=60, interval=0.05)
+        await until(lane.bootstrapped.is_set, within=60, interval=0.01)
+        await until(lambda: a.supervisor.running == len(waiting), within=30, interval=0.05)
     per_trigger = Counter(event.trigger_id for event in events.events())
     assert per_trigger == {probe.trigger_id: 1, old.trigger_id: 1}
     statuses = {event.trigger_id: event.status for event in events.events()}

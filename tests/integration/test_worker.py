@@ -35,7 +35,7 @@ from deferline.topics import (
     topic_specs,
 )
 
-from tests.integration._util import wait_until
+from tests._until import until
 
 pytestmark = pytest.mark.integration
 
@@ -227,8 +227,8 @@ async def test_defer_writes_deferred_state_and_keyed_request(
     task = key("a")
     async with fast_worker(worker_settings, slots=2) as worker:
         await log.send(start("a", "DeferringOperator", label="a"))
-        await wait_until(lambda: log.requests(), 20, message="DeferRequest published")
-        await wait_until(lambda: worker.metrics.deferred == 1, 5)
+        await until(lambda: log.requests(), within=20, interval=0.05, what="DeferRequest published")
+        await until(lambda: worker.metrics.deferred == 1, within=5, interval=0.05)
     seen = log.requests()[0]
     request = seen.record
     trigger_id = make_trigger_id(task, 0)
@@ -255,7 +255,7 @@ async def test_resume_runs_next_method_with_event_and_fail_fails(
     async with fast_worker(worker_settings, slots=2):
         await log.send(start("ok", "DeferringOperator", label="ok"))
         await log.send(start("bad", "DeferringOperator", label="bad"))
-        await wait_until(lambda: len(log.requests()) == 2, 20)
+        await until(lambda: len(log.requests()) == 2, within=20, interval=0.05)
         by_task = {s.record.task.task_id: s.record for s in log.requests()}
         await log.send(resume(by_task["ok"], event={"status": "done", "n": 7}))
         await log.send(
@@ -266,8 +266,8 @@ async def test_resume_runs_next_method_with_event_and_fail_fails(
                 next_kwargs={"error": "Trigger failure: boom", "status": "failed"},
             )
         )
-        await wait_until(lambda: "success" in log.states(key("ok")), 20)
-        await wait_until(lambda: "failed" in log.states(key("bad")), 20)
+        await until(lambda: "success" in log.states(key("ok")), within=20, interval=0.05)
+        await until(lambda: "failed" in log.states(key("bad")), within=20, interval=0.05)
     finish = [c for c in CALLS if c["method"] == "finish"]
     assert finish == [
         {"label": "ok", "method": "finish", "event": {"status": "done", "n": 7}, "carried": "ok"}
@@ -285,17 +285,17 @@ async def test_duplicate_runtasks_are_ignored_even_after_a_restart(
 ) -> None:
     async with fast_worker(worker_settings, slots=2) as worker:
         await log.send(start("d", "DeferringOperator", label="d"))
-        await wait_until(lambda: log.requests(), 20)
+        await until(lambda: log.requests(), within=20, interval=0.05)
         request = log.requests()[0].record
         again = resume(request, event="fired")
         await log.send(again)
         await log.send(again)  # e.g. direct resume and the scheduler both sent it
-        await wait_until(lambda: "success" in log.states(key("d")), 20)
-        await wait_until(lambda: worker.metrics.duplicates == 1, 10)
+        await until(lambda: "success" in log.states(key("d")), within=20, interval=0.05)
+        await until(lambda: worker.metrics.duplicates == 1, within=10, interval=0.05)
     # A fresh worker in a new group replays the whole queue (start, resume, resume): it
     # learns from the tasks topic alone that the task moved past all three.
     async with fast_worker(worker_settings, slots=2, group_id="replayer") as fresh:
-        await wait_until(lambda: fresh.metrics.duplicates == 3, 20)
+        await until(lambda: fresh.metrics.duplicates == 3, within=20, interval=0.05)
         assert fresh.metrics.started == fresh.metrics.resumed == 0
     assert [c["method"] for c in CALLS] == ["execute", "finish"]
     assert log.states(key("d")).count("success") == 1
@@ -306,10 +306,12 @@ async def test_resumes_go_ahead_of_a_backlog_of_new_work(
 ) -> None:
     async with fast_worker(worker_settings, slots=1) as worker:
         await log.send(start("r", "DeferringOperator", label="r"))
-        await wait_until(lambda: log.requests(), 20)
+        await until(lambda: log.requests(), within=20, interval=0.05)
         request = log.requests()[0].record
         await log.send(start("gate", "Gate"))
-        await wait_until(Gate.entered.is_set, 20, message="gate task holds the only slot")
+        await until(
+            Gate.entered.is_set, within=20, interval=0.05, what="gate task holds the only slot"
+        )
         for i in range(10):
             await log.send(start(f"new{i}", "Quick", label=f"new{i}"))
         await log.send(resume(request, event="go"))
@@ -318,9 +320,11 @@ async def test_resumes_go_ahead_of_a_backlog_of_new_work(
         async def resume_seen() -> bool:
             return (await worker.backlog())[resumes] > 0
 
-        await wait_until(resume_seen, 20, message="worker has seen the waiting resume")
+        await until(
+            resume_seen, within=20, interval=0.05, what="worker has seen the waiting resume"
+        )
         Gate.opened.set()
-        await wait_until(lambda: len(CALLS) >= 13, 30, message="all tasks ran")
+        await until(lambda: len(CALLS) >= 13, within=30, interval=0.05, what="all tasks ran")
     order = [c["label"] for c in CALLS]
     assert order[:3] == ["r", "gate", "r"], order
     assert sorted(order[3:]) == sorted(f"new{i}" for i in range(10))
@@ -329,10 +333,10 @@ async def test_resumes_go_ahead_of_a_backlog_of_new_work(
 async def test_retries_then_success(worker_settings: Settings, log: TopicLog) -> None:
     async with fast_worker(worker_settings, slots=1):
         await log.send(start("f", "Flaky", retries=1))
-        await wait_until(lambda: "up_for_retry" in log.states(key("f")), 20)
+        await until(lambda: "up_for_retry" in log.states(key("f")), within=20, interval=0.05)
         # the scheduler would now schedule try 2; do what it would send
         await log.send(start("f", "Flaky", try_number=2, retries=1))
-        await wait_until(lambda: "success" in log.states(key("f")), 20)
+        await until(lambda: "success" in log.states(key("f")), within=20, interval=0.05)
     assert [c["try_number"] for c in CALLS] == [1, 2]
     up = next(
         s.record
@@ -355,7 +359,7 @@ async def test_unreadable_runtask_is_dead_lettered_and_work_goes_on(
         await producer.stop()
     async with fast_worker(worker_settings, slots=1):
         await log.send(start("after", "Quick", label="after"))
-        await wait_until(lambda: "success" in log.states(key("after")), 20)
+        await until(lambda: "success" in log.states(key("after")), within=20, interval=0.05)
     dead = make_consumer(worker_settings, group_id=None)
     await dead.start()
     try:
@@ -369,7 +373,7 @@ async def test_unreadable_runtask_is_dead_lettered_and_work_goes_on(
                 letters.extend(decode(r.value) for r in records if r.value is not None)
             return bool(letters)
 
-        await wait_until(got_letter, 20)
+        await until(got_letter, within=20, interval=0.05)
     finally:
         await dead.stop()
     assert letters[0].topic == names.work()
@@ -397,7 +401,7 @@ async def test_stop_lets_a_running_operator_finish_and_commits_it(
     await worker.start()
     try:
         await log.send(start("g", "Gate"))
-        await wait_until(Gate.entered.is_set, 20)
+        await until(Gate.entered.is_set, within=20, interval=0.05)
         stopping = asyncio.create_task(worker.stop())
         await asyncio.sleep(0)
         assert not stopping.done()  # waits for the operator, which still holds its slot
@@ -405,7 +409,7 @@ async def test_stop_lets_a_running_operator_finish_and_commits_it(
         await asyncio.wait_for(stopping, 20)
     finally:
         await worker.stop()
-    await wait_until(lambda: "success" in log.states(key("g")), 10)
+    await until(lambda: "success" in log.states(key("g")), within=10, interval=0.05)
     names = TopicNames(worker_settings.topic_prefix)
     assert await _committed(worker_settings, worker.group_id, names.work()) == 1
 
@@ -417,11 +421,11 @@ async def test_graceful_timeout_abandons_the_run_uncommitted(
     await worker.start()
     try:
         await log.send(start("g", "Gate"))
-        await wait_until(Gate.entered.is_set, 20)
+        await until(Gate.entered.is_set, within=20, interval=0.05)
     finally:
         await asyncio.wait_for(worker.stop(), 20)
     Gate.opened.set()  # let the abandoned thread end while the loop still runs
-    await wait_until(lambda: any(c["label"] == "gate" for c in CALLS), 10)
+    await until(lambda: any(c["label"] == "gate" for c in CALLS), within=10, interval=0.05)
     names = TopicNames(worker_settings.topic_prefix)
     assert await _committed(worker_settings, worker.group_id, names.work()) == 0
     assert log.states(key("g")) == ["running"]  # redelivered later, and run again

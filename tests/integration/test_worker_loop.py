@@ -14,7 +14,7 @@ from deferline.runners.worker import Worker
 from deferline.schemas import TaskKey, TaskStateRecord
 from deferline.topics import Settings
 
-from tests.integration._util import wait_until
+from tests._until import until
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ async def test_example_operators_run_the_whole_loop(settings: Settings) -> None:
             state = await client.get_state(keys["clear"])
             return state is not None and state.state == "deferred"
 
-        await wait_until(deferred, 60, message="the long wait is deferred")
+        await until(deferred, within=60, interval=0.05, what="the long wait is deferred")
         await client.clear(keys["clear"])
 
         async def finished() -> dict[str, TaskStateRecord] | None:
@@ -68,7 +68,7 @@ async def test_example_operators_run_the_whole_loop(settings: Settings) -> None:
             done = all(s.state in FINAL for s in states.values()) and len(states) == len(keys)
             return states if done else None
 
-        states = await wait_until(finished, 90, interval=0.2, message="every task finished")
+        states = await until(finished, within=90, interval=0.2, what="every task finished")
 
     assert {name: s.state for name, s in states.items()} == {
         "once": "success",

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deferline.engine import TaskTable
-from deferline.replay._records import RawRecord, ReplayRecord, decode_raw
-from deferline.replay._topics import classify_topic
+from deferline.replay import RawRecord, ReplayRecord, classify_topic, decode_raw
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,

@@ -19,7 +19,7 @@ from deferline.replay import (
     scheduler_decisions,
     subject_filter,
 )
-from deferline.replay._fold import KEEP
+from deferline.replay.testing import KEEP
 from deferline.topics import TopicNames
 
 from ._history import History, at, task_key

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from deferline.replay import ReplayContext, ReplayIndex
-from deferline.replay._redrive import plan_redrive
+from deferline.replay import ReplayContext, ReplayIndex, plan_redrive
 from deferline.topics import partition_for
 
 from ._history import History, at, task_key

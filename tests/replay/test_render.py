@@ -7,11 +7,25 @@ import json
 import re
 
 import pytest
-from deferline.replay import ReplayContext, ReplayIndex, build_timeline, explain, parse_subject
-from deferline.replay._cli import parse_duration, parse_time
-from deferline.replay._collect import StuckReport, WaitingTask
-from deferline.replay._html import ReportItem, render_html
-from deferline.replay._render import dump_json, render_stuck, render_timeline, render_verdict
+from deferline.replay import (
+    ReplayContext,
+    ReplayIndex,
+    ReportItem,
+    StuckReport,
+    WaitingTask,
+    build_timeline,
+    explain,
+    parse_subject,
+    render_html,
+)
+from deferline.replay.testing import (
+    dump_json,
+    parse_duration,
+    parse_time,
+    render_stuck,
+    render_timeline,
+    render_verdict,
+)
 from rich.console import Console
 
 from ._history import History, at, task_key

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from deferline.replay._run import run_trigger
+from deferline.replay import run_trigger
 from deferline.schemas import DeferRequest, KwargsCipher, seal
 
 from ._history import TIMER, task_key

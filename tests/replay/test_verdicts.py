@@ -21,7 +21,7 @@ from deferline.replay import (
     explain,
     parse_subject,
 )
-from deferline.runners.scheduler._records import orphan_letter
+from deferline.runners.scheduler.testing import orphan_letter
 from deferline.schemas import DeferRequest, EventFields, KwargsCipher, seal
 from deferline.topics import partition_for
 

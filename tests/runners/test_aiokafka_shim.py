@@ -17,7 +17,7 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.protocol.group import JoinGroupRequest
-from deferline.runners._aiokafka import (
+from deferline.runners.testing import (
     AiokafkaInternalsError,
     client_of,
     group_generation,

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from deferline.runners._broker_cmd import broker
+from deferline.runners.testing import broker
 
 
 @pytest.mark.parametrize(

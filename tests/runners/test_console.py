@@ -21,13 +21,19 @@ from deferline.replay import (
     TopicsNotFound,
 )
 from deferline.runners.cli import main
-from deferline.runners.console._feed import RecordFeed
-from deferline.runners.console._groups import GroupTracker
-from deferline.runners.console._loop import LoopStats, percentile
-from deferline.runners.console._status import ConsoleState, ConsoleStatus
-from deferline.runners.console._tail import TopicTail
+from deferline.runners.console.testing import (
+    ConsoleState,
+    ConsoleStatus,
+    GroupTracker,
+    LoopStats,
+    RecordFeed,
+    TopicTail,
+    percentile,
+)
 from deferline.schemas import DeadLetter, TaskKey, encode
 from deferline.topics import Settings
+
+from tests.fakes import FakeConsumer, FakeKafka
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 TASKS = TopicInfo("d.tasks", TopicRole.TASKS)
@@ -236,41 +242,28 @@ def test_each_failure_is_named_for_the_page(error: Exception, state: ConsoleStat
     assert words in message
 
 
-class FakeConsumer:
-    """The part of AIOKafkaConsumer the tail's assignment uses; ``assign`` forgets positions."""
-
-    def __init__(self) -> None:
-        self.positions: dict[TopicPartition, int] = {}
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self.positions)
-
-    async def position(self, tp: TopicPartition) -> int:
-        return self.positions[tp]
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        self.positions = dict.fromkeys(tps, -1)  # as aiokafka: positions reset
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.positions[tp] = offset
-
-    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        for tp in tps:
-            self.positions[tp] = 0
-
-
 async def test_a_topic_listed_later_is_read_from_its_start_and_the_others_keep_their_place():
     tail = TopicTail(SETTINGS, RecordFeed(), ConsoleStatus(SETTINGS))
-    consumer = FakeConsumer()
+    kafka = FakeKafka()
+    kafka.create_topic("d.tasks", 2)
+    kafka.create_topic("d.dead", 1)
+    for topic, partition in (("d.tasks", 0), ("d.tasks", 1), ("d.dead", 0)):
+        kafka.append(topic, None, b"written before", partition=partition)
+    # Reset to the end, should a position be forgotten rather than kept or sought.
+    consumer = FakeConsumer(kafka, auto_offset_reset="latest")
+
+    async def positions() -> dict[TopicPartition, int]:
+        return {tp: await consumer.position(tp) for tp in consumer.assignment()}
+
     tail.topics = {"d.tasks": (TASKS, 2)}
     await tail._assign(consumer)
-    assert consumer.positions == {TopicPartition("d.tasks", 0): 0, TopicPartition("d.tasks", 1): 0}
-    consumer.positions[TopicPartition("d.tasks", 0)] = 500
+    assert await positions() == {TopicPartition("d.tasks", 0): 0, TopicPartition("d.tasks", 1): 0}
+    consumer.seek(TopicPartition("d.tasks", 0), 500)
     await tail._assign(consumer)  # nothing new: nothing moves
-    assert consumer.positions[TopicPartition("d.tasks", 0)] == 500
+    assert await consumer.position(TopicPartition("d.tasks", 0)) == 500
     tail.topics["d.dead"] = (DEAD, 1)
     await tail._assign(consumer)
-    assert consumer.positions == {
+    assert await positions() == {
         TopicPartition("d.tasks", 0): 500,
         TopicPartition("d.tasks", 1): 0,
         TopicPartition("d.dead", 0): 0,

@@ -15,10 +15,10 @@ from aiokafka.errors import (
     RequestTimedOutError,
     TopicAuthorizationFailedError,
 )
-from deferline.runners._metrics import MetricsServer
-from deferline.runners._outage import (
+from deferline.runners.testing import (
     ClusterOutageTooLong,
     ClusterWatch,
+    MetricsServer,
     is_cluster_loss,
     ride_out,
 )

@@ -7,17 +7,19 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaConnectionError, ProducerFenced
+from aiokafka.errors import KafkaConnectionError
 from click.testing import CliRunner
 from deferline.engine import Emit, PoolLedger, Pools
-from deferline.runners.scheduler import Scheduler, SchedulerError, scheduler_command
-from deferline.runners.scheduler import _cli as _scheduler_cli
-from deferline.runners.scheduler import _fold as fold_module
-from deferline.runners.scheduler import _publishing as publishing_module
-from deferline.runners.scheduler import _scheduler as scheduler_module
-from deferline.runners.scheduler import _writers as writers_module
-from deferline.runners.scheduler._phase import Phase
-from deferline.runners.scheduler._pools import PoolChannel
+from deferline.runners.scheduler import (
+    PoolChannel,
+    Scheduler,
+    SchedulerError,
+    SchedulerFenced,
+    scheduler_command,
+)
+
+# The modules whose names the tests patch (no door can stand for those).
+from deferline.runners.scheduler.testing import BATCHES_AHEAD, Phase, _parse_pools
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,
@@ -34,70 +36,30 @@ from deferline.schemas import (
 from deferline.topics import Settings, partition_for
 from prometheus_client import generate_latest
 
+from tests._until import until
+from tests.fakes import (
+    FakeConsumer,
+    FakeKafka,
+    FakeProducer,
+    FakeTransactionalProducer,
+    JournalEntry,
+)
+
 TASK = TaskKey(dag_id="d", task_id="t", run_id="r")
 TPS = TopicPartition("p.tasks.events", 0)
 
 
-class FakeBatch:
-    """A record batch holding up to ``room`` records."""
-
-    def __init__(self, room: int) -> None:
-        self.room = room
-        self.keys: list[bytes | None] = []
-
-    def append(
-        self, *, key: bytes | None, value: bytes, timestamp: None, headers: object = ()
-    ) -> object | None:
-        if len(self.keys) >= self.room:
-            return None
-        self.keys.append(key)
-        return object()
-
-    def record_count(self) -> int:
-        return len(self.keys)
+def producer_of(kafka: FakeKafka | None = None, **options: Any) -> FakeProducer:
+    """A partition producer as the publisher makes it (batches of up to 1 MiB), over ``kafka``
+    (by default, a broker of one-partition topics)."""
+    return FakeProducer(kafka or FakeKafka(), max_batch_size=1 << 20, **options)
 
 
-class FakeProducer:
-    """Records sends (one entry per record) and acks in one log; acks land one loop turn
-    after the send. Topics have ``partitions`` partitions; batches hold ``room`` records."""
-
-    def __init__(self, *, partitions: int = 1, room: int = 1000) -> None:
-        self.log: list[tuple[str, str, bytes | None]] = []
-        self.partitions = partitions
-        self.room = room
-        self.batches: list[tuple[str, int, int]] = []  # topic, partition, records
-
-    async def stop(self) -> None:
-        self.log.append(("stop", "", None))
-
-    async def partitions_for(self, topic: str) -> set[int]:
-        return set(range(self.partitions))
-
-    def create_batch(self) -> FakeBatch:
-        return FakeBatch(self.room)
-
-    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> Any:
-        self.batches.append((topic, partition, batch.record_count()))
-        futures = [await self.send(topic, b"", key=key) for key in batch.keys]
-        return asyncio.gather(*futures)
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: object = (),
-    ) -> asyncio.Future[None]:
-        self.log.append(("send", topic, key))
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def ack() -> None:
-            self.log.append(("ack", topic, key))
-            future.set_result(None)
-
-        asyncio.get_running_loop().call_soon(ack)
-        return future
+def journal(scheduler: Scheduler, partition: int = 0) -> list[JournalEntry]:
+    """What the producer of ``partition``'s writer did (sends, acks, transactions)."""
+    producer = scheduler.writers[partition].publisher._producer
+    assert isinstance(producer, FakeProducer)
+    return producer.journal
 
 
 @pytest.fixture
@@ -107,11 +69,11 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
     async def fake_ensure(settings: Settings, specs: Any) -> None:
         ensured.append([spec.name for spec in specs])
 
-    monkeypatch.setattr(scheduler_module, "ensure_topics", fake_ensure)
-    monkeypatch.setattr(publishing_module, "ensure_topics", fake_ensure)
+    monkeypatch.setattr("deferline.runners.scheduler._scheduler.ensure_topics", fake_ensure)
+    monkeypatch.setattr("deferline.runners.scheduler._publishing.ensure_topics", fake_ensure)
     scheduler = Scheduler(Settings(topic_prefix="p."), pools=Pools(slots={"default_pool": 1}))
     own_partition_zero(scheduler)
-    scheduler.writers[0].publisher._producer = FakeProducer()
+    scheduler.writers[0].publisher._producer = producer_of()
     scheduler.ensured = ensured  # type: ignore[attr-defined]
     return scheduler
 
@@ -172,7 +134,7 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
     await sched.writers[0].chain.publish(
         [Emit(state("queued")), Emit(start), Emit(resume), Emit(cancel, queue="slow")], [letter]
     )
-    log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
+    log = journal(sched)
     ti = TASK.ti_key.encode()
     assert log[:2] == [("send", "p.defer.slow", b"tid"), ("ack", "p.defer.slow", b"tid")]
     assert log[2:6] == [
@@ -194,13 +156,13 @@ async def test_publish_routes_each_record_and_acks_states_before_runs(sched: Sch
 async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> None:
     assert sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True) is None
     await sched.writers[0].chain.publish(admitted(sched))
-    log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
+    log = journal(sched)
     sends = [(topic, key) for kind, topic, key in log if kind == "send"]
     assert sends == [("p.tasks", TASK.ti_key.encode()), ("p.queue.gpu", TASK.ti_key.encode())]
 
 
 async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> None:
-    producer = FakeProducer(partitions=3, room=2)
+    producer = producer_of(FakeKafka(partitions=3), max_batch_records=2)
     sched.writers[0].publisher._producer = producer
     tasks = [TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(7)]
     chain = sched.writers[0].chain
@@ -228,7 +190,7 @@ async def test_a_batch_handed_over_while_one_is_sending_goes_out_after_it(
     after = chain.start([Emit(TaskStateRecord(task=second, state="queued"))])
     assert after is not sending, "a batch handed over while one is sending waits behind it"
     await chain.settle()
-    log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
+    log = journal(sched)
     assert log == [
         ("send", "p.tasks", first.ti_key.encode()),
         ("ack", "p.tasks", first.ti_key.encode()),
@@ -247,7 +209,7 @@ async def test_batches_handed_over_while_one_waits_join_it_in_order(sched: Sched
     joined = chain.start([Emit(TaskStateRecord(task=third, state="queued"))])
     assert joined is waiting is not sending, "the third batch joins the one still waiting"
     await chain.settle()
-    log = sched.writers[0].publisher._producer.log  # type: ignore[union-attr]
+    log = journal(sched)
     assert [entry for entry in log if entry[0] == "send"] == [
         ("send", "p.tasks", first.ti_key.encode()),
         ("send", "p.tasks", second.ti_key.encode()),
@@ -291,7 +253,7 @@ async def test_own_writes_read_back_are_folded_without_decoding(
     def no_decoding(value: bytes, kind: Any) -> Any:
         raise AssertionError("an own write was decoded")
 
-    monkeypatch.setattr(fold_module, "read_as", no_decoding)
+    monkeypatch.setattr("deferline.runners.scheduler._fold.read_as", no_decoding)
     assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
     assert sched.fold.written == {}
     assert sched.table._views[TASK.ti_key].inflight == (), "read back: no longer in flight"
@@ -310,7 +272,8 @@ async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> N
     assert sched.table.pool_usage()["default_pool"] == (0, 1), "and their slots freed"
     assert publisher._producer is None
     assert producer is not None
-    assert producer.log[-1] == ("stop", "", None)
+    assert isinstance(producer, FakeProducer)
+    assert producer.journal[-1] == ("stop", "", None)
     # Read back afterwards (the partition came back): decoded like any record.
     assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
     assert sched.table._views[TASK.ti_key].inflight == ()
@@ -386,55 +349,45 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     assert "deferline_scheduler_partitions_owned 0.0" in text
 
 
-class FakeTransactionalProducer(FakeProducer):
-    """Logs transaction steps beside sends; can be fenced."""
-
-    def __init__(self, *, fenced: bool = False) -> None:
-        super().__init__()
-        self.fenced = fenced
-        self.offsets: list[dict[TopicPartition, int]] = []
-
-    async def begin_transaction(self) -> None:
-        self.log.append(("begin", "", None))
-
-    async def send_offsets_to_transaction(
-        self, offsets: dict[TopicPartition, int], group_id: str
-    ) -> None:
-        assert group_id == "p.scheduler"
-        self.offsets.append(offsets)
-
-    async def commit_transaction(self) -> None:
-        if self.fenced:
-            raise ProducerFenced()
-        self.log.append(("commit", "", None))
+async def transactional(sched: Scheduler) -> FakeTransactionalProducer:
+    """Partition 0's producer in transactions, started: it holds the transactional id."""
+    publisher = sched.writers[0].publisher
+    producer = FakeTransactionalProducer(
+        FakeKafka(), publisher.transactional_id, max_batch_size=1 << 20
+    )
+    await producer.start()
+    publisher._producer = producer
+    publisher.transactional = True
+    return producer
 
 
 async def test_a_transaction_carries_the_batch_and_the_offsets_it_consumed(
     sched: Scheduler,
 ) -> None:
-    producer = FakeTransactionalProducer()
-    sched.writers[0].publisher._producer = producer
-    sched.writers[0].publisher.transactional = True
+    producer = await transactional(sched)
     sched.offsets.done = {TPS: 8}
     start = RunTask(task=TASK, mode="start", operator="x.Op", worker_queue="gpu")
     await sched.writers[0].chain.publish([Emit(state("queued")), Emit(start)], offsets=True)
-    kinds = [kind for kind, _, _ in producer.log if kind != "ack"]
+    kinds = [kind for kind, _, _ in producer.journal if kind != "ack"]
     assert kinds == ["begin", "send", "send", "commit"]
-    assert producer.offsets == [{TPS: 8}]
+    assert producer.kafka.offset_commits("p.scheduler") == [{TPS: 8}]
     assert sched.offsets.committed == {TPS: 8}
     await sched.writers[0].chain.publish([], offsets=True)
-    assert producer.offsets == [{TPS: 8}], "nothing new to commit: no empty transaction"
+    assert producer.kafka.offset_commits("p.scheduler") == [{TPS: 8}], (
+        "nothing new to commit: no empty transaction"
+    )
 
 
 async def test_a_fenced_transaction_drops_its_partition_without_writing(
     sched: Scheduler,
 ) -> None:
-    sched.writers[0].publisher._producer = FakeTransactionalProducer(fenced=True)
-    sched.writers[0].publisher.transactional = True
+    producer = await transactional(sched)
+    successor = FakeTransactionalProducer(producer.kafka, producer.transactional_id)
+    await successor.start()  # another scheduler acquired the partition: this one is fenced
     sched.offsets.done = {TPS: 3}
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
     chain = sched.writers[0].chain
-    with pytest.raises(scheduler_module.SchedulerFenced, match="fenced"):
+    with pytest.raises(SchedulerFenced, match="fenced"):
         await chain.publish(sched.table.drain(), offsets=True)
     assert sched.offsets.committed == {}, (
         "offsets of a fenced transaction are not taken as committed"
@@ -482,7 +435,7 @@ def test_command_line() -> None:
     result = runner.invoke(scheduler_command, ["--default-pool-slots", "lots"])
     assert result.exit_code == 2
     assert "'unlimited'" in result.output
-    assert _scheduler_cli._parse_pools(["a=1", "b=20"]) == {"a": 1, "b": 20}
+    assert _parse_pools(["a=1", "b=20"]) == {"a": 1, "b": 20}
 
 
 @pytest.mark.parametrize("flag", ["--session-timeout", "--lease-timeout"])
@@ -499,87 +452,48 @@ def test_the_lease_timeout_flag_still_sets_the_session(
         seen.update(options)
         raise Stop
 
-    monkeypatch.setattr(scheduler_module, "Scheduler", capture)
+    monkeypatch.setattr("deferline.runners.scheduler._scheduler.Scheduler", capture)
     result = CliRunner().invoke(scheduler_command, [flag, "7", "--no-checkpoint"])
     assert isinstance(result.exception, Stop), result.output
     assert seen["session_timeout"] == 7.0
 
 
-class GatedProducer(FakeTransactionalProducer):
-    """A transactional producer whose transactions wait at ``gate`` (a broker still
-    completing the previous transaction)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-
-    async def begin_transaction(self) -> None:
-        await self.gate.wait()
-        await super().begin_transaction()
-
-
-class Message:
-    def __init__(self, offset: int) -> None:
-        self.topic, self.partition, self.offset = TPS.topic, TPS.partition, offset
-        self.key, self.value, self.headers = None, b"not an event", ()
-
-
-class FakeEvents:
-    """The events consumer: one unreadable record per fetch, ``batches`` fetches."""
-
-    def __init__(self, batches: int) -> None:
-        self.batches = batches
-        self.fetched = 0
-        self.drained = asyncio.Event()
-
-    async def getmany(self, *, timeout_ms: int, max_records: int) -> Any:
-        if self.fetched == self.batches:
-            self.drained.set()
-            await asyncio.Event().wait()  # nothing more arrives
-        self.fetched += 1
-        await asyncio.sleep(0)
-        return {TPS: [Message(self.fetched - 1)]}
-
-
 async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
     sched: Scheduler,
 ) -> None:
-    producer = GatedProducer()
-    sched.writers[0].publisher._producer = producer
-    sched.writers[0].publisher.transactional = True
+    producer = await transactional(sched)
+    producer.begin_gate = asyncio.Event()  # the broker still completes an earlier transaction
     sched.writers.transactional = True
     for phase in (Phase.JOINING, Phase.RUNNING):
         sched.phase.move(phase)
-    events = FakeEvents(batches=6)
+    kafka = producer.kafka
+    for _ in range(6):  # unreadable events (each is dead-lettered), one per fetch
+        kafka.append(TPS.topic, None, b"not an event", partition=TPS.partition)
+    sched.intake.max_records = 1
+    events = FakeConsumer(kafka)
+    events.assign([TPS])
     loop = asyncio.create_task(sched.intake.run(events))
     try:
-        ahead = writers_module.BATCHES_AHEAD
-        await wait_for_condition(lambda: events.fetched == ahead + 1)
+        ahead = BATCHES_AHEAD
+        await until(lambda: events.fetches == ahead + 1)
         for _ in range(50):
             await asyncio.sleep(0)
-        assert not producer.log, "the first transaction is still waiting"
-        assert events.fetched == ahead + 1, "one waiting to be sent, ahead more, then it waits"
-        producer.gate.set()
-        await asyncio.wait_for(events.drained.wait(), 5)
+        assert not producer.journal, "the first transaction is still waiting"
+        assert events.fetches == ahead + 1, "one waiting to be sent, ahead more, then it waits"
+        producer.begin_gate.set()
+        await until(lambda: events.fetches > 6, what="a fetch past the last event")
         await sched.writers[0].chain.settle()
     finally:
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):
             await loop
-    committed = [o[TPS] for o in producer.offsets]
+    committed = [offsets[TPS] for offsets in kafka.offset_commits("p.scheduler")]
     assert committed[0] == 1, "the first fold's transaction, sent alone"
     assert committed[1] == ahead + 1, "the folds made while it waited joined one transaction"
     assert committed == sorted(set(committed)), "in order, each once"
     assert committed[-1] == 6, "to the last fold"
-    dead = [key for kind, topic, key in producer.log if kind == "send" and topic == "p.dead"]
+    dead = [key for kind, topic, key in producer.journal if kind == "send" and topic == "p.dead"]
     assert len(dead) == 6
-
-
-async def wait_for_condition(condition: Any, within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.001)
 
 
 async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
@@ -592,7 +506,7 @@ async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
     assert channel is not None
     channel.partitions = 2
     sched.writers.add(1)
-    sched.writers[1].publisher._producer = FakeProducer()
+    sched.writers[1].publisher._producer = producer_of()
     sched.ownership.revoke()
     sched.ownership.assign({0, 1})
     sched.ownership.acquired(1)
@@ -613,7 +527,7 @@ async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
     )
     sched.fold.task(key, encode(scheduled), live=True)
     await sched.writers.await_batches(sched.writers.publish(sched.fold.drain(), []))
-    logs = {p: sched.writers[p].publisher._producer.log for p in (0, 1)}  # type: ignore[union-attr]
+    logs = {p: journal(sched, p) for p in (0, 1)}
     pools = "p.scheduler.pools"
     assert ("send", pools, b"want/" + key) in logs[1]
     assert ("send", pools, b"want/" + key) not in logs[0]

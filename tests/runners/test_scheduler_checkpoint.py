@@ -15,14 +15,9 @@ import pytest
 from aiokafka import TopicPartition
 from click.testing import CliRunner
 from deferline.engine import Emit, TaskTable
-from deferline.runners._local_state import CheckpointError, CheckpointInUse
 from deferline.runners.scheduler import Scheduler, scheduler_command
-from deferline.runners.scheduler import _cli as _scheduler_cli
-from deferline.runners.scheduler import _scheduler as scheduler_module
-from deferline.runners.scheduler._checkpoint import (
-    Checkpoints,
-    SchedulerCheckpoint,
-)
+from deferline.runners.scheduler.testing import Checkpoints, SchedulerCheckpoint
+from deferline.runners.testing import CheckpointError, CheckpointInUse
 from deferline.schemas import ResumeTarget, TaskKey, TaskStateRecord
 from deferline.topics import LogIdentity, Settings, TopicIdentity
 
@@ -111,8 +106,9 @@ def test_command_line_state_dir_per_group(monkeypatch: pytest.MonkeyPatch, tmp_p
     async def serve(build: Callable[[], object], *served: object) -> None:
         build()  # the process builds its scheduler (again after a lost cluster)
 
-    monkeypatch.setattr(scheduler_module, "Scheduler", Recorded)
-    monkeypatch.setattr(_scheduler_cli, "_serve", serve)
+    # The command imports Scheduler from its module when run, and serves through _serve.
+    monkeypatch.setattr("deferline.runners.scheduler._scheduler.Scheduler", Recorded)
+    monkeypatch.setattr("deferline.runners.scheduler._cli._serve", serve)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     runner = CliRunner()
     for args in ([], ["--group-id", "g2"], ["--no-checkpoint"], ["--state-dir", "elsewhere"]):

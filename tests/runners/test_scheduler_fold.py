@@ -10,10 +10,14 @@ from typing import Any
 
 import pytest
 from deferline.engine import LedgerAdmission, Pools, TaskTable
-from deferline.runners.scheduler._checkpoint import merge_states, split_delta
-from deferline.runners.scheduler._fold import TaskFold
-from deferline.runners.scheduler._phase import Phase, PhaseMachine
-from deferline.runners.scheduler._records import waves
+from deferline.runners.scheduler.testing import (
+    Phase,
+    PhaseMachine,
+    TaskFold,
+    merge_states,
+    split_delta,
+    waves,
+)
 from deferline.schemas import (
     ResumeTarget,
     TaskKey,

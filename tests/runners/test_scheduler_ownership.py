@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 from deferline.engine import Emit
-from deferline.runners.scheduler._ownership import Hold, IllegalMove, Ownership
-from deferline.runners.scheduler._routing import PartitionRouter
+from deferline.runners.scheduler.testing import Hold, IllegalMove, Ownership, PartitionRouter
 from deferline.schemas import CancelRequest, TaskKey, TaskStateRecord
 from deferline.topics import partition_for
 from hypothesis import given, settings

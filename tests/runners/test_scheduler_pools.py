@@ -4,68 +4,45 @@ records to write, and its metrics."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import cast
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.engine import LedgerAdmission, PoolEntry, Pools, TaskTable
 from deferline.runners.scheduler import PoolChannel, PoolRecord
-from deferline.runners.scheduler._metrics import pool_ledger_metrics
+from deferline.runners.scheduler.testing import pool_ledger_metrics
 from deferline.schemas import PoolGrant, PoolWant, ResumeTarget, TaskKey, TaskStateRecord
 from deferline.topics import Settings, partition_for
+
+from tests.fakes import FakeConsumer, FakeKafka
 
 POOLS = Pools(slots={"p": 1}, default_slots=None)
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 PARTITIONS = 4
 
 
-@dataclass
-class Message:
-    offset: int
-    key: bytes | None
-    value: bytes | None
+SETTINGS = Settings(bootstrap_servers="x:1", topic_prefix="p.")
+POOLS_TP = TopicPartition("p.scheduler.pools", 0)
 
 
-class FakeConsumer:
-    """The pools partition as a list; reads what was appended since the last read."""
+def pools_topic() -> FakeConsumer:
+    """A channel's reader of the pools topic (``read_committed``, as the channel's own)."""
+    return FakeConsumer(FakeKafka())
 
-    def __init__(self) -> None:
-        self.log: list[tuple[bytes | None, bytes | None]] = []
-        self.at = 0
 
-    def append(self, records: list[PoolRecord]) -> None:
-        self.log += [(key, value) for _, key, value in records]
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        pass
-
-    async def seek_to_beginning(self, tp: TopicPartition) -> None:
-        self.at = 0
-
-    async def getmany(self, tp: TopicPartition, **_: Any) -> dict[TopicPartition, list[Message]]:
-        batch = [Message(o, *self.log[o]) for o in range(self.at, len(self.log))]
-        self.at = len(self.log)
-        return {tp: batch}
-
-    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: len(self.log) for tp in tps}
-
-    async def position(self, tp: TopicPartition) -> int:
-        return self.at
+def write(consumer: FakeConsumer, records: list[PoolRecord]) -> None:
+    """Write ``records`` to the pools topic ``consumer`` reads (its one partition)."""
+    for _, key, value in records:
+        consumer.kafka.append(POOLS_TP.topic, key, value, partition=POOLS_TP.partition)
 
 
 def channel(consumer: FakeConsumer) -> PoolChannel:
-    settings = Settings(bootstrap_servers="x:1", topic_prefix="p.")
-    return PoolChannel(
-        settings, pools=POOLS, partitions=PARTITIONS, consumer=cast(AIOKafkaConsumer, consumer)
+    made = PoolChannel(
+        SETTINGS, pools=POOLS, partitions=PARTITIONS, consumer=cast(AIOKafkaConsumer, consumer)
     )
+    assert made.tp == POOLS_TP
+    return made
 
 
 def task_on(partition: int, skip: int = 0) -> TaskKey:
@@ -94,7 +71,7 @@ def scheduled(task: TaskKey, when: int = 0) -> TaskStateRecord:
 
 
 async def test_wants_of_two_partitions_are_granted_one_at_a_time_by_the_owner() -> None:
-    topic = FakeConsumer()
+    topic = pools_topic()
     owner = channel(topic)
     await owner.start()
     first, second = task_on(1), task_on(2)
@@ -109,13 +86,13 @@ async def test_wants_of_two_partitions_are_granted_one_at_a_time_by_the_owner() 
         assert tables[part].drain() == []
         records = owner.want_records(tables[part].take_pool_writes())
         assert [key for _, key, _ in records] == [f"want/{task.ti_key}".encode()]
-        topic.append(records)
+        write(topic, records)
     assert await owner.poll() == {1, 2}
     grants = owner.grant_records()
     assert [(key, value is not None) for _, key, value in grants] == [
         (f"grant/{first.ti_key}".encode(), True)
     ]
-    topic.append(grants)
+    write(topic, grants)
     assert await owner.poll() == {1}
     assert [e.record.kind for e in tables[1].drain()] == ["task_state", "run_task"]
     assert owner.usage() == {"p": (1, 1)}
@@ -131,22 +108,23 @@ async def test_wants_of_two_partitions_are_granted_one_at_a_time_by_the_owner() 
 async def test_a_new_owner_decides_only_once_read_to_the_end_of_the_topic() -> None:
     """The predecessor granted d's want; a ledger deciding before reading that grant would
     also grant a's: two holders in a pool of one."""
-    topic = FakeConsumer()
+    topic = pools_topic()
     first = PoolWant(
         pool="p", slots=1, priority_weight=5, scheduled_at=T0, try_number=1, partition=3
     )
     second = first.model_copy(update={"priority_weight": 1})
     grant = PoolGrant(pool="p", slots=1, try_number=1, partition=3)
-    topic.append(
+    write(
+        topic,
         [
             ("", b"want/a/b/c/-1", PoolEntry("want", "a/b/c/-1", first).encode()),
             ("", b"want/d/e/f/-1", PoolEntry("want", "d/e/f/-1", second).encode()),
-        ]
+        ],
     )
     late = channel(topic)
     await late.start()
     await late.poll()
-    topic.append([("", b"grant/d/e/f/-1", PoolEntry("grant", "d/e/f/-1", grant).encode())])
+    write(topic, [("", b"grant/d/e/f/-1", PoolEntry("grant", "d/e/f/-1", grant).encode())])
     await late.lead()
     assert late.grant_records() == [], "the predecessor's last grant is not read yet"
     await late.catch_up()
@@ -156,13 +134,13 @@ async def test_a_new_owner_decides_only_once_read_to_the_end_of_the_topic() -> N
 
 
 async def test_a_newly_owned_table_gets_the_latest_records_of_its_tasks() -> None:
-    topic = FakeConsumer()
+    topic = pools_topic()
     reader = channel(topic)
     await reader.start()
     task = task_on(3)
     grant = PoolGrant(pool="p", slots=1, try_number=1, partition=3)
-    topic.append([("", f"grant/{task.ti_key}".encode(), PoolEntry("grant", "x", grant).encode())])
-    topic.append([("", b"nonsense", b"{}")])
+    write(topic, [("", f"grant/{task.ti_key}".encode(), PoolEntry("grant", "x", grant).encode())])
+    write(topic, [("", b"nonsense", b"{}")])
     assert await reader.poll() == set()
     assert reader.bad_records == 1
     table = table_for(reader)
@@ -182,15 +160,17 @@ async def test_a_newly_owned_table_gets_the_latest_records_of_its_tasks() -> Non
 async def test_an_end_read_by_the_caller_is_read_up_to_without_asking_the_channels_consumer() -> (
     None
 ):
-    topic = FakeConsumer()
+    topic = pools_topic()
     ch = channel(topic)
     await ch.start()
     task = task_on(1)
     want = PoolWant(pool="p", slots=1, scheduled_at=T0, try_number=1, partition=1)
-    topic.append([("", f"want/{task.ti_key}".encode(), PoolEntry("want", "x", want).encode())])
-    end = len(topic.log)  # read by another client, before this channel fetched
+    write(topic, [("", f"want/{task.ti_key}".encode(), PoolEntry("want", "x", want).encode())])
+    other = FakeConsumer(topic.kafka)  # another client, asked before this channel fetched
+    end = (await other.end_offsets([POOLS_TP]))[POOLS_TP]
+    assert end == 1
 
-    async def busy(tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    async def busy(partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         raise AssertionError("the channel's own connection was asked for the end")
 
     topic.end_offsets = busy  # type: ignore[method-assign]
@@ -199,6 +179,6 @@ async def test_an_end_read_by_the_caller_is_read_up_to_without_asking_the_channe
     await ch.catch_up(end=end)
     assert before == (0, False)
     assert (ch.position, ch.leading) == (end, True)
-    topic.append([("", b"grant/later", b"{}")])  # written after the end: not waited for
+    write(topic, [("", b"grant/later", b"{}")])  # written after the end: not waited for
     await ch.catch_up(end=end)
     assert ch.position == end

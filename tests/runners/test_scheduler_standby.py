@@ -6,97 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from deferline.engine import Pools
-from deferline.runners.scheduler._standby import Standby
+from deferline.runners.scheduler.testing import Standby
 from deferline.schemas import ResumeTarget, TaskKey, TaskStateRecord, encode
 from deferline.topics import partition_for
+
+from tests.fakes import FakeConsumer, FakeKafka
 
 TOPIC = "tasks"
 PARTITIONS = 3
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
-@dataclass
-class Message:
-    offset: int
-    key: bytes | None
-    value: bytes | None
-
-
-class FakeClient:
-    """The network client's metadata tracking: the topics it was told to track."""
-
-    def __init__(self) -> None:
-        self.topics: set[str] = set()
-
-    async def set_topics(self, topics: list[str]) -> bool:
-        self.topics = set(topics)
-        return True
-
-
-class FakeConsumer:
-    """Tasks partitions as lists; a fetch returns what the assigned partitions hold past
-    their positions (``held``: a fetch's answer kept back, as one on its way; ``gate``: the
-    answer is made at the call and returned once the gate opens)."""
-
-    def __init__(self) -> None:
-        self.logs: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in range(PARTITIONS)}
-        self.at: dict[TopicPartition, int] = {}
-        self.held: dict[TopicPartition, list[Message]] | None = None
-        self.gate: asyncio.Event | None = None  # set: a fetch answers once it is set
-        self.paused: set[TopicPartition] = set()
-        self._client = FakeClient()
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self.at)
-
-    def pause(self, *tps: TopicPartition) -> None:
-        self.paused.update(tps)
-
-    def assign(self, tps: list[TopicPartition]) -> None:
-        self.at = {tp: 0 for tp in tps}  # positions reset, as aiokafka's assign does
-        self.paused = set()
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.at[tp] = offset
-
-    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        for tp in tps:
-            self.at[tp] = 0
-
-    async def position(self, tp: TopicPartition) -> int:
-        return self.at[tp]
-
-    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: len(self.logs[tp.partition]) for tp in tps}
-
-    def answer(self) -> dict[TopicPartition, list[Message]]:
-        batches = {}
-        for tp, at in self.at.items():
-            if tp in self.paused:
-                continue
-            log = self.logs[tp.partition]
-            if at < len(log):
-                batches[tp] = [Message(o, *log[o]) for o in range(at, len(log))]
-                self.at[tp] = len(log)
-        return batches
-
-    async def getmany(self, **_: Any) -> dict[TopicPartition, list[Message]]:
-        held, self.held = self.held, None
-        batches = held if held is not None else self.answer()
-        if self.gate is not None:
-            await self.gate.wait()
-        return batches
+def tasks_topic() -> FakeConsumer:
+    """The standby's reader over a broker holding the tasks topic (``read_committed``)."""
+    kafka = FakeKafka()
+    kafka.create_topic(TOPIC, PARTITIONS)
+    return FakeConsumer(kafka)
 
 
 def task_on(partition: int, n: int) -> TaskKey:
@@ -112,6 +41,7 @@ def task_on(partition: int, n: int) -> TaskKey:
 
 
 def write(consumer: FakeConsumer, task: TaskKey, state: str = "scheduled") -> None:
+    """Write ``task``'s state to the tasks topic ``consumer`` reads (in its partition)."""
     record = TaskStateRecord(
         task=task,
         state=state,
@@ -119,8 +49,8 @@ def write(consumer: FakeConsumer, task: TaskKey, state: str = "scheduled") -> No
         resume=ResumeTarget(operator="pkg.Op"),
         updated_at=T0,
     )
-    p = partition_for(task.ti_key.encode(), PARTITIONS)
-    consumer.logs[p].append((task.ti_key.encode(), encode(record)))
+    key = task.ti_key.encode()
+    consumer.kafka.append(TOPIC, key, encode(record), partition=partition_for(key, PARTITIONS))
 
 
 def standby(consumer: FakeConsumer) -> Standby:
@@ -135,7 +65,7 @@ def standby(consumer: FakeConsumer) -> Standby:
 
 
 async def test_each_partition_is_handed_over_with_its_table_and_where_its_tail_starts() -> None:
-    consumer = FakeConsumer()
+    consumer = tasks_topic()
     for n in range(3):
         write(consumer, task_on(0, n))
     write(consumer, task_on(1, 0))
@@ -153,19 +83,23 @@ async def test_each_partition_is_handed_over_with_its_table_and_where_its_tail_s
 
 
 async def test_records_of_a_partition_taken_while_a_fetch_was_on_its_way_are_not_folded() -> None:
-    consumer = FakeConsumer()
+    consumer = tasks_topic()
     write(consumer, task_on(0, 0))
     write(consumer, task_on(1, 0))
     s = standby(consumer)
     await s.warm(range(PARTITIONS))
     write(consumer, task_on(0, 1))
     write(consumer, task_on(1, 1))
-    consumer.held = consumer.answer()  # on its way when partition 0 is taken
+    consumer.fetch_gate = asyncio.Event()
+    fetching = asyncio.create_task(s._fetch(timeout_ms=0))  # on its way when 0 is taken
+    await asyncio.sleep(0)
     table, _ = s.take([0])[0]
-    await s._fetch(timeout_ms=0)
+    consumer.fetch_gate.set()
+    await fetching
     assert list(table) == [task_on(0, 0).ti_key], "the table handed over did not move"
     assert s.records == 3, "partition 1's record was folded, partition 0's was not"
     assert s.partitions == [1, 2]
+    await s._fetch(timeout_ms=0)
     assert {tp.partition for tp in consumer.assignment()} == {1, 2}, "the consumer dropped 0"
     table1, start1 = s.take([1])[1]
     assert start1 == 2
@@ -173,7 +107,7 @@ async def test_records_of_a_partition_taken_while_a_fetch_was_on_its_way_are_not
 
 
 async def test_a_partition_let_go_is_folded_again_from_its_start() -> None:
-    consumer = FakeConsumer()
+    consumer = tasks_topic()
     write(consumer, task_on(2, 0))
     s = standby(consumer)
     await s.warm(range(PARTITIONS))
@@ -187,7 +121,7 @@ async def test_a_partition_let_go_is_folded_again_from_its_start() -> None:
 
 
 async def test_a_followed_partition_keeps_its_position_when_another_is_added() -> None:
-    consumer = FakeConsumer()
+    consumer = tasks_topic()
     write(consumer, task_on(0, 0))
     s = standby(consumer)
     await s.warm([0])
@@ -200,17 +134,17 @@ async def test_a_followed_partition_keeps_its_position_when_another_is_added() -
 
 
 async def test_a_partition_taken_and_let_go_during_a_fetch_is_folded_from_its_start() -> None:
-    consumer = FakeConsumer()
+    consumer = tasks_topic()
     write(consumer, task_on(0, 0))
     s = standby(consumer)
     await s.warm(range(PARTITIONS))
     write(consumer, task_on(0, 1))
-    consumer.gate = asyncio.Event()
+    consumer.fetch_gate = asyncio.Event()
     fetching = asyncio.create_task(s._fetch(timeout_ms=0))  # waits with offset 1 in hand
     await asyncio.sleep(0)
     s.take([0])
     s.follow([0])  # an acquisition abandoned at once
-    consumer.gate.set()
+    consumer.fetch_gate.set()
     await fetching
     assert s.records == 1, "the answer to the old table's fetch was not folded into the new"
     await s._fetch(timeout_ms=0)
@@ -220,20 +154,20 @@ async def test_a_partition_taken_and_let_go_during_a_fetch_is_folded_from_its_st
 
 
 async def test_with_every_partition_taken_the_consumer_fetches_nothing() -> None:
-    consumer = FakeConsumer()
+    consumer = tasks_topic()
     write(consumer, task_on(0, 0))
     s = standby(consumer)
     await s.warm(range(PARTITIONS))
     s.take(range(PARTITIONS))
     await s._fetch(timeout_ms=0)
-    assert consumer.paused == consumer.assignment(), "paused, not assigned nothing"
+    assert consumer.paused() == consumer.assignment(), "paused, not assigned nothing"
     write(consumer, task_on(0, 1))
     await s._fetch(timeout_ms=0)
     assert s.records == 1
 
 
 async def test_partitions_left_for_later_are_followed_once_joined_unless_owned() -> None:
-    consumer = FakeConsumer()
+    consumer = tasks_topic()
     for p in range(PARTITIONS):
         write(consumer, task_on(p, 0))
     s = standby(consumer)
@@ -248,7 +182,7 @@ async def test_partitions_left_for_later_are_followed_once_joined_unless_owned()
 
 
 async def test_a_partition_left_for_later_and_taken_before_joining_is_not_followed() -> None:
-    consumer = FakeConsumer()
+    consumer = tasks_topic()
     s = standby(consumer)
     await s.warm(range(PARTITIONS), later=range(PARTITIONS))
     assert s.partitions == []

@@ -7,7 +7,7 @@ import os
 import signal
 
 import pytest
-from deferline.runners._signals import run_until_signal
+from deferline.runners.testing import run_until_signal
 from deferline.topics import Lifecycle
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from aiokafka.structs import TopicPartition
-from deferline.runners.triggerer._sticky_assignor import StickyAssignor, balanced_sticky
+from deferline.runners.triggerer.testing import StickyAssignor, balanced_sticky
 
 TOPIC = "t"
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
-from deferline.runners.triggerer._checkpoint import (
+from deferline.runners.triggerer.testing import (
+    Checkpointer,
     CheckpointError,
     MemoryCheckpointStore,
+    OwnedPartition,
     RocksCheckpointStore,
+    Span,
+    TableChanges,
+    TriggererMetrics,
 )
-from deferline.runners.triggerer._checkpointer import Checkpointer
-from deferline.runners.triggerer._lane_types import OwnedPartition
-from deferline.runners.triggerer._metrics import TriggererMetrics
-from deferline.runners.triggerer._partition_table import TableChanges
-from deferline.runners.triggerer._rebuild_plan import Span
 from prometheus_client import CollectorRegistry
 
 

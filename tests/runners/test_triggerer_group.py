@@ -12,9 +12,8 @@ from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import UnknownMemberIdError
 from aiokafka.protocol.group import JoinGroupRequest
-from deferline.runners._aiokafka import join_once
-from deferline.runners.triggerer._lane import TriggerLane, _Listener
-from deferline.runners.triggerer._sticky_assignor import StickyAssignor
+from deferline.runners.testing import join_once
+from deferline.runners.triggerer.testing import StickyAssignor, TriggerLane, _Listener
 
 
 class _Subscription:

@@ -6,15 +6,16 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
-from deferline.runners.triggerer._partition_book import (
+from deferline.runners.triggerer.testing import (
     _MOVES,
+    ActiveTriggerTable,
     PartitionBook,
     Phase,
     PhaseError,
+    RebuildPlan,
+    Span,
     Verdict,
 )
-from deferline.runners.triggerer._partition_table import ActiveTriggerTable
-from deferline.runners.triggerer._rebuild_plan import RebuildPlan, Span
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (

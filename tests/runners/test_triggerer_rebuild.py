@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka import TopicPartition
-from deferline.runners.triggerer._lane_types import OwnedPartition
-from deferline.runners.triggerer._partition_table import ActiveTriggerTable
-from deferline.runners.triggerer._rebuild import start_folded
-from deferline.runners.triggerer._rebuild_plan import RebuildPlan, Span
+from deferline.runners.triggerer.testing import (
+    ActiveTriggerTable,
+    OwnedPartition,
+    RebuildPlan,
+    Span,
+    start_folded,
+)
 
 
 class Count:

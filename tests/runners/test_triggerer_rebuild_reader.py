@@ -11,11 +11,14 @@ from typing import Any, cast
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from deferline.runners.triggerer._checkpoint import MemoryCheckpointStore
-from deferline.runners.triggerer._checkpointer import Checkpointer
-from deferline.runners.triggerer._lane_types import LaneOptions, OwnedPartition
-from deferline.runners.triggerer._metrics import TriggererMetrics
-from deferline.runners.triggerer._rebuild import RebuildReader
+from deferline.runners.triggerer.testing import (
+    Checkpointer,
+    LaneOptions,
+    MemoryCheckpointStore,
+    OwnedPartition,
+    RebuildReader,
+    TriggererMetrics,
+)
 
 
 class MetadataAnswer:

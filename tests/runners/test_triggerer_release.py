@@ -12,11 +12,16 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from deferline.engine import TriggerOutcome, TriggerSupervisor
-from deferline.runners.triggerer._checkpoint import MemoryCheckpointStore
-from deferline.runners.triggerer._emitter import Emission, Emitter
-from deferline.runners.triggerer._lane import OwnedPartition, TriggerLane, TriggerRef
-from deferline.runners.triggerer._lane_types import LaneOptions
-from deferline.runners.triggerer._metrics import TriggererMetrics
+from deferline.runners.triggerer.testing import (
+    Emission,
+    Emitter,
+    LaneOptions,
+    MemoryCheckpointStore,
+    OwnedPartition,
+    TriggererMetrics,
+    TriggerLane,
+    TriggerRef,
+)
 from deferline.schemas import DeferRequest, TaskKey, encode, make_trigger_id
 from deferline.topics import Settings
 

@@ -3,7 +3,7 @@
 A peer joining or leaving while this member releases its partitions can bring an
 assignment in the middle of ``release_all``; a rebuild started then used to read over
 clients that ``close`` was stopping, opening a connection nothing closed. No broker here:
-the group consumer and the reader are fakes that record the order of events.
+the group consumer and the reader are fakes whose stops are noted, in order.
 """
 
 from __future__ import annotations
@@ -13,25 +13,15 @@ from typing import Any, cast
 
 from aiokafka import TopicPartition
 from deferline.engine import TriggerSupervisor
-from deferline.runners.triggerer._checkpoint import MemoryCheckpointStore
-from deferline.runners.triggerer._lane import TriggerLane
-from deferline.runners.triggerer._lane_types import LaneOptions
-from deferline.runners.triggerer._metrics import TriggererMetrics
+from deferline.runners.triggerer.testing import (
+    LaneOptions,
+    MemoryCheckpointStore,
+    TriggererMetrics,
+    TriggerLane,
+)
 from deferline.topics import Settings
 
-
-class FakeClient:
-    """What the lane calls on a consumer here; ``stop`` notes itself in ``journal``."""
-
-    def __init__(self, name: str, journal: list[str]) -> None:
-        self.name = name
-        self.journal = journal
-
-    def pause(self, *partitions: TopicPartition) -> None:
-        self.journal.append(f"{self.name} paused")
-
-    async def stop(self) -> None:
-        self.journal.append(f"{self.name} stopped")
+from tests.fakes import FakeConsumer, FakeKafka
 
 
 def make_lane(journal: list[str]) -> TriggerLane:
@@ -49,8 +39,9 @@ def make_lane(journal: list[str]) -> TriggerLane:
         on_fatal=lambda exc: None,
         task_partitions=1,
     )
-    consumer: Any = FakeClient("consumer", journal)
-    reader: Any = FakeClient("reader", journal)
+    kafka = FakeKafka()
+    consumer: Any = FakeConsumer(kafka, on_stop=lambda: journal.append("consumer stopped"))
+    reader: Any = FakeConsumer(kafka, on_stop=lambda: journal.append("reader stopped"))
     lane._consumer, lane._reader = consumer, reader
     return lane
 
@@ -59,10 +50,13 @@ async def test_an_assignment_arriving_during_release_starts_no_rebuild() -> None
     journal: list[str] = []
     lane = make_lane(journal)
     await lane.release_all()
+    consumer = lane._consumer
+    assert isinstance(consumer, FakeConsumer)
     await lane.on_partitions_assigned({TopicPartition(lane.defer_topic, 3)})
     assert lane._rebuild is None, "a rebuild was started while shutting down"
     assert lane.owned == []
     assert journal == []
+    assert consumer.paused() == set(), "nothing paused for a rebuild"
     await lane.close()
     assert journal == ["consumer stopped", "reader stopped"]
 

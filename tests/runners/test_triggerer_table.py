@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deferline.runners.triggerer._checkpoint import (
+from deferline.runners.triggerer.testing import (
+    ActiveTriggerTable,
     CheckpointError,
     CheckpointStore,
     MemoryCheckpointStore,
     RocksCheckpointStore,
 )
-from deferline.runners.triggerer._partition_table import ActiveTriggerTable
 from deferline.topics import LogIdentity, TopicIdentity
 
 TOPIC = "p.defer"

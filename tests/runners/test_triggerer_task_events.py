@@ -10,18 +10,25 @@ before the missing tombstone.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiokafka.errors import KafkaTimeoutError
 from deferline.engine import TriggerOutcome
-from deferline.runners.triggerer._emitter import Emitter
-from deferline.runners.triggerer._lane import TriggerLane, TriggerRef
-from deferline.runners.triggerer._partition_table import ActiveTriggerTable
-from deferline.runners.triggerer._rebuild_plan import RebuildPlan, Span
+from deferline.runners.triggerer.testing import (
+    ActiveTriggerTable,
+    Emitter,
+    RebuildPlan,
+    Span,
+    TriggerLane,
+    TriggerRef,
+)
 from deferline.schemas import CancelRequest, TriggerEventRecord, decode, encode
 from deferline.topics import TopicNames, partition_for
 
+from tests.fakes import FakeKafka, FakeProducer
+
 from .test_triggerer_release import TASK, TID
 from .test_triggerer_release import make_lane as release_lane
-from .test_triggerer_units import FakeProducer
 
 NAMES = TopicNames()
 PARTITIONS = 7
@@ -37,12 +44,24 @@ def task_partition() -> int:
     return partition_for(TASK.ti_key.encode(), PARTITIONS)
 
 
+def producer_of(fail: dict[str, list[BaseException]] | None = None) -> FakeProducer:
+    """A producer over a broker of its own (topics of 8 partitions), failing sends as told."""
+    producer = FakeProducer(FakeKafka(partitions=8))
+    producer.fail_sends = fail or {}
+    return producer
+
+
+def written(producer: FakeProducer) -> list[Any]:
+    """The records ``producer`` wrote, in order."""
+    return producer.kafka.records()
+
+
 def sent(producer: FakeProducer) -> list[tuple[str, bytes | None, int | None]]:
-    return [(s.topic, s.key, s.partition) for s in producer.sent]
+    return [(s.topic, s.key, s.partition) for s in written(producer)]
 
 
 async def test_a_fired_event_goes_to_resume_then_its_tasks_partition_then_the_tombstone() -> None:
-    producer = FakeProducer()
+    producer = producer_of()
     async with Emitter(producer) as emitter:
         lane, ref = make_lane(emitter)
         lane.handle_outcome(ref, TriggerOutcome(TID, "fired", {"n": 1}, "e-1", context=ref))
@@ -52,7 +71,7 @@ async def test_a_fired_event_goes_to_resume_then_its_tasks_partition_then_the_to
         (NAMES.task_events, b"d/t/r/-1", task_partition()),
         (NAMES.defer(), TID.encode(), 0),
     ]
-    event, copy, tombstone = producer.sent
+    event, copy, tombstone = written(producer)
     assert copy.value == event.value, "the same bytes on both topics"
     record = decode(event.value or b"")
     assert isinstance(record, TriggerEventRecord)
@@ -64,18 +83,18 @@ async def test_no_tombstone_while_the_copy_fails_and_the_whole_event_is_retried(
     """The resume send succeeds, the tasks.events send fails: nothing is tombstoned until a
     retry has both acked (the resume record goes again: a duplicate the scheduler drops)."""
     failures = [KafkaTimeoutError(), KafkaTimeoutError()]
-    producer = FakeProducer(fail={NAMES.task_events: failures})
+    producer = producer_of(fail={NAMES.task_events: failures})
     async with Emitter(producer, retry_backoff=0.01) as emitter:
         lane, ref = make_lane(emitter)
         lane.handle_outcome(ref, TriggerOutcome(TID, "fired", {"n": 1}, "e-1", context=ref))
         assert await emitter.flush(5)
         assert emitter.failures == 2
-    topics = [s.topic for s in producer.sent]
+    topics = [s.topic for s in written(producer)]
     assert topics == [NAMES.resume()] * 3 + [NAMES.task_events, NAMES.defer()]
 
 
 async def test_a_copy_that_never_gets_through_leaves_the_trigger_in_the_defer_table() -> None:
-    producer = FakeProducer(fail={NAMES.task_events: [KafkaTimeoutError()] * 1000})
+    producer = producer_of(fail={NAMES.task_events: [KafkaTimeoutError()] * 1000})
     emitter = Emitter(producer, retry_backoff=0.01)
     await emitter.start()
     try:
@@ -85,11 +104,11 @@ async def test_a_copy_that_never_gets_through_leaves_the_trigger_in_the_defer_ta
         assert emitter.backlog == 1
     finally:
         await emitter.stop(0.01)
-    assert NAMES.defer() not in {s.topic for s in producer.sent}, "tombstoned without its copy"
+    assert NAMES.defer() not in {s.topic for s in written(producer)}, "tombstoned without its copy"
 
 
 async def test_a_cancel_event_is_copied_too() -> None:
-    producer = FakeProducer()
+    producer = producer_of()
     async with Emitter(producer) as emitter:
         lane, ref = make_lane(emitter)
         cancel = CancelRequest(trigger_id=TID, task=TASK, reason="cleared")
@@ -100,7 +119,7 @@ async def test_a_cancel_event_is_copied_too() -> None:
         (NAMES.task_events, b"d/t/r/-1", task_partition()),
         (NAMES.defer(), TID.encode(), 0),
     ]
-    record = decode(producer.sent[1].value or b"")
+    record = decode(written(producer)[1].value or b"")
     assert isinstance(record, TriggerEventRecord)
     assert record.status == "cancelled"
 
@@ -111,7 +130,7 @@ async def test_a_rebuild_sends_the_copy_again_before_the_missing_tombstone() -> 
     event = TriggerEventRecord(
         event_id="e-1", trigger_id=TID, task=TASK, status="fired", payload={"n": 1}
     )
-    producer = FakeProducer()
+    producer = producer_of()
     async with Emitter(producer) as emitter:
         lane, ref = make_lane(emitter)
         lane._dispatcher.tombstone_only(ref.part, TID.encode(), 41, encode(event))
@@ -120,11 +139,11 @@ async def test_a_rebuild_sends_the_copy_again_before_the_missing_tombstone() -> 
         (NAMES.task_events, b"d/t/r/-1", task_partition()),
         (NAMES.defer(), TID.encode(), 0),
     ]
-    assert producer.sent[0].value == encode(event)
+    assert written(producer)[0].value == encode(event)
 
 
 async def test_a_rebuild_tombstones_an_event_that_names_no_task_without_a_copy() -> None:
-    producer = FakeProducer()
+    producer = producer_of()
     async with Emitter(producer) as emitter:
         lane, ref = make_lane(emitter)
         lane._dispatcher.tombstone_only(ref.part, TID.encode(), 41, b"not json")
@@ -138,7 +157,7 @@ async def test_where_events_are_not_copied_an_event_goes_out_once() -> None:
     event = TriggerEventRecord(
         event_id="e-1", trigger_id=TID, task=TASK, status="fired", payload={"n": 1}
     )
-    producer = FakeProducer()
+    producer = producer_of()
     async with Emitter(producer) as emitter:
         lane, ref = release_lane(emitter, task_partitions=None)
         lane.handle_outcome(ref, TriggerOutcome(TID, "fired", {"n": 1}, "e-1", context=ref))

@@ -13,17 +13,19 @@ import orjson
 import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from deferline.engine.triggers import DateTimeTrigger
-from deferline.runners._logging import JsonFormatter, TextFormatter
-from deferline.runners._metrics import MetricsServer
-from deferline.runners.triggerer._emitter import Emission, Emitter, Send
-from deferline.runners.triggerer._input import (
+from deferline.runners.testing import JsonFormatter, MetricsServer, TextFormatter
+from deferline.runners.triggerer import TriggererOptions
+from deferline.runners.triggerer.testing import (
     BadRecord,
     CancelTrigger,
+    Emission,
+    Emitter,
+    Send,
     StartTrigger,
+    TriggererMetrics,
+    _normalise_queues,
     interpret,
 )
-from deferline.runners.triggerer._metrics import TriggererMetrics
-from deferline.runners.triggerer._triggerer import TriggererOptions, _normalise_queues
 from deferline.schemas import (
     CancelRequest,
     DeferRequest,
@@ -34,6 +36,10 @@ from deferline.schemas import (
     seal,
 )
 from prometheus_client import CollectorRegistry, Counter
+
+from tests import fakes
+from tests._until import until
+from tests.fakes import FakeKafka
 
 ALLOWED = ("deferline.engine.triggers",)
 TASK = TaskKey(dag_id="d", task_id="t", run_id="r")
@@ -158,70 +164,13 @@ def test_a_record_of_another_kind_is_bad_input() -> None:
 # -- emitter ----------------------------------------------------------------------------------
 
 
-class FakeBatch:
-    def __init__(self, room: int = 50) -> None:
-        self.records: list[tuple[bytes | None, bytes | None]] = []
-        self.room = room
-
-    def append(
-        self, *, timestamp: float | None, key: bytes | None, value: bytes | None, headers: Any = ()
-    ) -> Any:
-        if len(self.records) >= self.room or (value is not None and len(value) > 10_000):
-            return None
-        self.records.append((key, value))
-        return object()
-
-
-class FakeProducer:
-    """Records sends (single or batched); fails the first ``fail`` sends of a topic."""
-
-    def __init__(self, fail: dict[str, list[BaseException]] | None = None) -> None:
-        self.sent: list[Send] = []
-        self.fail = fail or {}
-        self.offsets: dict[str, int] = {}
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: Any = (),
-    ) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        errors = self.fail.get(topic)
-        if errors:
-            future.set_exception(errors.pop(0))
-            return future
-        if value is not None and len(value) > 10_000:
-            raise MessageSizeTooLargeError()
-        self.sent.append(Send(topic, key, value, partition))
-        offset = self.offsets.get(topic, 0)
-        self.offsets[topic] = offset + 1
-        future.set_result(type("Meta", (), {"offset": offset})())
-        return future
-
-    def create_batch(self) -> FakeBatch:
-        return FakeBatch()
-
-    async def send_batch(
-        self, batch: FakeBatch, topic: str, *, partition: int
-    ) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        errors = self.fail.get(topic)
-        if errors:
-            future.set_exception(errors.pop(0))
-            return future
-        offset = self.offsets.get(topic, 0)
-        for key, value in batch.records:
-            self.sent.append(Send(topic, key, value, partition))
-        self.offsets[topic] = offset + len(batch.records)
-        future.set_result(type("Meta", (), {"offset": offset})())
-        return future
+def producer_of(**options: Any) -> fakes.FakeProducer:
+    """A producer over a broker of its own, whose topics have 8 partitions."""
+    return fakes.FakeProducer(FakeKafka(partitions=8), **options)
 
 
 async def test_tombstone_follows_the_acked_event() -> None:
-    producer = FakeProducer()
+    producer = producer_of()
     acked: list[int] = []
     done = asyncio.Event()
     async with Emitter(producer) as emitter:
@@ -236,14 +185,14 @@ async def test_tombstone_follows_the_acked_event() -> None:
         assert await emitter.flush(5)
     assert done.is_set()
     assert acked == [0]
-    assert [(s.topic, s.value, s.partition) for s in producer.sent] == [
+    assert [(r.topic, r.value, r.partition) for r in producer.kafka.records()] == [
         ("resume", b"event", 3),
         ("defer", None, 3),
     ]
 
 
 async def test_many_emissions_are_sent_in_batches_and_all_finish() -> None:
-    producer = FakeProducer()
+    producer = producer_of()
     async with Emitter(producer, max_batch=100) as emitter:
         for i in range(1000):
             key = str(i).encode()
@@ -252,28 +201,28 @@ async def test_many_emissions_are_sent_in_batches_and_all_finish() -> None:
             )
         assert await emitter.flush(5)
         assert emitter.backlog == 0
-    resume = [s.key for s in producer.sent if s.topic == "resume"]
-    defer = [s.key for s in producer.sent if s.topic == "defer"]
+    written = [(r.topic, r.key, r.value) for r in producer.kafka.records()]
+    resume = [key for topic, key, _ in written if topic == "resume"]
+    defer = [key for topic, key, _ in written if topic == "defer"]
     assert len(resume) == len(defer) == 1000
     for tomb_key in defer:  # every tombstone was sent after its event
-        assert producer.sent.index(Send("resume", tomb_key, b"e")) < producer.sent.index(
-            Send("defer", tomb_key, None)
-        )
+        assert written.index(("resume", tomb_key, b"e")) < written.index(("defer", tomb_key, None))
 
 
 async def test_a_retriable_failure_is_retried_and_no_tombstone_goes_first() -> None:
-    producer = FakeProducer(fail={"resume": [KafkaTimeoutError(), KafkaTimeoutError()]})
+    producer = producer_of()
+    producer.fail_sends["resume"] = [KafkaTimeoutError(), KafkaTimeoutError()]
     async with Emitter(producer, retry_backoff=0.01) as emitter:
         emitter.submit(
             Emission(sends=[Send("resume", b"k", b"e")], tombstone=Send("defer", b"k", None))
         )
         assert await emitter.flush(5)
         assert emitter.failures == 2
-    assert [s.topic for s in producer.sent] == ["resume", "defer"]
+    assert [r.topic for r in producer.kafka.records()] == ["resume", "defer"]
 
 
 async def test_batched_records_get_their_own_offsets() -> None:
-    producer = FakeProducer()
+    producer = producer_of(max_batch_records=50)
     offsets: list[int] = []
     async with Emitter(producer) as emitter:
         for i in range(120):  # three producer batches on one partition
@@ -285,11 +234,12 @@ async def test_batched_records_get_their_own_offsets() -> None:
             )
         assert await emitter.flush(5)
     assert sorted(offsets) == list(range(120))
-    assert [s.key for s in producer.sent] == [str(i).encode() for i in range(120)]
+    assert len(producer.batches) == 3
+    assert [r.key for r in producer.kafka.records()] == [str(i).encode() for i in range(120)]
 
 
 async def test_a_permanent_failure_is_handed_back_without_a_tombstone() -> None:
-    producer = FakeProducer()
+    producer = producer_of(max_request_size=10_000)
     failed: list[BaseException] = []
     async with Emitter(producer, retry_backoff=0.01, give_up_after=3) as emitter:
         emitter.submit(
@@ -302,18 +252,19 @@ async def test_a_permanent_failure_is_handed_back_without_a_tombstone() -> None:
         assert await emitter.flush(5)
     assert len(failed) == 1
     assert isinstance(failed[0], MessageSizeTooLargeError)
-    assert producer.sent == []
+    assert producer.kafka.records() == []
 
 
 async def test_flush_times_out_while_sends_cannot_complete() -> None:
-    producer = FakeProducer(fail={"resume": [KafkaTimeoutError()] * 1000})
+    producer = producer_of()
+    producer.fail_sends["resume"] = [KafkaTimeoutError()] * 1000
     emitter = Emitter(producer, retry_backoff=0.01)
     await emitter.start()
     emitter.submit(
         Emission(sends=[Send("resume", b"k", b"e")], tombstone=Send("defer", b"k", None))
     )
     assert not await emitter.flush(0.2)
-    producer.fail.clear()
+    producer.fail_sends.clear()
     assert await emitter.flush(5)
     await emitter.stop()
 
@@ -422,7 +373,7 @@ def test_queue_names_are_normalised() -> None:
     [None, {"moment": MOMENT, "n": 1, "d": dt.timedelta(seconds=3)}, [1, "x", {"set": {1, 2}}]],
 )
 def test_fast_event_encoding_matches_the_record(payload: Any) -> None:
-    from deferline.runners.triggerer._events import encode_event, request_fields
+    from deferline.runners.triggerer.testing import encode_event, request_fields
     from deferline.schemas import TriggerEventRecord, decode, make_event_id
 
     stored = encode(request(defer_seq=3))
@@ -450,7 +401,7 @@ def test_fast_event_encoding_matches_the_record(payload: Any) -> None:
 
 
 async def test_the_emitter_reports_pressure_at_its_bound_and_relief_at_half() -> None:
-    producer = FakeProducer()
+    producer = producer_of()
     changes: list[tuple[bool, int]] = []
     emitter = Emitter(producer, max_backlog=10, on_pressure=lambda full: changes.append((full, 0)))
     for i in range(9):
@@ -468,18 +419,18 @@ async def test_the_emitter_reports_pressure_at_its_bound_and_relief_at_half() ->
     assert changes == [(True, 0), (False, 0)]
     assert not emitter.full
     assert emitter.peak_backlog == 10
-    assert len(producer.sent) == 10
+    assert len(producer.kafka.records()) == 10
 
 
 def test_the_emitter_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_backlog"):
-        Emitter(FakeProducer(), max_backlog=0)
+        Emitter(producer_of(), max_backlog=0)
 
 
 async def test_a_full_emitter_holds_the_supervisor_timers_and_loses_nothing() -> None:
     from deferline.engine import TriggerSupervisor
 
-    producer = FakeProducer()
+    producer = producer_of()
     past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
     supervisor: TriggerSupervisor
     emitter: Emitter
@@ -494,17 +445,18 @@ async def test_a_full_emitter_holds_the_supervisor_timers_and_loses_nothing() ->
         async with emitter:
             for i in range(5000):
                 supervisor.add(f"t{i:05}", DateTimeTrigger(past))
-            deadline = asyncio.get_running_loop().time() + 30
-            while len(producer.sent) < 5000:
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.002)
+            await until(
+                lambda: len(producer.kafka.records()) >= 5000,
+                within=30,
+                what="all 5000 events sent",
+            )
             assert await emitter.flush(5)
     assert emitter.peak_backlog <= 201  # the event that fills it, and not one more
-    assert [s.key for s in producer.sent] == [f"t{i:05}".encode() for i in range(5000)]
+    assert [r.key for r in producer.kafka.records()] == [f"t{i:05}".encode() for i in range(5000)]
 
 
 def test_the_burst_encoder_gives_the_bytes_of_encode_event_for_each_event() -> None:
-    from deferline.runners.triggerer._events import EventEncoder, encode_event, request_fields
+    from deferline.runners.triggerer.testing import EventEncoder, encode_event, request_fields
     from deferline.schemas import TriggerEventRecord, decode
 
     fields = request_fields(encode(request(defer_seq=2)))

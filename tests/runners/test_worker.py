@@ -13,12 +13,7 @@ import pytest
 from deferline.engine import BaseOperator, Context
 from deferline.engine.triggers import TimeDeltaTrigger
 from deferline.runners.worker import TaskRunner
-from deferline.runners.worker._state import (
-    AttemptProgress,
-    OffsetTracker,
-    SlotPool,
-    run_progress,
-)
+from deferline.runners.worker.testing import AttemptProgress, OffsetTracker, SlotPool, run_progress
 from deferline.schemas import (
     DeferRequest,
     KwargsCipher,

@@ -21,7 +21,7 @@ from deferline.schemas import (
     make_event_id,
     make_trigger_id,
 )
-from deferline.schemas._models import _Record
+from deferline.schemas.testing import _Record
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 T0 = dt.datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)

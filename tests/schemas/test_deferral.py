@@ -22,8 +22,7 @@ from deferline.schemas import (
     make_trigger_id,
     seal,
 )
-from deferline.schemas._deferral import quick_defer_fields
-from deferline.schemas._models import WIRE_CONTEXT
+from deferline.schemas.testing import WIRE_CONTEXT, quick_defer_fields
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError

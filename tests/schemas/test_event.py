@@ -22,8 +22,7 @@ from deferline.schemas import (
     make_event_id,
     make_trigger_id,
 )
-from deferline.schemas._event import quick_event_fields
-from deferline.schemas._models import WIRE_CONTEXT
+from deferline.schemas.testing import WIRE_CONTEXT, quick_event_fields
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError

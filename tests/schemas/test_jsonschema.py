@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 from deferline.schemas import RECORD_TYPES, SCHEMA_VERSION, encode, rendered_json_schemas
-from deferline.schemas._models import _Record
 from deferline.schemas.export import main, write_json_schemas
+from deferline.schemas.testing import _Record
 
 from ._examples import DOCS, RECORDS, doc_block
 

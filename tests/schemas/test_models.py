@@ -23,7 +23,7 @@ from deferline.schemas import (
     make_event_id,
     make_trigger_id,
 )
-from deferline.schemas._models import _Record
+from deferline.schemas.testing import _Record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -9,7 +9,7 @@ from aiokafka.errors import (
     SaslAuthenticationFailed,
     TopicAuthorizationFailedError,
 )
-from deferline.runners.triggerer._transactions import transactional_id as triggerer_txn_id
+from deferline.runners.triggerer.testing import transactional_id as triggerer_txn_id
 from deferline.topics import (
     ROLES,
     AuthenticationError,
@@ -22,7 +22,7 @@ from deferline.topics import (
     acl_bindings,
     parse_role_principals,
 )
-from deferline.topics._clients import is_bootstrap_failure
+from deferline.topics.testing import is_bootstrap_failure
 
 SETTINGS = Settings(bootstrap_servers="x:1", topic_prefix="p.")
 NAMES = TopicNames("p.")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from deferline.topics import BrokerStartError, KRaftBroker, TansuBroker, fetch_kafka_jars
-from deferline.topics._process import free_port
+from deferline.topics.testing import free_port
 
 
 async def test_kraft_without_java_says_so(monkeypatch, tmp_path):
@@ -79,7 +79,7 @@ def test_throwaway_tls_makes_a_ca_and_a_broker_certificate_it_signed(tmp_path: P
 
 def test_secured_properties_enforce_acls_and_authenticate_every_listener(tmp_path: Path) -> None:
     from deferline.topics import BrokerSecurity, ThrowawayTLS
-    from deferline.topics._kraft import _scram_arguments, _secured_properties
+    from deferline.topics.testing import _scram_arguments, _secured_properties
 
     security = BrokerSecurity(users={"admin": "a", "worker": "w"}, reauth_ms=5000)
     text = _secured_properties(
@@ -109,11 +109,11 @@ def test_secured_properties_enforce_acls_and_authenticate_every_listener(tmp_pat
 
 def test_a_cluster_id_never_reads_as_an_option(monkeypatch):
     # One urlsafe-base64 id in 64 starts with "-"; kafka-storage's "-t" would take it for a flag.
-    from deferline.topics import _kafka_runtime
+    from deferline.topics.testing import _new_cluster_id
 
     dash_first = bytes([0xF8]) + bytes(15)  # encodes to "-A..."
     ids = iter([uuid.UUID(bytes=dash_first), uuid.UUID(int=1)])
     monkeypatch.setattr(uuid, "uuid4", lambda: next(ids))
-    cluster_id = _kafka_runtime._new_cluster_id()
+    cluster_id = _new_cluster_id()
     assert not cluster_id.startswith("-")
     assert cluster_id == "AAAAAAAAAAAAAAAAAAAAAQ"

@@ -3,7 +3,7 @@
 import click
 import pytest
 from click.testing import CliRunner
-from deferline.runners._options import connection_options, layout_options
+from deferline.runners.testing import connection_options, layout_options
 from deferline.topics import Settings
 
 

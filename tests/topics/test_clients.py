@@ -21,7 +21,7 @@ from deferline.topics import (
     make_consumer,
     make_producer,
 )
-from deferline.topics._clients import connection_kwargs
+from deferline.topics.testing import connection_kwargs
 
 
 @pytest.fixture
@@ -129,11 +129,9 @@ class _Captured:
 
 @pytest.fixture
 def captured(monkeypatch):
-    import deferline.topics._clients as clients
-
     _Captured.calls = []
     for name in ("AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"):
-        monkeypatch.setattr(clients, name, _Captured)
+        monkeypatch.setattr(f"deferline.topics._clients.{name}", _Captured)
     return _Captured.calls
 
 

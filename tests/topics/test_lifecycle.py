@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deferline.topics import Lifecycle, run_closing
-from deferline.topics._tls import ThrowawayTLS
+from deferline.topics import Lifecycle, ThrowawayTLS, run_closing
 
 
 class Recorder(Lifecycle):

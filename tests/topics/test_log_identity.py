@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiokafka.protocol.metadata import MetadataRequest_v5
 from deferline.topics import BrokerError, TopicIdentity, read_log_identity
-from deferline.topics._log_identity import _IdentityRequest, _MetadataRequest_v10
+from deferline.topics.testing import _IdentityRequest, _MetadataRequest_v10
 
 TOPIC_ID = uuid.UUID("0193e0a4-0000-7000-8000-00000000000d")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from deferline.runners.airflow_bridge._book import RowBook
-from deferline.runners.airflow_bridge._rows import RowRef, bridge_trigger_id
+from deferline.runners.airflow_bridge import bridge_trigger_id
+from deferline.runners.airflow_bridge.testing import RowBook, RowRef
 from deferline.schemas import DeferRequest, TaskKey
 
 T0 = dt.datetime(2026, 11, 25, tzinfo=dt.UTC)

@@ -7,16 +7,15 @@ import json
 from typing import Any
 
 import pytest
-from deferline.runners.airflow_bridge._rendering import has_template
-from deferline.runners.airflow_bridge._rows import (
+from deferline.runners.airflow_bridge import bridge_trigger_id, parse_trigger_id
+from deferline.runners.airflow_bridge.testing import (
     BridgeEvent,
     ClaimedRow,
     KwargsNotRendered,
     RejectedRow,
     RowRef,
     bridge_event,
-    bridge_trigger_id,
-    parse_trigger_id,
+    has_template,
     read_event,
     to_defer_request,
 )

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from deferline.runners.airflow_bridge._state import (
-    _MOVES,
-    BridgeLifecycle,
-    BridgeState,
-    IllegalTransition,
-)
+from deferline.runners.airflow_bridge import BridgeLifecycle, BridgeState, IllegalTransition
+from deferline.runners.airflow_bridge.testing import _MOVES
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 

@@ -8,7 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from deferline.runners.airflow_bridge._write_back import CleanUpSchedule, write_back_loop
+from deferline.runners.airflow_bridge.testing import CleanUpSchedule, write_back_loop
+
+from tests._until import until
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -86,14 +88,6 @@ class EachReleased:
             end.set_result(None)
         else:
             end.set_exception(error)
-
-
-async def until(check: Any, within: float = 5) -> None:
-    """Poll ``check`` until it holds; fail after ``within`` seconds."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.001)
 
 
 async def test_a_lone_event_is_written_at_once_and_a_burst_in_the_next_batch() -> None:

@@ -1,0 +1,18 @@
+"""Internals exposed for deferline's own tests and benchmarks.
+
+Not part of the public API: no compatibility promise; names here move or go without notice.
+"""
+
+from ._cli import parse_duration, parse_time
+from ._fold import KEEP
+from ._render import dump_json, render_stuck, render_timeline, render_verdict
+
+__all__ = [
+    "KEEP",
+    "dump_json",
+    "parse_duration",
+    "parse_time",
+    "render_stuck",
+    "render_timeline",
+    "render_verdict",
+]

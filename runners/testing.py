@@ -1,0 +1,44 @@
+"""Internals exposed for deferline's own tests and benchmarks.
+
+Not part of the public API: no compatibility promise; names here move or go without notice.
+"""
+
+from ._aiokafka import (
+    AiokafkaInternalsError,
+    client_of,
+    group_generation,
+    join_once,
+    leave_from_generation_zero,
+    set_fetch_wait,
+)
+from ._broker_cmd import broker
+from ._local_state import CheckpointError, CheckpointInUse
+from ._logging import JsonFormatter, TextFormatter
+from ._metrics import MetricsServer
+from ._options import connection_options, layout_options
+from ._outage import ClusterOutageTooLong, ClusterWatch, is_cluster_loss, ride_out
+from ._signals import run_until_signal
+from ._task_cmds import _as_json
+
+__all__ = [
+    "AiokafkaInternalsError",
+    "CheckpointError",
+    "CheckpointInUse",
+    "ClusterOutageTooLong",
+    "ClusterWatch",
+    "JsonFormatter",
+    "MetricsServer",
+    "TextFormatter",
+    "_as_json",
+    "broker",
+    "client_of",
+    "connection_options",
+    "group_generation",
+    "is_cluster_loss",
+    "join_once",
+    "layout_options",
+    "leave_from_generation_zero",
+    "ride_out",
+    "run_until_signal",
+    "set_fetch_wait",
+]

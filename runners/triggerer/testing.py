@@ -1,0 +1,65 @@
+"""Internals exposed for deferline's own tests and benchmarks.
+
+Not part of the public API: no compatibility promise; names here move or go without notice.
+"""
+
+from ._checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    MemoryCheckpointStore,
+    RocksCheckpointStore,
+)
+from ._checkpointer import Checkpointer
+from ._emitter import Emission, Emitter, Send
+from ._events import EventEncoder, encode_event, request_fields
+from ._input import BadRecord, CancelTrigger, StartTrigger, interpret
+from ._lane import RebalanceSummary, TriggerLane, TriggerRef, _Listener
+from ._lane_types import LaneOptions, OwnedPartition
+from ._metrics import TriggererMetrics
+from ._partition_book import _MOVES, PartitionBook, Phase, PhaseError, Verdict
+from ._partition_table import ActiveTriggerTable, TableChanges
+from ._rebuild import RebuildReader, start_folded
+from ._rebuild_plan import RebuildPlan, Span
+from ._sticky_assignor import StickyAssignor, balanced_sticky
+from ._transactions import transactional_id
+from ._triggerer import _normalise_queues
+
+__all__ = [
+    "_MOVES",
+    "ActiveTriggerTable",
+    "BadRecord",
+    "CancelTrigger",
+    "CheckpointError",
+    "CheckpointStore",
+    "Checkpointer",
+    "Emission",
+    "Emitter",
+    "EventEncoder",
+    "LaneOptions",
+    "MemoryCheckpointStore",
+    "OwnedPartition",
+    "PartitionBook",
+    "Phase",
+    "PhaseError",
+    "RebalanceSummary",
+    "RebuildPlan",
+    "RebuildReader",
+    "RocksCheckpointStore",
+    "Send",
+    "Span",
+    "StartTrigger",
+    "StickyAssignor",
+    "TableChanges",
+    "TriggerLane",
+    "TriggerRef",
+    "TriggererMetrics",
+    "Verdict",
+    "_Listener",
+    "_normalise_queues",
+    "balanced_sticky",
+    "encode_event",
+    "interpret",
+    "request_fields",
+    "start_folded",
+    "transactional_id",
+]
