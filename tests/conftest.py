@@ -345,8 +345,8 @@ def _group_scheduling(config: pytest.Config, log: Any, groups: Path) -> Any:
         _group_of: dict[str, str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            if self._group_of is None:
-                self._group_of = json.loads(groups.read_text())
+            if self._group_of is None:  # none written when the first worker collected nothing
+                self._group_of = json.loads(groups.read_text()) if groups.exists() else {}
             return self._group_of.get(nodeid, nodeid)
 
     return _GroupScheduling(config, log)
