@@ -16,8 +16,8 @@ LOCK_FLOORS := locks/python$(PY_VERSION)/floors.txt
 VENV_FLOORS ?= .venv-floors
 BIN_FLOORS := $(VENV_FLOORS)/bin
 COMMA := ,
-# The suite in parallel: it mostly waits on brokers and processes, not on the CPU. Tests that
-# share a module's Airflow deployment or a broker they change run on one worker (conftest.py).
+# The suite in parallel: a test spends much of its time waiting on brokers and processes.
+# Tests sharing a module's Airflow deployment or a broker they change run on one worker.
 PYTEST_WORKERS ?= 4
 XDIST := -n $(PYTEST_WORKERS)
 # pytest keeps its rewritten test modules as bytecode; without it every worker rewrites them all.
