@@ -194,8 +194,9 @@ async def test_a_timer_due_during_the_rebalance_is_emitted_once_by_its_next_owne
     a = await group.start("a")
     b = await group.start("b")
     await until(group.settled, within=60, interval=0.1, what="a and b settled")
-    # Due densely over the seconds around the join, so some fall due while it is underway.
-    requests = [defer_request(i, due_in=1.0 + 6.0 * i / 3000) for i in range(3000)]
+    # Due densely over the seconds around the join, so some fall due while it is underway:
+    # 15 s of them, as a loaded machine may take several seconds to get the join under way.
+    requests = [defer_request(i, due_in=1.0 + 15.0 * i / 3000) for i in range(3000)]
     producer = await kafka_clients.producer()
     async with TopicReader(wide, names.resume()) as events:
         await produce_requests(producer, wide, requests)
