@@ -18,7 +18,7 @@ BIN_FLOORS := $(VENV_FLOORS)/bin
 COMMA := ,
 # The suite in parallel: a test spends much of its time waiting on brokers and processes.
 # Tests sharing a module's Airflow deployment or a broker they change run on one worker.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 XDIST := -n $(PYTEST_WORKERS)
 # pytest keeps its rewritten test modules as bytecode; without it every worker rewrites them all.
 unexport PYTHONDONTWRITEBYTECODE

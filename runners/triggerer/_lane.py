@@ -324,7 +324,15 @@ class TriggerLane:
         """
         self._closing = True
         await self._cancel_rebuild()
-        await self._await_losing()
+        losing = self._losing
+        if losing is not None:
+            # A loss still cancelling its triggers ends first. One that failed or was cancelled
+            # on the way (a rebalance met the shutdown) stops nothing here: it logged why, and
+            # the supervisor stops every trigger once the member has left the group.
+            await asyncio.wait([losing])
+            if not losing.cancelled():
+                losing.exception()  # retrieved: logged by _cancel_lost already
+            self._losing = None
         await self._release(list(self._parts.values()), cancel=False)
 
     async def close(self) -> None:

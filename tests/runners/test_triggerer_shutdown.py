@@ -76,3 +76,18 @@ async def test_close_cancels_a_running_rebuild_before_it_stops_the_clients() -> 
     await asyncio.sleep(0)  # the rebuild is waiting on the broker
     await lane.close()
     assert journal == ["rebuild cancelled", "consumer stopped", "reader stopped"]
+
+
+async def test_a_loss_cancelled_on_the_way_does_not_fail_the_release() -> None:
+    """A rebalance's loss still cancelling triggers when a SIGTERM comes, and cancelled on the
+    way: the member still releases its partitions and stops cleanly (it used to raise the
+    loss's CancelledError out of ``release_all``, and the triggerer exited 1)."""
+    lane = make_lane([])
+    never = asyncio.get_running_loop().create_future()
+    loss = asyncio.create_task(asyncio.wait_for(never, None), name="cancel-lost")
+    lane._losing = loss
+    await asyncio.sleep(0)
+    loss.cancel()
+    await lane.release_all()
+    assert loss.cancelled()
+    await lane.close()
