@@ -31,6 +31,7 @@ from ._lifecycle import Lifecycle, run_closing
 from ._log_identity import read_log_identity
 from ._names import TopicNames, validate_queue_name
 from ._partitioner import Murmur2Partitioner, murmur2, partition_for
+from ._process import free_port
 from ._settings import Settings
 from ._specs import TopicSpec, topic_specs
 from ._tansu import TansuBroker
@@ -82,6 +83,7 @@ __all__ = [
     "ensure_acls",
     "ensure_topics",
     "fetch_kafka_jars",
+    "free_port",
     "known_position",
     # Clients
     "make_admin",

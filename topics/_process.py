@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,12 +38,39 @@ _PR_SET_PDEATHSIG = 1
 _LIVE: dict[int, tuple[subprocess.Popen[bytes], Path | None]] = {}
 
 
+_LOWEST_PICKED = 10_000
+_PICKER = random.SystemRandom()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
+    """A TCP port free on ``host`` a moment ago, below the kernel's ephemeral range.
+
+    The kernel hands out ports from ``ip_local_port_range`` to every outgoing connection, so
+    one picked there (as ``bind(0)`` does) can be taken by any client's connection before the
+    broker binds it; with tests running in parallel that happens. Below that range only
+    another picker can take it, and a random pick makes that unlikely.
+    """
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = _PICKER.randrange(_LOWEST_PICKED, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32_768
+    return max(low, _LOWEST_PICKED + 1_000)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -8,7 +8,6 @@ import ctypes
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,9 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
+from deferline.topics import free_port
+
 from ._plan import DemoOptions
 
-__all__ = ["RUN_MARKER_ENV", "Child", "Children", "free_port", "start_processes"]
+__all__ = ["RUN_MARKER_ENV", "Child", "Children", "start_processes"]
 
 
 RUN_MARKER_ENV = "DEFERLINE_DEMO_RUN"
@@ -26,14 +27,6 @@ RUN_MARKER_ENV = "DEFERLINE_DEMO_RUN"
 
 
 _PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

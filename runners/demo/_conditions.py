@@ -9,9 +9,8 @@ from collections.abc import Container, Sequence
 from pathlib import Path
 
 from aiohttp import web
-from deferline.topics import Settings, make_producer, start_client, stop_client
+from deferline.topics import Settings, free_port, make_producer, start_client, stop_client
 
-from ._children import free_port
 from ._plan import TaskSpec
 
 __all__ = ["ConditionHelpers"]

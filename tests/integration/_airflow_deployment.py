@@ -12,7 +12,6 @@ import atexit
 import contextlib
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -22,20 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.fernet import Fernet
+from deferline.topics import free_port
 
 from tests._until import until_sync
 from tests.airflow_line import airflow_line
 
 DAGS = Path(__file__).with_name("airflow_bridge_dags")
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # One key for the deployments of a test process, so they can share one migrated database.

@@ -12,10 +12,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from deferline.topics import free_port
 
 USER = "airflow"
 # initdb refuses to run as root: as root, the server runs as the account Debian's package made.
@@ -31,13 +32,6 @@ def postgres_bin() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class PostgresServer:
     """One PostgreSQL cluster running until ``close()``: in a temporary directory removed then,
     or in ``keep``, made there on first use and left there (its databases reused later)."""
@@ -49,7 +43,7 @@ class PostgresServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.dir, OS_USER)
-        self.port = _free_port()
+        self.port = free_port()
         data = self.dir / "data"
         if not data.exists():
             initdb = ("-D", str(data), "-U", USER, "--auth=trust", "--no-sync", "-E", "UTF8")

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deferline.topics import Settings
+from deferline.topics import Settings, free_port
 
 from tests.airflow_line import airflow_line
 
-from ._airflow_deployment import AirflowDeployment, free_port
+from ._airflow_deployment import AirflowDeployment
 from ._airflow_processes import Processes, reach, trigger_dag
 from ._services_kit import (
     HTTP_CONN_ID,

@@ -50,12 +50,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deferline.topics import Settings
+from deferline.topics import Settings, free_port
 
 from tests._until import until
 from tests.airflow_line import airflow_version
 
-from ._airflow_deployment import AirflowDeployment, free_port
+from ._airflow_deployment import AirflowDeployment
 from ._airflow_processes import Processes, reach, run_id_of, trigger_dag, xcom
 from ._services_kit import (
     MISSING_CONN_ID,

@@ -33,12 +33,12 @@ from typing import Any
 import pytest
 from deferline.engine import AirflowServicesUnavailable, preload_airflow, use_airflow_services
 from deferline.schemas import KwargsCipher
-from deferline.topics import Settings
+from deferline.topics import Settings, free_port
 
 from tests._until import until
 from tests.airflow_line import STANDARD_TRIGGERS, airflow_version
 
-from ._airflow_deployment import AirflowDeployment, free_port
+from ._airflow_deployment import AirflowDeployment
 from ._process import DeferlineProcess
 
 pytestmark = [

@@ -1,11 +1,11 @@
 """Broker launchers without a broker: the errors that say why one cannot start."""
 
+import socket
 import uuid
 from pathlib import Path
 
 import pytest
-from deferline.topics import BrokerStartError, KRaftBroker, TansuBroker, fetch_kafka_jars
-from deferline.topics.testing import free_port
+from deferline.topics import BrokerStartError, KRaftBroker, TansuBroker, fetch_kafka_jars, free_port
 
 
 async def test_kraft_without_java_says_so(monkeypatch, tmp_path):
@@ -50,6 +50,18 @@ def test_tansu_bootstrap_only_while_running():
     broker = TansuBroker(port=free_port())
     with pytest.raises(BrokerStartError, match="not running"):
         _ = broker.bootstrap
+
+
+def test_free_port_is_bindable_and_below_the_ephemeral_range():
+    # Outgoing connections take their ports from the ephemeral range; a broker's port picked
+    # there can be taken between the pick and the broker's bind (seen with parallel tests).
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(50)}
+    assert all(10_000 <= port < low for port in ports)
+    assert len(ports) > 40, "picks are random, so parallel pickers rarely meet"
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
 
 
 def test_wildcard_host_advertises_loopback():
