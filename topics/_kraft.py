@@ -285,7 +285,9 @@ async def _wait_admin_ready(
         await asyncio.sleep(0.25)
 
 
-# What every single-node broker shares: data, internal topics with one replica, quick groups.
+# What every single-node broker shares: data, internal topics with one replica, quick groups
+# (no wait for a first join; sessions down to 1 s, where Kafka's default floor is 6 s, so a
+# local failover takes as long as the session a member asks for).
 # ``log.index.size.max.bytes``: each segment's offset and time indexes are sparse files of
 # this size, mapped into memory. Where the disk's readahead is large (8 MB on some VMs), the
 # first touch of an index page reads a readahead window of holes, which the kernel zeroes:
@@ -303,6 +305,7 @@ transaction.state.log.num.partitions=8
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
 log.cleaner.backoff.ms=500
 log.index.size.max.bytes=262144
 """

@@ -15,6 +15,8 @@ from deferline.topics import (
     topic_specs,
 )
 
+from tests._until import until
+
 pytestmark = pytest.mark.integration
 
 
@@ -110,3 +112,23 @@ async def test_defer_and_tasks_are_compacted_on_kafka(settings, kafka_clients):
     assert described[names.tasks]["cleanup.policy"] == "compact"
     assert described[names.resume()]["cleanup.policy"] == "delete"
     assert described[names.dead]["retention.ms"] == str(30 * 24 * 3_600_000)
+
+
+@pytest.mark.kafka_only
+async def test_the_local_kafka_broker_takes_sessions_down_to_a_second(settings, kafka_clients):
+    # Apache Kafka's default group.min.session.timeout.ms is 6 s: a member asking less is
+    # refused (INVALID_SESSION_TIMEOUT). The local brokers allow 1 s, so a failover waits less.
+    names = TopicNames(settings.topic_prefix)
+    await ensure_topics(settings, topic_specs(settings))
+    consumer = await kafka_clients.consumer(
+        names.defer(),
+        group_id=f"{settings.topic_prefix}short-session",
+        session_timeout_ms=1500,
+        heartbeat_interval_ms=300,
+    )
+
+    async def joined() -> object:
+        await consumer.getmany(timeout_ms=100)
+        return consumer.assignment()
+
+    await until(joined, within=30, interval=0.05, what="the member joined its group")
