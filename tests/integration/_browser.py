@@ -97,8 +97,13 @@ class Browser:
         assert self._ws is not None
         ident = next(self._ids)
         await self._ws.send_str(json.dumps({"id": ident, "method": method, "params": params}))
+        deadline = asyncio.get_running_loop().time() + 30
         while True:
-            message = await asyncio.wait_for(self._ws.receive(), 30)
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                message = await asyncio.wait_for(self._ws.receive(), max(left, 0))
+            except TimeoutError:
+                raise AssertionError(f"{method}: no answer from the browser in 30 s") from None
             if message.type is not aiohttp.WSMsgType.TEXT:
                 raise AssertionError(f"DevTools connection ended: {message.type}")
             data = json.loads(message.data)

@@ -65,6 +65,7 @@ async def count(browser: Browser, state: str) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(300)  # its waits are bounded one by one: a stuck one names itself
 async def test_counts_move_and_a_refused_deferral_is_explained(settings: Settings, tmp_path: Path):
     shots = screenshot_dir(tmp_path)
     runs = allowed(settings)  # the worker may run the test operators and defer their triggers
