@@ -1,7 +1,4 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.replay for deferline's tests and benchmarks only."""
 
 from ._cli import parse_duration, parse_time
 from ._fold import KEEP

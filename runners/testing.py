@@ -1,7 +1,4 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.runners for deferline's tests and benchmarks only."""
 
 from ._aiokafka import (
     AiokafkaInternalsError,
@@ -18,7 +15,7 @@ from ._metrics import MetricsServer
 from ._options import connection_options, layout_options
 from ._outage import ClusterOutageTooLong, ClusterWatch, is_cluster_loss, ride_out
 from ._signals import run_until_signal
-from ._task_cmds import _as_json
+from ._task_cmds import _as_json as as_json
 
 __all__ = [
     "AiokafkaInternalsError",
@@ -29,7 +26,7 @@ __all__ = [
     "JsonFormatter",
     "MetricsServer",
     "TextFormatter",
-    "_as_json",
+    "as_json",
     "broker",
     "client_of",
     "connection_options",

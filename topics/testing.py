@@ -1,29 +1,31 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.topics for deferline's tests and benchmarks only."""
 
 from ._acls import create_acls
 from ._clients import connection_kwargs, is_bootstrap_failure
-from ._kafka_runtime import _new_cluster_id
-from ._kraft import _scram_arguments, _secured_properties
-from ._log_identity import _IdentityRequest, _MetadataRequest_v10
-from ._partitioner import _murmur2_python, _unsigned, murmur2_reference
-from ._process import _metadata_has_broker, free_port, terminate_all
+from ._kafka_runtime import _new_cluster_id as new_cluster_id
+from ._kraft import _scram_arguments as scram_arguments
+from ._kraft import _secured_properties as secured_properties
+from ._log_identity import _IdentityRequest as IdentityRequest
+from ._log_identity import _MetadataRequest_v10 as MetadataRequest_v10
+from ._partitioner import _murmur2_python as murmur2_python
+from ._partitioner import _unsigned as unsigned
+from ._partitioner import murmur2_reference
+from ._process import _metadata_has_broker as metadata_has_broker
+from ._process import free_port, terminate_all
 
 __all__ = [
-    "_IdentityRequest",
-    "_MetadataRequest_v10",
-    "_metadata_has_broker",
-    "_murmur2_python",
-    "_new_cluster_id",
-    "_scram_arguments",
-    "_secured_properties",
-    "_unsigned",
+    "IdentityRequest",
+    "MetadataRequest_v10",
     "connection_kwargs",
     "create_acls",
     "free_port",
     "is_bootstrap_failure",
+    "metadata_has_broker",
+    "murmur2_python",
     "murmur2_reference",
+    "new_cluster_id",
+    "scram_arguments",
+    "secured_properties",
     "terminate_all",
+    "unsigned",
 ]

@@ -1,7 +1,4 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.engine.triggers for deferline's tests and benchmarks only."""
 
 from ._file import find_file
 from ._http import parse_json_path, resolve_json_path

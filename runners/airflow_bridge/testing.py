@@ -1,7 +1,4 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.runners.airflow_bridge for deferline's tests and benchmarks only."""
 
 from ._airflow_db import AirflowDatabase
 from ._book import RowBook
@@ -16,11 +13,11 @@ from ._rows import (
     read_event,
     to_defer_request,
 )
-from ._state import _MOVES
+from ._state import _MOVES as MOVES
 from ._write_back import CleanUpSchedule, write_back_loop
 
 __all__ = [
-    "_MOVES",
+    "MOVES",
     "AirflowDatabase",
     "BridgeEvent",
     "ClaimedRow",

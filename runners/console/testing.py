@@ -1,7 +1,4 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.runners.console for deferline's tests and benchmarks only."""
 
 from ._feed import RecordFeed
 from ._groups import GroupTracker

@@ -1,10 +1,7 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.runners.scheduler for deferline's tests and benchmarks only."""
 
 from ._checkpoint import Checkpoints, SchedulerCheckpoint, merge_states, split_delta
-from ._cli import _parse_pools
+from ._cli import _parse_pools as parse_pools
 from ._fold import TaskFold
 from ._metrics import pool_ledger_metrics
 from ._ownership import Hold, IllegalMove, Ownership
@@ -28,9 +25,9 @@ __all__ = [
     "Standby",
     "TaskFold",
     "TasksReader",
-    "_parse_pools",
     "merge_states",
     "orphan_letter",
+    "parse_pools",
     "pool_ledger_metrics",
     "read_as",
     "read_event",

@@ -1,7 +1,4 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.runners.triggerer for deferline's tests and benchmarks only."""
 
 from ._checkpoint import (
     CheckpointError,
@@ -13,19 +10,21 @@ from ._checkpointer import Checkpointer
 from ._emitter import Emission, Emitter, Send
 from ._events import EventEncoder, encode_event, request_fields
 from ._input import BadRecord, CancelTrigger, StartTrigger, interpret
-from ._lane import RebalanceSummary, TriggerLane, TriggerRef, _Listener
+from ._lane import RebalanceSummary, TriggerLane, TriggerRef
+from ._lane import _Listener as Listener
 from ._lane_types import LaneOptions, OwnedPartition
 from ._metrics import TriggererMetrics
-from ._partition_book import _MOVES, PartitionBook, Phase, PhaseError, Verdict
+from ._partition_book import _MOVES as MOVES
+from ._partition_book import PartitionBook, Phase, PhaseError, Verdict
 from ._partition_table import ActiveTriggerTable, TableChanges
 from ._rebuild import RebuildReader, start_folded
 from ._rebuild_plan import RebuildPlan, Span
 from ._sticky_assignor import StickyAssignor, balanced_sticky
 from ._transactions import transactional_id
-from ._triggerer import _normalise_queues
+from ._triggerer import _normalise_queues as normalise_queues
 
 __all__ = [
-    "_MOVES",
+    "MOVES",
     "ActiveTriggerTable",
     "BadRecord",
     "CancelTrigger",
@@ -36,6 +35,7 @@ __all__ = [
     "Emitter",
     "EventEncoder",
     "LaneOptions",
+    "Listener",
     "MemoryCheckpointStore",
     "OwnedPartition",
     "PartitionBook",
@@ -54,11 +54,10 @@ __all__ = [
     "TriggerRef",
     "TriggererMetrics",
     "Verdict",
-    "_Listener",
-    "_normalise_queues",
     "balanced_sticky",
     "encode_event",
     "interpret",
+    "normalise_queues",
     "request_fields",
     "start_folded",
     "transactional_id",

@@ -1,7 +1,4 @@
-"""Internals exposed for deferline's own tests and benchmarks.
-
-Not part of the public API: no compatibility promise; names here move or go without notice.
-"""
+"""Internals of deferline.runners.worker for deferline's tests and benchmarks only."""
 
 from ._state import AttemptProgress, OffsetTracker, SlotPool, run_progress
 

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 from deferline.client import Client, ClientError, parse_ti_key
-from deferline.runners.testing import _as_json
+from deferline.runners.testing import as_json
 from deferline.schemas import TaskKey, TaskStateRecord
 from deferline.topics import Settings
 
@@ -48,7 +48,7 @@ def test_tasks_json_shows_xcoms() -> None:
     task = TaskKey(dag_id="d", task_id="t", run_id="r")
     moment = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     record = TaskStateRecord(task=task, state="success", xcoms={"return_value": {"at": moment}})
-    data = _as_json(record)
+    data = as_json(record)
     assert data["xcoms"] == {
         "return_value": {"at": {"__type": "datetime", "__var": moment.isoformat()}}
     }

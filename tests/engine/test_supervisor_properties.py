@@ -9,7 +9,7 @@ import math
 from collections.abc import AsyncIterator
 
 from deferline.engine import TriggerEvent, TriggerOutcome, TriggerSupervisor
-from deferline.engine.testing import DeadlineHeap, SlotBook, _Expiry, _Queued, _Run, _Timer
+from deferline.engine.testing import DeadlineHeap, Expiry, Queued, Run, SlotBook, Timer
 from deferline.engine.triggers import DateTimeTrigger
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -138,7 +138,7 @@ class SlotBookMachine(RuleBasedStateMachine):
     def start(self, capacity: int) -> None:
         self.book = SlotBook(capacity)
         self.serial = 0
-        self.queue_order: list[_Queued] = []
+        self.queue_order: list[Queued] = []
 
     def _tid(self) -> str:
         self.serial += 1
@@ -148,7 +148,7 @@ class SlotBookMachine(RuleBasedStateMachine):
     @rule(target=booked, expiry=st.booleans())
     def place_timer(self, expiry: bool) -> str:
         tid = self._tid()
-        entry = _Expiry(1.0, None) if expiry else _Timer(1.0, None, None, None)
+        entry = Expiry(1.0, None) if expiry else Timer(1.0, None, None, None)
         self.book.place_timer(tid, entry)
         return tid
 
@@ -156,13 +156,13 @@ class SlotBookMachine(RuleBasedStateMachine):
     @rule(target=booked)
     def place_run(self) -> str:
         tid = self._tid()
-        self.book.place_run(_Run(tid, _Idle(), None, None, 1))
+        self.book.place_run(Run(tid, _Idle(), None, None, 1))
         return tid
 
     @rule(target=booked)
     def queue(self) -> str:
         tid = self._tid()
-        entry = _Queued(tid, _Idle(), None, None, 1)
+        entry = Queued(tid, _Idle(), None, None, 1)
         self.book.queue(entry)
         self.queue_order.append(entry)
         return tid
@@ -172,12 +172,12 @@ class SlotBookMachine(RuleBasedStateMachine):
         entry = self.book.entries.get(tid)
         if entry is None:
             return  # already gone (released, admitted or dropped at stop)
-        if type(entry) is _Run:
+        if type(entry) is Run:
             assert self.book.release(entry)
             assert not self.book.release(entry)
         else:
             assert self.book.remove(tid) is entry
-        if type(entry) is _Queued:
+        if type(entry) is Queued:
             self.queue_order.remove(entry)
 
     @rule(as_run=st.booleans())
@@ -188,14 +188,14 @@ class SlotBookMachine(RuleBasedStateMachine):
             return
         assert entry is self.queue_order.pop(0), "the queue did not admit oldest first"
         if as_run:
-            self.book.place_run(_Run(entry.tid, entry.trigger, None, None, 1))
+            self.book.place_run(Run(entry.tid, entry.trigger, None, None, 1))
         else:
-            self.book.place_timer(entry.tid, _Timer(1.0, None, None, None))
+            self.book.place_timer(entry.tid, Timer(1.0, None, None, None))
 
     @rule()
     def keep_runs(self) -> None:
         runs = self.book.keep_runs()
-        assert all(type(run) is _Run for run in runs)
+        assert all(type(run) is Run for run in runs)
         self.queue_order.clear()
 
     @invariant()
@@ -203,9 +203,9 @@ class SlotBookMachine(RuleBasedStateMachine):
         if not hasattr(self, "book"):
             return
         kinds = [type(entry) for entry in self.book.entries.values()]
-        assert self.book.timers == kinds.count(_Timer) + kinds.count(_Expiry)
-        assert self.book.active == self.book.timers + kinds.count(_Run)
-        assert self.book.queued == kinds.count(_Queued) == len(self.queue_order)
+        assert self.book.timers == kinds.count(Timer) + kinds.count(Expiry)
+        assert self.book.active == self.book.timers + kinds.count(Run)
+        assert self.book.queued == kinds.count(Queued) == len(self.queue_order)
         assert self.book.active <= self.book.capacity
 
 

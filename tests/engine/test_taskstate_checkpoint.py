@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 from deferline.engine import Emit, Pools, TaskTable
-from deferline.engine.testing import FORMAT, _Stored
+from deferline.engine.testing import FORMAT, Stored
 from deferline.schemas import ResumeTarget, TaskStateRecord, TriggerEventRecord, encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -241,7 +241,7 @@ def test_a_restore_decodes_a_deferred_or_finished_task_only_when_it_is_read() ->
     store.save(table)
     restored = store.restore(table.pools)
     rows: dict[str, Any] = {k: restored._views[k].record for k in (key(1).ti_key, key(2).ti_key)}
-    assert all(type(r) is _Stored and r.raw is not None for r in rows.values())
+    assert all(type(r) is Stored and r.raw is not None for r in rows.values())
     # What the indexes and the metrics read comes from the head alone.
     assert restored.count_by_state() == table.count_by_state()
     assert restored.overdue_deferrals(timeout) == 0

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from deferline.engine import Emit, Pools, TaskTable
-from deferline.engine.testing import _Slim, _tagged_value
+from deferline.engine.testing import Slim, tagged_value
 from deferline.schemas import (
     CancelRequest,
     EventFields,
@@ -62,7 +62,7 @@ states = st.builds(
 @settings(deadline=None, max_examples=300)
 @given(states)
 def test_any_state_encodes_from_its_template_as_the_model_does(record: TaskStateRecord) -> None:
-    slim = _Slim(record, record.resume)
+    slim = Slim(record, record.resume)
     assert slim.encode() == encode(record)
     assert slim.full() == record
 
@@ -246,5 +246,5 @@ def test_a_moment_tagged_again_is_the_same_form_and_other_zones_are_not_mixed_up
     utc = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
     paris = utc.astimezone(dt.timezone(dt.timedelta(hours=1)))
     for moment in (utc, paris, paris, utc, utc.replace(microsecond=1)):
-        assert _tagged_value(moment) == to_tagged(moment)
-    assert _tagged_value(utc) is _tagged_value(utc)
+        assert tagged_value(moment) == to_tagged(moment)
+    assert tagged_value(utc) is tagged_value(utc)

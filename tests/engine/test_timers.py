@@ -16,7 +16,7 @@ from deferline.engine import (
     TriggerEvent,
     TriggerSupervisor,
 )
-from deferline.engine.testing import _AT_DEADLINE, _Timer
+from deferline.engine.testing import AT_DEADLINE, Timer
 from deferline.engine.triggers import DateTimeTrigger, TimeDeltaTrigger
 from deferline.schemas import make_event_id
 
@@ -69,9 +69,9 @@ async def test_a_timer_keeps_its_moment_where_the_epoch_float_cannot_hold_it(
     sup.add("near", DateTimeTrigger(near))
     sup.add("far", DateTimeTrigger(far))
     waiting = sup._slots.entries["near"], sup._slots.entries["far"]
-    assert isinstance(waiting[0], _Timer)
-    assert isinstance(waiting[1], _Timer)
-    assert waiting[0].payload is _AT_DEADLINE  # rebuilt from the deadline when it fires
+    assert isinstance(waiting[0], Timer)
+    assert isinstance(waiting[1], Timer)
+    assert waiting[0].payload is AT_DEADLINE  # rebuilt from the deadline when it fires
     assert dt.datetime.fromtimestamp(waiting[0].deadline, dt.UTC) == near
     assert waiting[1].payload is far
 

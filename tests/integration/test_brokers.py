@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from deferline.topics import BrokerStartError, KRaftBroker, Settings, TansuBroker, describe_topics
-from deferline.topics.testing import _metadata_has_broker, free_port
+from deferline.topics.testing import free_port, metadata_has_broker
 
 from tests._until import until
 
@@ -38,7 +38,7 @@ def _children(pid: int) -> list[int]:
 async def test_tansu_starts_answers_and_cleans_up():
     async with TansuBroker() as tansu:
         host, port = tansu.bootstrap.split(":")
-        assert await _metadata_has_broker(host, int(port))
+        assert await metadata_has_broker(host, int(port))
         pid = tansu._proc.pid  # type: ignore[union-attr]
         workdir = tansu.log_path.parent  # type: ignore[union-attr]
         assert await describe_topics(Settings(bootstrap_servers=tansu.bootstrap)) == []
@@ -71,7 +71,7 @@ async def test_kraft_starts_and_cleans_up():
     pid, workdir = kraft._proc.pid, kraft.log_path.parent  # type: ignore[union-attr]
     try:
         host, port = kraft.bootstrap.split(":")
-        assert await _metadata_has_broker(host, int(port))
+        assert await metadata_has_broker(host, int(port))
     finally:
         await kraft.stop()
     assert not _alive(pid)
@@ -166,7 +166,7 @@ async def test_deferline_broker_command_prints_bootstrap_and_stops_on_sigterm():
     try:
         first = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
         assert f"bootstrap: 127.0.0.1:{port}" in first.decode(), first
-        assert await _metadata_has_broker("127.0.0.1", port)
+        assert await metadata_has_broker("127.0.0.1", port)
         children = _children(proc.pid)
         assert children, "the Tansu process should be a child of the command"
     finally:

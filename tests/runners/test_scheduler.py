@@ -19,7 +19,7 @@ from deferline.runners.scheduler import (
 )
 
 # The modules whose names the tests patch (no door can stand for those).
-from deferline.runners.scheduler.testing import BATCHES_AHEAD, Phase, _parse_pools
+from deferline.runners.scheduler.testing import BATCHES_AHEAD, Phase, parse_pools
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,
@@ -435,7 +435,7 @@ def test_command_line() -> None:
     result = runner.invoke(scheduler_command, ["--default-pool-slots", "lots"])
     assert result.exit_code == 2
     assert "'unlimited'" in result.output
-    assert _parse_pools(["a=1", "b=20"]) == {"a": 1, "b": 20}
+    assert parse_pools(["a=1", "b=20"]) == {"a": 1, "b": 20}
 
 
 @pytest.mark.parametrize("flag", ["--session-timeout", "--lease-timeout"])

@@ -13,7 +13,7 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from aiokafka.errors import UnknownMemberIdError
 from aiokafka.protocol.group import JoinGroupRequest
 from deferline.runners.testing import join_once
-from deferline.runners.triggerer.testing import StickyAssignor, TriggerLane, _Listener
+from deferline.runners.triggerer.testing import Listener, StickyAssignor, TriggerLane
 
 
 class _Subscription:
@@ -121,7 +121,7 @@ async def test_a_revocation_that_does_not_end_is_cut_short_so_the_member_rejoins
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     lane = _StuckLane()
-    listener = _Listener(cast(TriggerLane, lane), within=0.05)
+    listener = Listener(cast(TriggerLane, lane), within=0.05)
     revoked = {TopicPartition("deferline.defer", 3)}
 
     await listener.on_partitions_revoked(revoked)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 from deferline.runners.triggerer.testing import (
-    _MOVES,
+    MOVES,
     ActiveTriggerTable,
     PartitionBook,
     Phase,
@@ -129,7 +129,7 @@ class BookMachine(RuleBasedStateMachine):
     @rule(to=st.sampled_from(list(Phase)))
     def any_move_outside_the_table_is_refused(self, to: Phase) -> None:
         book = PartitionBook[int](phase=self.book.phase)
-        if to in _MOVES[book.phase]:
+        if to in MOVES[book.phase]:
             book._move(to)
             assert book.phase is to
         else:

@@ -23,8 +23,8 @@ from deferline.runners.triggerer.testing import (
     Send,
     StartTrigger,
     TriggererMetrics,
-    _normalise_queues,
     interpret,
+    normalise_queues,
 )
 from deferline.schemas import (
     CancelRequest,
@@ -358,10 +358,10 @@ def test_log_lines_carry_the_structured_fields() -> None:
 
 
 def test_queue_names_are_normalised() -> None:
-    assert _normalise_queues(()) == (None,)
-    assert _normalise_queues(("default", "q1", "q1")) == (None, "q1")
+    assert normalise_queues(()) == (None,)
+    assert normalise_queues(("default", "q1", "q1")) == (None, "q1")
     with pytest.raises(ValueError, match="invalid"):
-        _normalise_queues(("bad queue",))
+        normalise_queues(("bad queue",))
     assert TriggererOptions().capacity == 10_000
 
 

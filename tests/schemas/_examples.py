@@ -21,7 +21,7 @@ from deferline.schemas import (
     make_event_id,
     make_trigger_id,
 )
-from deferline.schemas.testing import _Record
+from deferline.schemas.testing import Record
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 T0 = dt.datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
@@ -57,7 +57,7 @@ KWARGS = {
 }
 PAYLOAD = {"moment": T0, "rows": [1, 2.5, None, "x"]}
 
-RECORDS: list[_Record] = [
+RECORDS: list[Record] = [
     DeferRequest(
         trigger_id=TRIGGER_ID,
         task=TASK,

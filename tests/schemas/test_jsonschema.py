@@ -10,7 +10,7 @@ import orjson
 import pytest
 from deferline.schemas import RECORD_TYPES, SCHEMA_VERSION, encode, rendered_json_schemas
 from deferline.schemas.export import main, write_json_schemas
-from deferline.schemas.testing import _Record
+from deferline.schemas.testing import Record
 
 from ._examples import DOCS, RECORDS, doc_block
 
@@ -56,7 +56,7 @@ def test_each_schema_is_valid_and_identified(kind: str) -> None:
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
-def test_encoded_records_validate_against_their_schema(record: _Record) -> None:
+def test_encoded_records_validate_against_their_schema(record: Record) -> None:
     kind = type(record).model_fields["kind"].default
     validator = jsonschema.Draft202012Validator(committed(kind))
     validator.validate(orjson.loads(encode(record)))

@@ -23,7 +23,7 @@ from deferline.schemas import (
     make_event_id,
     make_trigger_id,
 )
-from deferline.schemas.testing import _Record
+from deferline.schemas.testing import Record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +51,7 @@ def test_examples_cover_every_record_kind() -> None:
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
-def test_every_record_round_trips(record: _Record) -> None:
+def test_every_record_round_trips(record: Record) -> None:
     data = encode(record)
     back = decode(data)
     assert type(back) is type(record)

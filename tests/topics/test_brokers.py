@@ -91,10 +91,10 @@ def test_throwaway_tls_makes_a_ca_and_a_broker_certificate_it_signed(tmp_path: P
 
 def test_secured_properties_enforce_acls_and_authenticate_every_listener(tmp_path: Path) -> None:
     from deferline.topics import BrokerSecurity, ThrowawayTLS
-    from deferline.topics.testing import _scram_arguments, _secured_properties
+    from deferline.topics.testing import scram_arguments, secured_properties
 
     security = BrokerSecurity(users={"admin": "a", "worker": "w"}, reauth_ms=5000)
-    text = _secured_properties(
+    text = secured_properties(
         host="127.0.0.1",
         port=1,
         internal_port=2,
@@ -109,7 +109,7 @@ def test_secured_properties_enforce_acls_and_authenticate_every_listener(tmp_pat
     assert "super.users=User:admin;User:CN=broker" in text
     assert "listener.name.internal.ssl.client.auth=required" in text
     assert "connections.max.reauth.ms=5000" in text
-    assert _scram_arguments(security) == [
+    assert scram_arguments(security) == [
         "--add-scram",
         "SCRAM-SHA-512=[name=admin,password=a]",
         "--add-scram",
@@ -121,11 +121,11 @@ def test_secured_properties_enforce_acls_and_authenticate_every_listener(tmp_pat
 
 def test_a_cluster_id_never_reads_as_an_option(monkeypatch):
     # One urlsafe-base64 id in 64 starts with "-"; kafka-storage's "-t" would take it for a flag.
-    from deferline.topics.testing import _new_cluster_id
+    from deferline.topics.testing import new_cluster_id
 
     dash_first = bytes([0xF8]) + bytes(15)  # encodes to "-A..."
     ids = iter([uuid.UUID(bytes=dash_first), uuid.UUID(int=1)])
     monkeypatch.setattr(uuid, "uuid4", lambda: next(ids))
-    cluster_id = _new_cluster_id()
+    cluster_id = new_cluster_id()
     assert not cluster_id.startswith("-")
     assert cluster_id == "AAAAAAAAAAAAAAAAAAAAAQ"

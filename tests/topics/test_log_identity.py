@@ -10,22 +10,22 @@ from typing import Any
 import pytest
 from aiokafka.protocol.metadata import MetadataRequest_v5
 from deferline.topics import BrokerError, TopicIdentity, read_log_identity
-from deferline.topics.testing import _IdentityRequest, _MetadataRequest_v10
+from deferline.topics.testing import IdentityRequest, MetadataRequest_v10
 
 TOPIC_ID = uuid.UUID("0193e0a4-0000-7000-8000-00000000000d")
 
 
 def test_v10_where_the_broker_has_it_and_never_auto_creating() -> None:
-    v10 = _IdentityRequest(["p.defer"]).prepare({3: (0, 12)})
-    assert isinstance(v10, _MetadataRequest_v10)
+    v10 = IdentityRequest(["p.defer"]).prepare({3: (0, 12)})
+    assert isinstance(v10, MetadataRequest_v10)
     assert v10.to_object()["allow_auto_topic_creation"] is False
-    v5 = _IdentityRequest(["p.defer"]).prepare({3: (0, 7)})
+    v5 = IdentityRequest(["p.defer"]).prepare({3: (0, 7)})
     assert isinstance(v5, MetadataRequest_v5)
     assert v5.to_object()["allow_auto_topic_creation"] is False
 
 
 def test_a_v10_answer_decodes_with_its_topic_ids() -> None:
-    response = _MetadataRequest_v10.RESPONSE_TYPE(
+    response = MetadataRequest_v10.RESPONSE_TYPE(
         0,
         [(1, "localhost", 9092, None, {})],
         "cluster-x",
@@ -37,7 +37,7 @@ def test_a_v10_answer_decodes_with_its_topic_ids() -> None:
         0,
         {},
     )
-    decoded = _MetadataRequest_v10.RESPONSE_TYPE.decode(response.encode())
+    decoded = MetadataRequest_v10.RESPONSE_TYPE.decode(response.encode())
     identity = _read(decoded, ["p.resume", "p.defer"])
     assert identity.cluster_id == "cluster-x"
     assert identity.topics == (

@@ -74,9 +74,9 @@ def test_the_compiled_hash_equals_the_python_one(key):
 
 def test_the_compiled_hash_is_installed():
     """murmurhash2 is a dependency: without it every event pays the Python loop."""
-    from deferline.topics.testing import _murmur2_python, _unsigned
+    from deferline.topics.testing import murmur2_python, unsigned
 
-    assert _unsigned is not _murmur2_python
+    assert unsigned is not murmur2_python
 
 
 def test_single_partition_and_bad_counts():

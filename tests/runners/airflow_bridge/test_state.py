@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from deferline.runners.airflow_bridge import BridgeLifecycle, BridgeState, IllegalTransition
-from deferline.runners.airflow_bridge.testing import _MOVES
+from deferline.runners.airflow_bridge.testing import MOVES
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
@@ -17,7 +17,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(to=st.sampled_from(list(BridgeState)))
     def move(self, to: BridgeState) -> None:
         before = self.lifecycle.state
-        if to in _MOVES[before]:
+        if to in MOVES[before]:
             self.lifecycle.move(to)
             assert self.lifecycle.state is to
         else:
