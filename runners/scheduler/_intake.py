@@ -19,8 +19,9 @@ from aiokafka.errors import KafkaError
 from deferline.schemas import DeadLetter
 from deferline.topics import known_position, trace_receive
 
+from ..member import PartitionPhase
 from ._fold import TaskFold
-from ._ownership import Hold, Ownership
+from ._ownership import Ownership
 from ._publishing import EventOffsets, SchedulerError
 from ._writers import PartitionWriters
 
@@ -126,7 +127,7 @@ class EventIntake:
             if now - last_commit >= self.commit_interval:
                 # Offsets that moved without output (orphans dropped, pending resolved).
                 async with writers.lock:
-                    owned = self.ownership.owned(Hold.ACTIVE)
+                    owned = self.ownership.owned(PartitionPhase.ACTIVE)
                     await self._past_markers(events, owned, busy=folded)
                     if writers.transactional:
                         writers.publish([], [], offsets=set(owned))

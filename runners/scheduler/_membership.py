@@ -29,13 +29,14 @@ from deferline.topics import Settings, TopicNames, start_client, stop_client
 
 from .._aiokafka import client_of, group_generation, request_rejoin
 from .._local_state import CheckpointError
+from ..member import PartitionPhase
 from ..triggerer._sticky_assignor import StickyAssignor
 from ._admission import LEDGER_PARTITION
 from ._checkpoint import Checkpoints
 from ._checkpointer import Checkpointer
 from ._clients import SchedulerClients
 from ._fold import TaskFold
-from ._ownership import Hold, Ownership
+from ._ownership import Ownership
 from ._publishing import EventOffsets, SchedulerError
 from ._routing import PartitionRouter
 from ._standby import Standby
@@ -152,7 +153,9 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.writers.settle(quiesced)
         if not self.writers.transactional and quiesced:
             try:
-                await self.writers.commit(self.clients.events, self.ownership.owned(Hold.QUIESCED))
+                await self.writers.commit(
+                    self.clients.events, self.ownership.owned(PartitionPhase.QUIESCED)
+                )
             except KafkaError as exc:  # the generation is over: the next owner reads again
                 logger.warning("event offsets not committed at revocation: %s", exc)
         if self.clients.reader is not None:

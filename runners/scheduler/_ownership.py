@@ -1,4 +1,5 @@
-"""Which task partitions this scheduler owns, and in which stage: one explicit state machine.
+"""Which task partitions this scheduler owns, and in which phase of the lifecycle every
+member shares (:mod:`deferline.runners.member`).
 
 No I/O: the shell (:mod:`._scheduler`) moves a partition when the group assigns or revokes
 it, when its takeover is done, or when its producer is fenced; the machine refuses a move the
@@ -8,122 +9,94 @@ Rebalances are eager (every rebalance revokes every partition first), made incre
 the triggerers' are: a revoked partition is only quiesced (nothing is written for it), and
 the next assignment says whether it is kept (active again at once) or gone (dropped).
 
-::
+A scheduler uses four of its phases (gone: the partition is dropped from the table)::
 
-    (absent) ──assign──▶ ACQUIRING ──acquired──▶ ACTIVE ◀──keep── QUIESCED
-                             │                     │  └──revoke──▶    │
-                             └────────── release ──┴──────────────────┴──▶ (absent)
+    (assign) ──▶ acquiring ──acquired──▶ active ◀──kept── quiesced
+                     │                     │  └──revoke──▶    │
+                     └──── revoke, lose ───┴──── lose ────────┴──▶ gone
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-__all__ = ["Hold", "IllegalMove", "Ownership", "Rebalance"]
+from ..member import AssignmentDiff, IllegalPartitionMove, PartitionPhase, diff_assignment, moved
 
+__all__ = ["Ownership"]
 
-class Hold(enum.Enum):
-    ACQUIRING = "acquiring"  # fencing the old owner, folding the partition: writes nothing
-    ACTIVE = "active"  # folds the partition's events and writes its decisions
-    QUIESCED = "quiesced"  # revoked: writes nothing until the next assignment says kept/gone
-
-
-_MOVES: dict[Hold | None, frozenset[Hold | None]] = {
-    None: frozenset({Hold.ACQUIRING}),
-    Hold.ACQUIRING: frozenset({Hold.ACTIVE, None}),
-    Hold.ACTIVE: frozenset({Hold.QUIESCED, None}),
-    Hold.QUIESCED: frozenset({Hold.ACTIVE, None}),
-}
-
-
-class IllegalMove(ValueError):
-    """A partition was asked for a move its lifecycle does not have."""
-
-
-@dataclass(frozen=True, slots=True)
-class Rebalance:
-    """What an assignment means for the partitions held: kept (active again), acquired (to
-    take over), released (to drop, without writing)."""
-
-    kept: tuple[int, ...]
-    acquired: tuple[int, ...]
-    released: tuple[int, ...]
+_ACQUIRING, _ACTIVE, _QUIESCED, _GONE = (
+    PartitionPhase.ACQUIRING,
+    PartitionPhase.ACTIVE,
+    PartitionPhase.QUIESCED,
+    PartitionPhase.GONE,
+)
 
 
 class Ownership:
-    """Each owned partition's :class:`Hold`; the only writer of it."""
+    """Each owned partition's phase (:class:`PartitionPhase`); the only writer of it."""
 
     __slots__ = ("_holds",)
 
     def __init__(self) -> None:
-        self._holds: dict[int, Hold] = {}
+        self._holds: dict[int, PartitionPhase] = {}
 
-    def hold(self, partition: int) -> Hold | None:
-        """The partition's stage; None when it is not owned."""
+    def hold(self, partition: int) -> PartitionPhase | None:
+        """The partition's phase; None when it is not owned."""
         return self._holds.get(partition)
 
     def writable(self, partition: int) -> bool:
         """True when the partition's decisions may be written now."""
-        return self._holds.get(partition) is Hold.ACTIVE
+        return self._holds.get(partition) is _ACTIVE
 
-    def owned(self, *holds: Hold) -> list[int]:
+    def owned(self, *holds: PartitionPhase) -> list[int]:
         """The partitions held (in one of ``holds``, if given), in order."""
         return sorted(p for p, h in self._holds.items() if not holds or h in holds)
 
-    def _move(self, partition: int, to: Hold | None) -> None:
-        at = self._holds.get(partition)
-        if to not in _MOVES[at]:
-            were = at.value if at is not None else "not owned"
-            goes = to.value if to is not None else "released"
-            raise IllegalMove(f"partition {partition} cannot go from {were} to {goes}")
-        if to is None:
+    def _move(self, partition: int, to: PartitionPhase) -> None:
+        if moved(partition, self._holds[partition], to) is _GONE:
             del self._holds[partition]
         else:
             self._holds[partition] = to
 
     def acquired(self, partition: int) -> None:
         """The takeover of an acquiring partition is done: it is active."""
-        if self._holds.get(partition) is not Hold.ACQUIRING:
-            raise IllegalMove(f"partition {partition} is not being acquired")
-        self._move(partition, Hold.ACTIVE)
+        if self._holds.get(partition) is not _ACQUIRING:
+            raise IllegalPartitionMove(f"partition {partition} is not being acquired")
+        self._move(partition, _ACTIVE)
 
     def revoke(self) -> tuple[list[int], list[int]]:
         """Every partition was revoked: active ones quiesce, acquiring ones are released
         (their takeover is abandoned). Returns (quiesced, released)."""
-        quiesced = self.owned(Hold.ACTIVE)
-        released = self.owned(Hold.ACQUIRING)
+        quiesced = self.owned(_ACTIVE)
+        released = self.owned(_ACQUIRING)
         for p in quiesced:
-            self._move(p, Hold.QUIESCED)
+            self._move(p, _QUIESCED)
         for p in released:
-            self._move(p, None)
+            self._move(p, _GONE)
         return quiesced, released
 
-    def assign(self, partitions: Iterable[int]) -> Rebalance:
+    def assign(self, partitions: Iterable[int]) -> AssignmentDiff:
         """The group assigned ``partitions``: quiesced ones among them are kept, the other
-        quiesced ones released, new ones acquiring. IllegalMove if a partition is still
-        active or acquiring (no revocation came first)."""
-        mine = set(partitions)
-        busy = self.owned(Hold.ACTIVE, Hold.ACQUIRING)
+        quiesced ones released, new ones acquiring. IllegalPartitionMove if a partition is
+        still active or acquiring (no revocation came first)."""
+        busy = self.owned(_ACTIVE, _ACQUIRING)
         if busy:
-            raise IllegalMove(f"partitions {busy} were assigned again without a revocation")
-        quiesced = self.owned(Hold.QUIESCED)
-        kept = tuple(p for p in quiesced if p in mine)
-        released = tuple(p for p in quiesced if p not in mine)
-        acquired = tuple(sorted(mine - set(quiesced)))
-        for p in kept:
-            self._move(p, Hold.ACTIVE)
-        for p in released:
-            self._move(p, None)
-        for p in acquired:
-            self._move(p, Hold.ACQUIRING)
-        return Rebalance(kept, acquired, released)
+            raise IllegalPartitionMove(
+                f"partitions {busy} were assigned again without a revocation"
+            )
+        change = diff_assignment(self._holds, partitions)
+        for p in change.kept:
+            self._move(p, _ACTIVE)
+        for p in change.released:
+            self._move(p, _GONE)
+        for p in change.acquired:
+            self._holds[p] = _ACQUIRING  # a lifecycle starts
+        return change
 
     def lose(self, partition: int) -> bool:
         """The partition is lost without a revocation (its producer was fenced: another
         scheduler owns it now): released, whatever its stage. False if it was not owned."""
         if partition not in self._holds:
             return False
-        self._move(partition, None)
+        self._move(partition, _GONE)
         return True

@@ -75,6 +75,7 @@ from deferline.topics import (
 from prometheus_client import CollectorRegistry
 
 from .._metrics import MetricsServer
+from ..member import PartitionPhase
 from ..triggerer._sticky_assignor import StickyAssignor
 from ._admission import LedgerPoolAdmission
 from ._checkpoint import Checkpoints
@@ -86,7 +87,7 @@ from ._housekeeping import Housekeeping
 from ._intake import EventIntake
 from ._membership import Membership
 from ._metrics import SchedulerCollector
-from ._ownership import Hold, Ownership
+from ._ownership import Ownership
 from ._phase import Phase, PhaseMachine
 from ._pools import PoolChannel
 from ._publisher import Outgoing, SchedulerFenced
@@ -337,7 +338,7 @@ class Scheduler(Lifecycle):
     @property
     def owned(self) -> list[int]:
         """The task partitions this scheduler writes for now."""
-        return self.ownership.owned(Hold.ACTIVE)
+        return self.ownership.owned(PartitionPhase.ACTIVE)
 
     def partition_counts(self) -> dict[int, tuple[int, int]]:
         """Per owned partition: events applied and duplicates dropped since it was acquired."""

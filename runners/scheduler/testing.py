@@ -4,7 +4,7 @@ from ._checkpoint import Checkpoints, SchedulerCheckpoint, merge_states, split_d
 from ._cli import _parse_pools as parse_pools
 from ._fold import TaskFold
 from ._metrics import pool_ledger_metrics
-from ._ownership import Hold, IllegalMove, Ownership
+from ._ownership import Ownership
 from ._phase import Phase, PhaseMachine
 from ._records import orphan_letter, read_as, read_event, waves
 from ._routing import PartitionRouter
@@ -15,8 +15,6 @@ from ._writers import BATCHES_AHEAD
 __all__ = [
     "BATCHES_AHEAD",
     "Checkpoints",
-    "Hold",
-    "IllegalMove",
     "Ownership",
     "PartitionRouter",
     "Phase",

@@ -72,6 +72,7 @@ from .._aiokafka import (
     request_rejoin,
     set_fetch_wait,
 )
+from ..member import diff_assignment
 from ._backpressure import FetchGate
 from ._checkpoint import CheckpointStore
 from ._checkpointer import Checkpointer
@@ -422,16 +423,10 @@ class TriggerLane:
         generation = group_generation(consumer)
         self._assignor.note_generation(generation)
         mine = {tp.partition for tp in assigned if tp.topic == self.defer_topic}
-        kept = [p for n, p in sorted(self._parts.items()) if n in mine]
-        lost = [p for n, p in sorted(self._parts.items()) if n not in mine]
-        new = sorted(
-            (
-                tp
-                for tp in assigned
-                if tp.topic == self.defer_topic and tp.partition not in self._parts
-            ),
-            key=lambda tp: tp.partition,
-        )
+        change = diff_assignment(self._parts, mine)
+        kept = [self._parts[n] for n in change.kept]
+        lost = [self._parts[n] for n in change.released]
+        new = [TopicPartition(self.defer_topic, n) for n in change.acquired]
         # Lost: gone now (outcomes of their triggers are dropped from here on); their
         # triggers are cancelled in the background, without emitting.
         self._rebalances.assigned(

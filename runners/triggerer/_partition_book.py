@@ -1,17 +1,12 @@
-"""A partition's lifecycle in a lane: one phase, one transition table, no I/O.
+"""A partition's book in a lane: its phase, the outcomes it holds, the keys it is done with.
 
-The book decides what an outcome of one of the partition's triggers means (emit it, hold
-it, drop it) and what the next assignment does with the partition (kept: held outcomes
-are handed back to be emitted; lost or released: they are dropped)::
-
-    rebuilding ──▶ starting ──▶ live ──▶ quiesced ──▶ live      (kept)
-        │             │          │          └───────▶ gone      (lost)
-        └─────────────┴──────────┴──▶ releasing ───▶ gone
-
-``starting`` follows the live tail while the triggers folded from the topics are started;
-``quiesced`` is revoked and waiting for the next assignment; ``releasing`` is being given
-up (flush, checkpoint, commit); ``gone`` is no longer owned. Any phase but ``releasing``
-may also go straight to ``gone`` (lost, or given up when a revocation is cut short).
+The phase follows the lifecycle every member shares (:mod:`deferline.runners.member`):
+``acquiring`` while it is rebuilt, ``starting`` while it follows the live tail and its folded
+triggers start, ``active``, ``quiesced`` when revoked, ``releasing`` while it is given up
+(flush, checkpoint, commit), ``gone``. The book decides what an outcome of one of the
+partition's triggers means (emit it, hold it, drop it) and what the next assignment does with
+the partition (kept: held outcomes are handed back to be emitted; lost or released: they are
+dropped). No I/O.
 """
 
 from __future__ import annotations
@@ -20,42 +15,19 @@ import enum
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from ..member import PartitionPhase, moved
+
 Held = TypeVar("Held")
-
-
-class Phase(enum.Enum):
-    """Where a partition is in its lifecycle in this lane."""
-
-    REBUILDING = "rebuilding"
-    STARTING = "starting"
-    LIVE = "live"
-    QUIESCED = "quiesced"
-    RELEASING = "releasing"
-    GONE = "gone"
-
 
 # Members bound once: an enum member's attribute lookup costs about 80 ns on Python 3.11,
 # and an outcome's verdict is on the fire path.
-_STARTING, _LIVE, _QUIESCED, _RELEASING, _GONE = (
-    Phase.STARTING,
-    Phase.LIVE,
-    Phase.QUIESCED,
-    Phase.RELEASING,
-    Phase.GONE,
+_STARTING, _ACTIVE, _QUIESCED, _RELEASING, _GONE = (
+    PartitionPhase.STARTING,
+    PartitionPhase.ACTIVE,
+    PartitionPhase.QUIESCED,
+    PartitionPhase.RELEASING,
+    PartitionPhase.GONE,
 )
-
-_MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.REBUILDING: frozenset({Phase.STARTING, Phase.RELEASING, Phase.GONE}),
-    Phase.STARTING: frozenset({Phase.LIVE, Phase.RELEASING, Phase.GONE}),
-    Phase.LIVE: frozenset({Phase.QUIESCED, Phase.RELEASING, Phase.GONE}),
-    Phase.QUIESCED: frozenset({Phase.LIVE, Phase.RELEASING, Phase.GONE}),
-    Phase.RELEASING: frozenset({Phase.GONE}),
-    Phase.GONE: frozenset(),
-}
-
-
-class PhaseError(RuntimeError):
-    """A partition was moved where its lifecycle does not go (a bug in the lane)."""
 
 
 class Verdict(enum.Enum):
@@ -65,7 +37,7 @@ class Verdict(enum.Enum):
     HOLD = "hold"
     """Quiesced: kept in the book, handed back if the partition is kept."""
     DROP = "drop"
-    """Not emitted for (rebuilding, releasing, gone): the next owner fires the trigger."""
+    """Not emitted for (acquiring, releasing, gone): the next owner fires the trigger."""
     REPEAT = "repeat"
     """An event (or tombstone) of this key is already queued: never emit for it again."""
 
@@ -77,7 +49,7 @@ _EMIT, _HOLD, _DROP, _REPEAT = Verdict.EMIT, Verdict.HOLD, Verdict.DROP, Verdict
 class PartitionBook(Generic[Held]):
     """The phase of one owned partition, the outcomes it holds and the keys it is done with."""
 
-    phase: Phase = Phase.REBUILDING
+    phase: PartitionPhase = PartitionPhase.ACQUIRING
     quiesced_at: float | None = None
     """When the partition was quiesced (monotonic; None unless quiesced)."""
     held: list[Held] = field(default_factory=list)
@@ -86,9 +58,9 @@ class PartitionBook(Generic[Held]):
 
     @property
     def emitting(self) -> bool:
-        """Its records are applied and its outcomes emitted (starting or live)."""
+        """Its records are applied and its outcomes emitted (starting or active)."""
         phase = self.phase
-        return phase is _LIVE or phase is _STARTING
+        return phase is _ACTIVE or phase is _STARTING
 
     @property
     def owned(self) -> bool:
@@ -97,34 +69,32 @@ class PartitionBook(Generic[Held]):
 
     @property
     def ready(self) -> bool:
-        """Its rebuild is over (live or quiesced): the table reflects the log it has read."""
+        """Its rebuild is over (active or quiesced): the table reflects the log it has read."""
         phase = self.phase
-        return phase is _LIVE or phase is _QUIESCED
+        return phase is _ACTIVE or phase is _QUIESCED
 
-    def _move(self, to: Phase) -> None:
-        if to not in _MOVES[self.phase]:
-            raise PhaseError(f"partition cannot go from {self.phase.value} to {to.value}")
-        self.phase = to
+    def _move(self, to: PartitionPhase) -> None:
+        self.phase = moved(None, self.phase, to)
 
     def follow(self) -> None:
         """The tail is followed; the folded triggers are about to be started."""
-        self._move(Phase.STARTING)
+        self._move(PartitionPhase.STARTING)
 
     def rebuilt(self) -> None:
         """Every folded trigger is started."""
-        self._move(Phase.LIVE)
+        self._move(PartitionPhase.ACTIVE)
 
     def quiesce(self, now: float) -> None:
         """Revoked: hold outcomes until the next assignment (again: still quiesced)."""
-        if self.phase is not Phase.QUIESCED:
-            self._move(Phase.QUIESCED)
+        if self.phase is not PartitionPhase.QUIESCED:
+            self._move(PartitionPhase.QUIESCED)
             self.quiesced_at = now
 
     def keep(self) -> tuple[list[Held], float | None]:
-        """Assigned again: live, and the held outcomes (to emit) and when it was quiesced."""
-        if self.phase is Phase.LIVE:
+        """Assigned again: active, and the held outcomes (to emit) and when it was quiesced."""
+        if self.phase is PartitionPhase.ACTIVE:
             return [], None
-        self._move(Phase.LIVE)
+        self._move(PartitionPhase.ACTIVE)
         held, self.held = self.held, []
         since, self.quiesced_at = self.quiesced_at, None
         return held, since
@@ -132,23 +102,23 @@ class PartitionBook(Generic[Held]):
     def release(self) -> bool:
         """Being given up: nothing is emitted from here on (held outcomes are dropped).
         False when it already was (or is gone): the release under way goes on."""
-        if self.phase is Phase.RELEASING or self.phase is Phase.GONE:
+        if self.phase is PartitionPhase.RELEASING or self.phase is PartitionPhase.GONE:
             return False
-        self._move(Phase.RELEASING)
+        self._move(PartitionPhase.RELEASING)
         self.held.clear()
         return True
 
     def gone(self) -> None:
         """No longer owned (lost, or released; again: still gone): held outcomes dropped."""
-        if self.phase is not Phase.GONE:
-            self._move(Phase.GONE)
+        if self.phase is not PartitionPhase.GONE:
+            self._move(PartitionPhase.GONE)
             self.held.clear()
 
     def outcome(self, key: bytes, held: Held) -> Verdict:
         """An outcome of the trigger ``key``: the verdict, with its bookkeeping done (an
         emitted key is done; a held outcome is kept until :meth:`keep` or :meth:`gone`)."""
         phase = self.phase
-        if phase is _LIVE or phase is _STARTING:
+        if phase is _ACTIVE or phase is _STARTING:
             return _EMIT if self.claim(key) else _REPEAT
         if phase is _QUIESCED:
             self.held.append(held)

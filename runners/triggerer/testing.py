@@ -14,8 +14,7 @@ from ._lane import RebalanceSummary, TriggerLane, TriggerRef
 from ._lane import _Listener as Listener
 from ._lane_types import LaneOptions, OwnedPartition
 from ._metrics import TriggererMetrics
-from ._partition_book import _MOVES as MOVES
-from ._partition_book import PartitionBook, Phase, PhaseError, Verdict
+from ._partition_book import PartitionBook, Verdict
 from ._partition_table import ActiveTriggerTable, TableChanges
 from ._rebuild import RebuildReader, start_folded
 from ._rebuild_plan import RebuildPlan, Span
@@ -24,7 +23,6 @@ from ._transactions import transactional_id
 from ._triggerer import _normalise_queues as normalise_queues
 
 __all__ = [
-    "MOVES",
     "ActiveTriggerTable",
     "BadRecord",
     "CancelTrigger",
@@ -39,8 +37,6 @@ __all__ = [
     "MemoryCheckpointStore",
     "OwnedPartition",
     "PartitionBook",
-    "Phase",
-    "PhaseError",
     "RebalanceSummary",
     "RebuildPlan",
     "RebuildReader",

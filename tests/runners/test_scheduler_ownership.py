@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 from deferline.engine import Emit
-from deferline.runners.scheduler.testing import Hold, IllegalMove, Ownership, PartitionRouter
+from deferline.runners.member import IllegalPartitionMove as IllegalMove
+from deferline.runners.member import PartitionPhase as Hold
+from deferline.runners.scheduler.testing import Ownership, PartitionRouter
 from deferline.schemas import CancelRequest, TaskKey, TaskStateRecord
 from deferline.topics import partition_for
 from hypothesis import given, settings
@@ -83,7 +85,7 @@ def test_illegal_moves_name_the_partition_and_both_stages() -> None:
     ownership.acquired(3)
     with pytest.raises(IllegalMove, match=r"partitions \[3\] were assigned again"):
         ownership.assign({3})
-    with pytest.raises(IllegalMove, match="from active to acquiring"):
+    with pytest.raises(IllegalMove, match="partition 3 cannot go from active to acquiring"):
         ownership._move(3, Hold.ACQUIRING)
 
 

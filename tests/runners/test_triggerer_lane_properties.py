@@ -6,12 +6,11 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
+from deferline.runners.member import MOVES, IllegalPartitionMove
+from deferline.runners.member import PartitionPhase as Phase
 from deferline.runners.triggerer.testing import (
-    MOVES,
     ActiveTriggerTable,
     PartitionBook,
-    Phase,
-    PhaseError,
     RebuildPlan,
     Span,
     Verdict,
@@ -51,7 +50,7 @@ class BookMachine(RuleBasedStateMachine):
         phase = self.book.phase
         verdict = self.book.outcome(self.keys[outcome], outcome)
         if verdict is Verdict.EMIT:
-            assert phase in (Phase.STARTING, Phase.LIVE), f"emitted while {phase.value}"
+            assert phase in (Phase.STARTING, Phase.ACTIVE), f"emitted while {phase.value}"
             assert not self.let_go, "emitted after the partition was let go"
             assert outcome not in self.emitted, "an outcome emitted twice"
             assert self.keys[outcome] not in self.done, "a key emitted twice"
@@ -62,11 +61,15 @@ class BookMachine(RuleBasedStateMachine):
             assert phase is Phase.QUIESCED
             self.fate[outcome] = "held"
         elif verdict is Verdict.REPEAT:
-            assert phase in (Phase.STARTING, Phase.LIVE)
+            assert phase in (Phase.STARTING, Phase.ACTIVE)
             assert self.keys[outcome] in self.done
             self.fate[outcome] = "repeat"
         else:
-            assert phase not in (Phase.STARTING, Phase.LIVE, Phase.QUIESCED)
+            assert phase not in (
+                Phase.STARTING,
+                Phase.ACTIVE,
+                Phase.QUIESCED,
+            )
             self.fate[outcome] = "dropped"
 
     @rule(key=KEYS)
@@ -80,7 +83,7 @@ class BookMachine(RuleBasedStateMachine):
         assert self.book.tombstoned(key) is (key in self.done)
         self.done.discard(key)
 
-    @precondition(lambda self: self.book.phase is Phase.REBUILDING)
+    @precondition(lambda self: self.book.phase is Phase.ACQUIRING)
     @rule()
     def follow(self) -> None:
         self.book.follow()
@@ -90,13 +93,13 @@ class BookMachine(RuleBasedStateMachine):
     def rebuilt(self) -> None:
         self.book.rebuilt()
 
-    @precondition(lambda self: self.book.phase in (Phase.LIVE, Phase.QUIESCED))
+    @precondition(lambda self: self.book.phase in (Phase.ACTIVE, Phase.QUIESCED))
     @rule(now=st.floats(0, 1e6))
     def quiesce(self, now: float) -> None:
         self.book.quiesce(now)
         assert self.book.phase is Phase.QUIESCED
 
-    @precondition(lambda self: self.book.phase in (Phase.LIVE, Phase.QUIESCED))
+    @precondition(lambda self: self.book.phase in (Phase.ACTIVE, Phase.QUIESCED))
     @rule()
     def keep(self) -> None:
         was_held = [o for o, fate in self.fate.items() if fate == "held"]
@@ -133,7 +136,7 @@ class BookMachine(RuleBasedStateMachine):
             book._move(to)
             assert book.phase is to
         else:
-            with pytest.raises(PhaseError):
+            with pytest.raises(IllegalPartitionMove):
                 book._move(to)
 
     @invariant()
