@@ -51,7 +51,8 @@ def live_partition(lane: TriggerLane) -> tuple[OwnedPartition, Callable[[bytes, 
         part = OwnedPartition(number=0, defer_tp=tps[0], resume_tp=tps[1])
         part.book.follow()
         part.book.rebuilt()
-        return part, lambda key, value: TriggerRef(lane, part, key, value)
+        route: Any = getattr(lane, "route", lane)  # older builds: the ref carried the lane
+        return part, lambda key, value: TriggerRef(route, part, key, value)
     old = cast(Any, OwnedPartition)(number=0, defer_tp=tps[0], resume_tp=tps[1])
     old.ready = old.live = True
     return old, lambda key, value: cast(Any, TriggerRef)(lane, 0, key, value)

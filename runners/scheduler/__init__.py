@@ -1,12 +1,8 @@
 """The scheduler process: folds trigger events into task state and resumes tasks."""
 
+from ._cli import scheduler_command
 from ._pools import PoolChannel, PoolRecord
-from ._scheduler import (
-    Scheduler,
-    SchedulerError,
-    SchedulerFenced,
-    scheduler_command,
-)
+from ._scheduler import Scheduler, SchedulerError, SchedulerFenced
 
 __all__ = [
     "PoolChannel",

@@ -80,7 +80,6 @@ from ..triggerer._sticky_assignor import StickyAssignor
 from ._admission import LedgerPoolAdmission
 from ._checkpoint import Checkpoints
 from ._checkpointer import Checkpointer
-from ._cli import scheduler_command
 from ._clients import SchedulerClients
 from ._fold import TaskFold
 from ._housekeeping import Housekeeping
@@ -98,7 +97,7 @@ from ._standby import Standby
 from ._tasks_topic import TasksReader
 from ._writers import PartitionWriters
 
-__all__ = ["Scheduler", "SchedulerError", "SchedulerFenced", "scheduler_command"]
+__all__ = ["Scheduler", "SchedulerError", "SchedulerFenced"]
 
 logger = logging.getLogger(__name__)
 

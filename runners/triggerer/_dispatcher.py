@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from deferline.engine import BaseTrigger, TriggerSupervisor
 from deferline.schemas import (
@@ -17,12 +17,9 @@ from deferline.schemas import (
 
 from ._event_sink import EventSink
 from ._input import BadRecord, CancelTrigger, StartTrigger, interpret
-from ._lane_types import OwnedPartition, StopTrigger, TriggerRef
+from ._lane_types import OutcomeRoute, OwnedPartition, StopTrigger, TriggerRef
 from ._metrics import TriggererMetrics
 from ._rebuild_plan import Record
-
-if TYPE_CHECKING:
-    from ._lane import TriggerLane
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +30,10 @@ class RecordDispatcher:
 
     def __init__(
         self,
-        lane: TriggerLane,
+        route: OutcomeRoute,
         *,
+        queue: str | None,
+        defer_topic: str,
         supervisor: TriggerSupervisor,
         sink: EventSink,
         cipher: KwargsCipher | None,
@@ -43,7 +42,7 @@ class RecordDispatcher:
         metrics: TriggererMetrics,
         log: Callable[..., dict[str, Any]],
     ) -> None:
-        self._lane = lane
+        self._route = route
         self._supervisor = supervisor
         self._sink = sink
         self._cipher = cipher
@@ -51,10 +50,10 @@ class RecordDispatcher:
         self._cancel = cancel
         self._metrics = metrics
         self._log = log
-        self._label = lane.label
-        self._defer_topic = lane.defer_topic
-        self._member = lane.member
-        self._queue = lane.queue
+        self._label = queue or "default"
+        self._defer_topic = defer_topic
+        self._member = route.member
+        self._queue = queue
         self._classes: dict[str, type[BaseTrigger]] = {}
         """Trigger classes resolved under ``allowed``, by classpath (a rebuild resolves the
         same few classpaths for every record)."""
@@ -106,7 +105,7 @@ class RecordDispatcher:
             request = decision.request
             if key in part.book.done or request.trigger_id in self._supervisor:
                 return True  # the same deferral again: keep the running copy
-            ref = TriggerRef(self._lane, part, key, value)
+            ref = TriggerRef(self._route, part, key, value)
             self._supervisor.add(
                 request.trigger_id, decision.trigger, timeout_at=request.timeout_at, context=ref
             )

@@ -84,6 +84,7 @@ from ._fetch_wait import SHORT_WAIT_MS
 from ._lane_types import (
     BootstrapError,
     LaneOptions,
+    OutcomeRoute,
     OwnedPartition,
     RebalanceSummary,
     StopTrigger,
@@ -197,8 +198,12 @@ class TriggerLane:
             metrics=metrics,
             log=self._log,
         )
+        self.route = OutcomeRoute(member=self.member, deliver=self.handle_outcome)
+        """Where the outcomes of this lane's triggers go (carried by each TriggerRef)."""
         self._dispatcher = RecordDispatcher(
-            self,
+            self.route,
+            queue=queue,
+            defer_topic=self.defer_topic,
             supervisor=supervisor,
             sink=self._sink,
             cipher=cipher,

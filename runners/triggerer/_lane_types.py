@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from aiokafka import TopicPartition
 from deferline.engine import TriggerOutcome
@@ -13,9 +14,6 @@ from deferline.schemas import DeferlineError
 from ._input import peek_identity
 from ._partition_book import PartitionBook
 from ._partition_table import ActiveTriggerTable
-
-if TYPE_CHECKING:
-    from ._lane import TriggerLane
 
 
 class StopTrigger(Protocol):
@@ -57,11 +55,22 @@ class LaneOptions:
     gets the same partitions back without a rebalance."""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class OutcomeRoute:
+    """Where the outcomes of a lane's triggers go: one per lane, shared by its refs."""
+
+    member: str
+    """The member running them (read by the supervisor's log lines)."""
+    deliver: Callable[[TriggerRef, TriggerOutcome], None]
+    """The lane's handling of an outcome (emit, hold or drop, by its partition's phase)."""
+
+
 @dataclass(slots=True, eq=False)
 class TriggerRef:
-    """What the supervisor carries for each trigger: where it came from (no decoded copy)."""
+    """What the supervisor carries for each trigger: where it came from (no decoded copy)
+    and where its outcome goes."""
 
-    lane: TriggerLane
+    route: OutcomeRoute
     part: OwnedPartition
     key: bytes
     value: bytes
@@ -74,7 +83,7 @@ class TriggerRef:
     @property
     def member(self) -> str:
         """The member running it (read by the supervisor's log lines)."""
-        return self.lane.member
+        return self.route.member
 
     @property
     def task(self) -> str | None:

@@ -439,7 +439,7 @@ class Triggerer(Lifecycle):
     def _on_outcome(self, outcome: TriggerOutcome) -> None:
         ref = outcome.context
         if isinstance(ref, TriggerRef):
-            ref.lane.handle_outcome(ref, outcome)
+            ref.route.deliver(ref, outcome)
         else:  # pragma: no cover - every trigger is added with a TriggerRef
             logger.error("outcome without a source", extra={"trigger_id": outcome.trigger_id})
 

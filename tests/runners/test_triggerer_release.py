@@ -82,7 +82,7 @@ def make_lane(
     part.book.follow()
     part.book.rebuilt()
     lane._parts[0] = part
-    return lane, TriggerRef(lane, part, TID.encode(), encode(REQUEST))
+    return lane, TriggerRef(lane.route, part, TID.encode(), encode(REQUEST))
 
 
 def test_an_outcome_of_a_live_partition_is_emitted() -> None:
