@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+from .._transitions import IllegalTransition, checked
+
 __all__ = ["BridgeLifecycle", "BridgeState", "IllegalTransition"]
 
 
@@ -32,10 +34,6 @@ _MOVES: Final[dict[BridgeState, frozenset[BridgeState]]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
-    """The bridge was asked to move between two states that do not follow each other."""
-
-
 class BridgeLifecycle:
     """Where the bridge is in its life; every move is checked against the table."""
 
@@ -46,9 +44,7 @@ class BridgeLifecycle:
 
     def move(self, to: BridgeState) -> None:
         """Move to ``to``, or raise :class:`IllegalTransition`."""
-        if to not in _MOVES[self.state]:
-            raise IllegalTransition(f"bridge cannot go from {self.state.value} to {to.value}")
-        self.state = to
+        self.state = checked("bridge", _MOVES, self.state, to)
 
     def can_move(self, to: BridgeState) -> bool:
         return to in _MOVES[self.state]

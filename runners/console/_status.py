@@ -15,6 +15,8 @@ from deferline.replay import TopicsNotFound
 from deferline.topics import AccessError, Settings, access_error, principal_of
 from deferline.topics._clients import is_bootstrap_failure
 
+from .._transitions import checked
+
 __all__ = ["ConsoleState", "ConsoleStatus"]
 
 
@@ -49,8 +51,8 @@ class ConsoleStatus:
         self.progress: float | None = None
 
     def move(self, state: ConsoleState, message: str) -> None:
-        if state is not self.state and state not in _MOVES[self.state]:
-            raise RuntimeError(f"console status cannot move from {self.state} to {state}")
+        if state is not self.state:
+            checked("console status", _MOVES, self.state, state)
         self.state, self.message = state, message
         if state is not ConsoleState.CATCHING_UP:
             self.progress = None

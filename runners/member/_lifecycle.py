@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 
-from deferline.schemas import DeferlineError
+from .._transitions import IllegalTransition
 
 __all__ = ["MOVES", "IllegalPartitionMove", "PartitionPhase", "moved"]
 
@@ -54,7 +54,7 @@ MOVES: dict[PartitionPhase, frozenset[PartitionPhase]] = {
 }
 
 
-class IllegalPartitionMove(DeferlineError):
+class IllegalPartitionMove(IllegalTransition):
     """A partition was asked for a move its lifecycle does not have (a bug in the member)."""
 
 

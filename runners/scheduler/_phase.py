@@ -8,6 +8,7 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
+from .._transitions import checked
 from ._publishing import SchedulerError
 
 __all__ = ["Phase", "PhaseMachine"]
@@ -40,13 +41,11 @@ class PhaseMachine:
         self._changed = asyncio.Event()
 
     def move(self, to: Phase) -> None:
-        """Move to ``to``; ValueError if the lifecycle has no such move (staying put is
-        allowed)."""
+        """Move to ``to``; IllegalTransition if the lifecycle has no such move (staying put
+        is allowed)."""
         if to is self.phase:
             return
-        if to not in _MOVES[self.phase]:
-            raise ValueError(f"scheduler cannot go from {self.phase.value} to {to.value}")
-        self.phase = to
+        self.phase = checked("scheduler", _MOVES, self.phase, to)
         self.changed()
 
     def changed(self) -> None:

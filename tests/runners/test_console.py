@@ -20,6 +20,7 @@ from deferline.replay import (
     TopicRole,
     TopicsNotFound,
 )
+from deferline.runners import IllegalTransition
 from deferline.runners.cli import main
 from deferline.runners.console.testing import (
     ConsoleState,
@@ -211,7 +212,7 @@ SETTINGS = Settings(bootstrap_servers="broker:9092", topic_prefix="d.")
 
 def test_status_moves_only_along_its_transitions():
     status = ConsoleStatus(SETTINGS)
-    with pytest.raises(RuntimeError, match="cannot move from connecting to live"):
+    with pytest.raises(IllegalTransition, match="console status cannot go from connecting to live"):
         status.move(ConsoleState.LIVE, "live")
     status.move(ConsoleState.CATCHING_UP, "reading")
     status.move(ConsoleState.LIVE, "live")

@@ -67,3 +67,12 @@ def test_only_what_moved_changes_hands(held: set[int], assigned: set[int]) -> No
     assert not set(change.kept) & set(change.acquired)
     for part in (change.kept, change.acquired, change.released):
         assert list(part) == sorted(part)
+
+
+def test_every_lifecycle_refuses_a_move_with_one_deferline_error() -> None:
+    from deferline.runners import IllegalTransition
+    from deferline.runners.airflow_bridge import IllegalTransition as BridgeRefusal
+
+    assert issubclass(IllegalPartitionMove, IllegalTransition)
+    assert issubclass(IllegalTransition, DeferlineError)
+    assert BridgeRefusal is IllegalTransition

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from deferline.engine import LedgerAdmission, Pools, TaskTable
+from deferline.runners import IllegalTransition
 from deferline.runners.scheduler.testing import (
     Phase,
     PhaseMachine,
@@ -203,13 +204,13 @@ def test_the_lifecycle_moves_only_along_its_edges(moves: list[Phase]) -> None:
         before = machine.phase
         try:
             machine.move(to)
-        except ValueError:
+        except IllegalTransition:
             assert machine.phase is before
             assert before is Phase.STOPPED or to is not Phase.STOPPED, "stopping always works"
         else:
             assert machine.phase is to
     if machine.phase is Phase.STOPPED:
-        with pytest.raises(ValueError, match="from stopped"):
+        with pytest.raises(IllegalTransition, match="scheduler cannot go from stopped"):
             machine.move(Phase.RUNNING)
 
 
