@@ -1,14 +1,22 @@
-"""What every member of a partitioned consumer group shares, triggerer or scheduler: a
-partition's lifecycle and what an assignment changes."""
+"""What every member of a partitioned consumer group shares, triggerer or scheduler: the
+sticky assignor, a partition's lifecycle, what an assignment changes, and how long a fetch
+may wait on the broker."""
 
 from ._assignment import AssignmentDiff, diff_assignment
+from ._fetch_wait import LONG_POLL_MS, SHORT_WAIT_MS, answers_fetches_early, choose_fetch_wait
 from ._lifecycle import MOVES, IllegalPartitionMove, PartitionPhase, moved
+from ._sticky_assignor import StickyAssignor
 
 __all__ = [
+    "LONG_POLL_MS",
     "MOVES",
+    "SHORT_WAIT_MS",
     "AssignmentDiff",
     "IllegalPartitionMove",
     "PartitionPhase",
+    "StickyAssignor",
+    "answers_fetches_early",
+    "choose_fetch_wait",
     "diff_assignment",
     "moved",
 ]

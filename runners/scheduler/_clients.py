@@ -20,8 +20,7 @@ from deferline.schemas import DeadLetter
 from deferline.topics import Settings, TopicNames, make_consumer, start_client, stop_client
 
 from .._aiokafka import client_of, join_once, leave_from_generation_zero
-from ..triggerer import LONG_POLL_MS, answers_fetches_early
-from ..triggerer._sticky_assignor import StickyAssignor
+from ..member import LONG_POLL_MS, StickyAssignor, answers_fetches_early
 from ._fold import TaskFold
 from ._pools import PoolChannel
 from ._publishing import SchedulerError

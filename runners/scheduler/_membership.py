@@ -29,8 +29,7 @@ from deferline.topics import Settings, TopicNames, start_client, stop_client
 
 from .._aiokafka import client_of, group_generation, request_rejoin
 from .._local_state import CheckpointError
-from ..member import PartitionPhase
-from ..triggerer._sticky_assignor import StickyAssignor
+from ..member import PartitionPhase, StickyAssignor
 from ._admission import LEDGER_PARTITION
 from ._checkpoint import Checkpoints
 from ._checkpointer import Checkpointer

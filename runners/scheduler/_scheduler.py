@@ -75,8 +75,7 @@ from deferline.topics import (
 from prometheus_client import CollectorRegistry
 
 from .._metrics import MetricsServer
-from ..member import PartitionPhase
-from ..triggerer._sticky_assignor import StickyAssignor
+from ..member import PartitionPhase, StickyAssignor
 from ._admission import LedgerPoolAdmission
 from ._checkpoint import Checkpoints
 from ._checkpointer import Checkpointer

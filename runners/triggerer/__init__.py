@@ -1,6 +1,6 @@
 """The triggerer process: a consumer-group member that runs triggers and emits their events."""
 
-from ._fetch_wait import LONG_POLL_MS, SHORT_WAIT_MS, answers_fetches_early, choose_fetch_wait
+from ..member import LONG_POLL_MS, SHORT_WAIT_MS, answers_fetches_early, choose_fetch_wait
 from ._triggerer import (
     DEFAULT_CAPACITY,
     BootstrapError,

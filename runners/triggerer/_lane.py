@@ -72,7 +72,7 @@ from .._aiokafka import (
     request_rejoin,
     set_fetch_wait,
 )
-from ..member import diff_assignment
+from ..member import SHORT_WAIT_MS, StickyAssignor, diff_assignment
 from ._backpressure import FetchGate
 from ._checkpoint import CheckpointStore
 from ._checkpointer import Checkpointer
@@ -80,7 +80,6 @@ from ._commit_tracker import CommitTracker
 from ._dispatcher import RecordDispatcher
 from ._emitter import Emitter
 from ._event_sink import EventSink
-from ._fetch_wait import SHORT_WAIT_MS
 from ._lane_types import (
     BootstrapError,
     LaneOptions,
@@ -96,7 +95,6 @@ from ._metrics import TriggererMetrics
 from ._partition_book import Verdict
 from ._rebalance_recorder import RebalanceRecorder
 from ._rebuild import Rebuilder, RebuildReader
-from ._sticky_assignor import StickyAssignor
 from ._transactions import PartitionProducers, transactional_id
 
 __all__ = [

@@ -57,9 +57,9 @@ from .._options import (
 )
 from .._outage import ride_out
 from .._signals import STOP_SIGNALS, run_until_signal
+from ..member import choose_fetch_wait
 from ._checkpoint import CheckpointStore, MemoryCheckpointStore, RocksCheckpointStore
 from ._emitter import Emitter
-from ._fetch_wait import choose_fetch_wait
 from ._lane import (
     BootstrapError,
     LaneOptions,
@@ -137,7 +137,7 @@ class TriggererOptions:
             chooses at start from the brokers' ApiVersions answer: 500 ms on Apache Kafka,
             which answers as soon as a record arrives (a long poll costs no latency and keeps
             an idle member quiet), 20 ms on Tansu, which holds every fetch this long (the
-            latency floor there). See :mod:`._fetch_wait`.
+            latency floor there). See :func:`deferline.runners.member.choose_fetch_wait`.
         checkpoint_interval: seconds between checkpoints (and commits) of owned partitions.
         checkpoint_max_age: an older checkpoint is ignored (compaction may have removed
             tombstones it has not seen; keep it below the topic's ``delete.retention.ms``).

@@ -18,7 +18,6 @@ from ._partition_book import PartitionBook, Verdict
 from ._partition_table import ActiveTriggerTable, TableChanges
 from ._rebuild import RebuildReader, start_folded
 from ._rebuild_plan import RebuildPlan, Span
-from ._sticky_assignor import StickyAssignor, balanced_sticky
 from ._transactions import transactional_id
 from ._triggerer import _normalise_queues as normalise_queues
 
@@ -44,13 +43,11 @@ __all__ = [
     "Send",
     "Span",
     "StartTrigger",
-    "StickyAssignor",
     "TableChanges",
     "TriggerLane",
     "TriggerRef",
     "TriggererMetrics",
     "Verdict",
-    "balanced_sticky",
     "encode_event",
     "interpret",
     "normalise_queues",

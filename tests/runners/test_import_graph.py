@@ -57,3 +57,21 @@ def test_the_check_sees_a_circle_through_a_type_only_import(tmp_path: Path) -> N
     )
     (tmp_path / "_d.py").write_text("from ._a import A\nfrom deferline.topics import x\n")
     assert _circles(_imports(tmp_path)) == [["_a", "_b", "_c", "_a"]]
+
+
+@pytest.mark.parametrize(
+    ("role", "other"), [("triggerer", "scheduler"), ("scheduler", "triggerer")]
+)
+def test_no_role_imports_the_other(role: str, other: str) -> None:
+    # What both need lives in deferline.runners.member.
+    found = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted((RUNNERS / role).glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom)
+        and (
+            (node.level == 2 and (node.module or "").split(".")[0] == other)
+            or (node.module or "").startswith(f"deferline.runners.{other}")
+        )
+    ]
+    assert found == []

@@ -6,7 +6,8 @@ from typing import Any
 
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from aiokafka.structs import TopicPartition
-from deferline.runners.triggerer.testing import StickyAssignor, balanced_sticky
+from deferline.runners.member import StickyAssignor
+from deferline.runners.member.testing import balanced_sticky
 
 TOPIC = "t"
 

@@ -12,8 +12,9 @@ from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import UnknownMemberIdError
 from aiokafka.protocol.group import JoinGroupRequest
+from deferline.runners.member import StickyAssignor
 from deferline.runners.testing import join_once
-from deferline.runners.triggerer.testing import Listener, StickyAssignor, TriggerLane
+from deferline.runners.triggerer.testing import Listener, TriggerLane
 
 
 class _Subscription:
