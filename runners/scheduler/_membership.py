@@ -112,7 +112,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.rebalances = 0
         self.fenced = 0  # partitions dropped because another member's producer fenced ours
         self.recovered_records = 0
-        self.closing = False
+        self._closing = False
         self._dead = dead
         self._moved = moved
         self._running = running
@@ -136,7 +136,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         """Stop writing for every partition (before anything awaits), abandon an acquisition
         in progress, let the batches in flight settle, commit, checkpoint."""
-        if self.closing:
+        if self._closing:
             return
         acquisition = self._acquisition
         if acquisition is not None and not acquisition.done() and not self._absorbing:
@@ -164,7 +164,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         """Kept partitions write again at once, gone ones are dropped, new ones are taken
         over in the background (paused until then)."""
         events = self.clients.events
-        if events is None or self.closing:
+        if events is None or self._closing:
             return
         generation = group_generation(events)
         self.assignor.note_generation(generation)
@@ -196,7 +196,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
                 "lost": list(change.released),
             },
         )
-        if change.acquired and self._group is not None and not self.closing:
+        if change.acquired and self._group is not None and not self._closing:
             self._acquisition = self._group.create_task(
                 self._acquire(change.acquired), name="scheduler-acquire"
             )
@@ -335,6 +335,15 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             await start_client(consumer, grace=5.0, name="takeover reader")  # closed if it fails
             self._reader = consumer
         return self._reader
+
+    @property
+    def closing(self) -> bool:
+        """The scheduler is closing: assignments and takeovers are no longer served."""
+        return self._closing
+
+    def stop_serving(self) -> None:
+        """From now on, serve no assignment and start no takeover (the scheduler closes)."""
+        self._closing = True
 
     async def close(self) -> None:
         """Stop the takeover reader (the scheduler is closing)."""

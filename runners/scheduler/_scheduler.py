@@ -436,7 +436,7 @@ class Scheduler(Lifecycle):
         await self.writers.settle()
 
     async def _close(self) -> None:
-        self.membership.closing = True
+        self.membership.stop_serving()
         await self.clients.stop_member()
         await self.membership.close()
         await self.writers.close_all()
@@ -465,7 +465,7 @@ class Scheduler(Lifecycle):
         main.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await main
-        self.membership.closing = True
+        self.membership.stop_serving()
         if acquisition is not None:
             await asyncio.wait({acquisition})
         with contextlib.suppress(SchedulerError, SchedulerFenced):
