@@ -4,22 +4,54 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from ._pools import PoolChannel
-    from ._scheduler import Scheduler
+    from deferline.engine import TaskTable
 
-__all__ = ["SchedulerCollector", "pool_ledger_metrics"]
+    from ._pools import PoolChannel
+    from ._standby import Standby
+
+__all__ = ["SchedulerCollector", "SchedulerFigures", "pool_ledger_metrics"]
+
+
+class SchedulerFigures(Protocol):
+    """What the collector reads from a scheduler at scrape time."""
+
+    @property
+    def table(self) -> TaskTable: ...
+    @property
+    def active(self) -> bool: ...
+    @property
+    def bad_records(self) -> int: ...
+    @property
+    def checkpoint_mismatches(self) -> int: ...
+    @property
+    def takeovers(self) -> int: ...
+    @property
+    def rebalances(self) -> int: ...
+    @property
+    def partitions_fenced(self) -> int: ...
+    @property
+    def lag(self) -> dict[str, int]: ...
+    @property
+    def events_lag(self) -> dict[int, int]: ...
+    @property
+    def owned(self) -> list[int]: ...
+    @property
+    def standby(self) -> Standby | None: ...
+    @property
+    def pool_channel(self) -> PoolChannel | None: ...
+    def partition_counts(self) -> dict[int, tuple[int, int]]: ...
 
 
 class SchedulerCollector(Collector):
     """Scheduler figures, read from the table at scrape time."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: SchedulerFigures) -> None:
         self.scheduler = scheduler
 
     def collect(self) -> Iterator[Metric]:

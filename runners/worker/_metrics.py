@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from ._worker import Worker
+from ._state import SlotPool, WorkerMetrics
 
 __all__ = ["WorkerCollector"]
 
@@ -17,14 +15,15 @@ __all__ = ["WorkerCollector"]
 class WorkerCollector(Collector):
     """Worker figures read at scrape time."""
 
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
+    def __init__(self, queue: str, slots: SlotPool, counters: WorkerMetrics) -> None:
+        self._queue = queue
+        self._slots = slots
+        self._counters = counters
 
     def collect(self) -> Iterator[Metric]:
-        worker = self._worker
-        counters = worker.metrics
+        counters, slots = self._counters, self._slots
         labels = ["queue"]
-        value = [worker.queue]
+        value = [self._queue]
         for name, help_text, figure in (
             ("deferline_worker_tasks_started", "RunTasks started.", counters.started),
             ("deferline_worker_tasks_resumed", "RunTasks resumed.", counters.resumed),
@@ -44,8 +43,8 @@ class WorkerCollector(Collector):
             family.add_metric(value, figure)
             yield family
         for name, help_text, figure in (
-            ("deferline_worker_slots", "Configured worker slots.", worker.slots.size),
-            ("deferline_worker_slots_busy", "Worker slots in use.", worker.slots.busy),
+            ("deferline_worker_slots", "Configured worker slots.", slots.size),
+            ("deferline_worker_slots_busy", "Worker slots in use.", slots.busy),
         ):
             gauge = GaugeMetricFamily(name, help_text, labels=labels)
             gauge.add_metric(value, figure)

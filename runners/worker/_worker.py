@@ -151,7 +151,7 @@ class Worker(Lifecycle):
         self._stash: list[tuple[TopicPartition, ConsumerRecord[bytes, bytes]]] = []
         self.member: str | None = None
         self.registry = CollectorRegistry()
-        self.registry.register(WorkerCollector(self))
+        self.registry.register(WorkerCollector(self.queue, self.slots, self.metrics))
         self._server = (
             MetricsServer(self.registry, host=metrics_host, port=metrics_port)
             if metrics_port is not None
