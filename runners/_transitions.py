@@ -18,8 +18,14 @@ class IllegalTransition(DeferlineError):
     code that asked)."""
 
 
-def checked(what: str, moves: Mapping[S, Set[S]], at: S, to: S) -> S:
-    """``to``, if ``what`` may go there from ``at``; else IllegalTransition naming both."""
+def checked(
+    what: str,
+    moves: Mapping[S, Set[S]],
+    at: S,
+    to: S,
+    refusal: type[IllegalTransition] = IllegalTransition,
+) -> S:
+    """``to``, if ``what`` may go there from ``at``; else ``refusal`` naming both."""
     if to not in moves[at]:
-        raise IllegalTransition(f"{what} cannot go from {at.value} to {to.value}")
+        raise refusal(f"{what} cannot go from {at.value} to {to.value}")
     return to

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 
-from .._transitions import IllegalTransition
+from .._transitions import IllegalTransition, checked
 
 __all__ = ["MOVES", "IllegalPartitionMove", "PartitionPhase", "moved"]
 
@@ -60,7 +60,5 @@ class IllegalPartitionMove(IllegalTransition):
 
 def moved(partition: int | None, at: PartitionPhase, to: PartitionPhase) -> PartitionPhase:
     """``to``, if a partition in ``at`` may go there; else IllegalPartitionMove naming both."""
-    if to not in MOVES[at]:
-        which = "a partition" if partition is None else f"partition {partition}"
-        raise IllegalPartitionMove(f"{which} cannot go from {at.value} to {to.value}")
-    return to
+    which = "a partition" if partition is None else f"partition {partition}"
+    return checked(which, MOVES, at, to, IllegalPartitionMove)

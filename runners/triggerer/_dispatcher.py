@@ -33,6 +33,7 @@ class RecordDispatcher:
         route: OutcomeRoute,
         *,
         queue: str | None,
+        label: str,
         defer_topic: str,
         supervisor: TriggerSupervisor,
         sink: EventSink,
@@ -50,7 +51,7 @@ class RecordDispatcher:
         self._cancel = cancel
         self._metrics = metrics
         self._log = log
-        self._label = queue or "default"
+        self._label = label
         self._defer_topic = defer_topic
         self._member = route.member
         self._queue = queue

@@ -201,6 +201,7 @@ class TriggerLane:
         self._dispatcher = RecordDispatcher(
             self.route,
             queue=queue,
+            label=self.label,
             defer_topic=self.defer_topic,
             supervisor=supervisor,
             sink=self._sink,
