@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError, for_code
-from aiokafka.protocol.admin import CreateAclsRequest
+from aiokafka.errors import KafkaConnectionError, KafkaError, for_code
+from aiokafka.protocol.admin import CreateAclsRequest, CreateAclsRequestStruct
 
 from ._errors import BrokerError
 from ._names import DEFAULT_QUEUE, TopicNames
@@ -195,42 +195,69 @@ def acl_bindings(
     return list(dict.fromkeys(bindings))
 
 
+class _CreateAcls(CreateAclsRequest):  # type: ignore[misc]  # aiokafka is untyped here
+    """CreateAcls with every binding in one request (aiokafka's request carries one)."""
+
+    def __init__(self, bindings: list[AclBinding]) -> None:
+        self._bindings = bindings
+
+    def build(self, request_struct_class: type[CreateAclsRequestStruct]) -> CreateAclsRequestStruct:
+        with_pattern = request_struct_class.API_VERSION >= 1
+        return request_struct_class(
+            [
+                (
+                    _RESOURCE_CODES[b.resource_type],
+                    b.resource_name,
+                    *((_LITERAL,) if with_pattern else ()),
+                    b.principal,
+                    "*",
+                    _OPERATION_CODES[b.operation],
+                    _ALLOW,
+                )
+                for b in self._bindings
+            ]
+        )
+
+
+# A broker enforcing connections.max.reauth.ms closes a connection whose session has ended
+# (aiokafka does not re-authenticate); the request is sent again on a new one.
+_ATTEMPTS = 3
+
+
 async def create_acls(admin: AIOKafkaAdminClient, bindings: Iterable[AclBinding]) -> int:
-    """Create ``bindings`` through the admin API (CreateAcls); existing ones are kept.
+    """Create ``bindings`` through the admin API (CreateAcls, all in one request); existing
+    ones are kept, so a request sent again on a closed connection changes nothing twice.
 
     Returns how many were sent. Raises BrokerError naming every binding the broker refused
     (e.g. ClusterAuthorizationFailed when the caller may not alter ACLs, or
     SecurityDisabled when the broker has no authorizer).
     """
-    failures: list[str] = []
-    count = 0
-    for binding in bindings:
-        request = CreateAclsRequest(
-            _RESOURCE_CODES[binding.resource_type],
-            binding.resource_name,
-            _LITERAL,
-            binding.principal,
-            "*",
-            _OPERATION_CODES[binding.operation],
-            _ALLOW,
-        )
+    wanted = list(bindings)
+    if not wanted:
+        return 0
+    for attempt in range(1, _ATTEMPTS + 1):
         try:
             # aiokafka 0.14's admin client has no create_acls: send the request it defines.
-            response = await admin._client.send(admin._client.get_random_node(), request)
+            response = await admin._client.send(
+                admin._client.get_random_node(), _CreateAcls(wanted)
+            )
+            break
+        except KafkaConnectionError as exc:
+            if attempt == _ATTEMPTS:
+                raise BrokerError(f"cannot create ACLs: {type(exc).__name__}: {exc}") from exc
+            logger.info("creating ACLs again: %s", exc)
         except KafkaError as exc:
             raise BrokerError(f"cannot create ACLs: {type(exc).__name__}: {exc}") from exc
-        count += 1
-        for result in response.to_object()["creation_responses"]:
-            if result["error_code"]:
-                error = for_code(result["error_code"]).__name__
-                failures.append(
-                    f"{binding.principal} {binding.operation} {binding.resource_type} "
-                    f"{binding.resource_name}: {error}: {result['error_message'] or ''}".rstrip()
-                )
+    failures = [
+        f"{b.principal} {b.operation} {b.resource_type} {b.resource_name}: "
+        f"{for_code(result['error_code']).__name__}: {result['error_message'] or ''}".rstrip()
+        for b, result in zip(wanted, response.to_object()["creation_responses"], strict=True)
+        if result["error_code"]
+    ]
     if failures:
         raise BrokerError("cannot create ACLs: " + "; ".join(failures))
-    logger.info("created %d ACL bindings", count, extra={"acls": count})
-    return count
+    logger.info("created %d ACL bindings", len(wanted), extra={"acls": len(wanted)})
+    return len(wanted)
 
 
 def parse_role_principals(values: Iterable[str]) -> dict[Role, str]:

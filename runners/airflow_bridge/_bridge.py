@@ -331,14 +331,16 @@ class AirflowBridge(Lifecycle):
         ]
         rejected = [o for o in outcomes if isinstance(o, RejectedRow)]
         requests = [o for o in outcomes if not isinstance(o, RejectedRow)]
+        # Said before it is written: a stop between the write and the line would leave a
+        # failed row no log explains (a row failed twice is said twice, which is harmless).
+        for r in rejected:
+            logger.warning("trigger row failed: %s", r.reason, extra={"row_id": r.ref.row_id})
         await self._send_all((self.names.defer(r.queue), r.trigger_id, encode(r)) for r in requests)
         for row, outcome in zip(rows, outcomes, strict=True):
             self.book.handed(row.ref, None if isinstance(outcome, RejectedRow) else outcome)
         if rejected:
             await self._db(db.fail_rows, [(r.ref, r.reason) for r in rejected])
             self._require()[1].failed.inc(len(rejected))
-            for r in rejected:
-                logger.warning("trigger row failed: %s", r.reason, extra={"row_id": r.ref.row_id})
 
     async def _send_all(self, records: Any) -> None:
         """Send ``(topic, key, value)`` records and wait until the broker has them all."""

@@ -309,13 +309,18 @@ async def run_failover(
             lambda: len(fired()) >= total,
             within=180 + n / 200,
             interval=0.1,
-            what="every trigger fired",
+            what=lambda: f"every trigger fired ({len(fired())} of {total})",
         )
         await until(
             lambda: len({r.task.ti_key for r in resumed()}) >= total,
             within=120 + n / 200,
             interval=0.1,
-            what="every task resumed",
+            what=lambda: (
+                f"every task resumed ({len({r.task.ti_key for r in resumed()})} of {total}; "
+                f"{len(fired())} fired; scheduler {scheduler.phase.phase.value}, writing for "
+                f"{scheduler.owned}, {scheduler.rebalances} rebalances, "
+                f"{scheduler.partitions_fenced} fenced, events lag {scheduler.events_lag})"
+            ),
         )
         await asyncio.sleep(2.0)  # a duplicate, if any, would land now
 

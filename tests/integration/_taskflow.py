@@ -181,6 +181,19 @@ class TaskFlow:
         result: TaskStateRecord = await self.wait_for(check, within)
         return result
 
+    async def wait_passed(self, task: TaskKey, state: str, within: float = 20.0) -> TaskStateRecord:
+        """The first record of ``task`` in ``state``, once read, whatever came after it (a
+        short trigger's task may be deferred and resumed between two reads)."""
+
+        def check() -> TaskStateRecord | None:
+            return next(
+                (r for r in self.tasks_log if r.task.ti_key == task.ti_key and r.state == state),
+                None,
+            )
+
+        result: TaskStateRecord = await self.wait_for(check, within)
+        return result
+
     # -- writing ----------------------------------------------------------------------------
 
     async def put(self, topic: str, key: str, record: Any) -> None:

@@ -23,6 +23,7 @@ from deferline.runners.worker import Worker
 from deferline.schemas import DeferRequest
 from deferline.topics import (
     ROLES,
+    BrokerError,
     ThrowawayTLS,
     TopicNames,
     acl_bindings,
@@ -246,3 +247,27 @@ def test_a_scheduler_that_may_not_read_the_events_topic_names_it_and_exits(
     assert events in result.stderr
     assert "User:noacl" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_principal_that_may_not_alter_acls_gets_each_refused_binding_named(
+    secured_kafka: SecuredKafka, prefix: str
+) -> None:
+    """CreateAcls carries every binding in one request; the broker answers each, and the
+    error names each one it refused (the worker may not alter the cluster's ACLs)."""
+    worker = secured_kafka.settings("worker", prefix=prefix)
+    bindings = acl_bindings(worker, {"replay": "User:replay"})
+    assert len(bindings) > 1
+
+    async def create() -> None:
+        client = make_admin(worker)
+        await client.start()
+        try:
+            await create_acls(client, bindings)
+        finally:
+            await client.close()
+
+    with pytest.raises(BrokerError) as refused:
+        asyncio.run(create())
+    for b in bindings:
+        named = f"{b.principal} {b.operation} {b.resource_type} {b.resource_name}: "
+        assert f"{named}ClusterAuthorizationFailedError" in str(refused.value), b

@@ -48,7 +48,7 @@ async def test_one_deferral_is_one_connected_trace(
     ):
         await scheduler.wait_active()
         task = await submit(client, "traced", f"{EXAMPLES}.WaitOperator", seconds=0.1)
-        deferred = await flow.wait_state(task, "deferred")
+        deferred = await flow.wait_passed(task, "deferred")
         await flow.wait_state(task, "success")
 
     spans: list[ReadableSpan] = [
