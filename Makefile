@@ -73,11 +73,21 @@ check: lint typecheck
 	DEFERLINE_TEST_BACKENDS=tansu $(BIN)/pytest $(XDIST) \
 		-m "not integration or tansu_first or brokers_differ"
 
-# Everything: every test on its brokers, then the Airflow 2.10 line and the floors.
-test: lint typecheck
-	$(BIN)/pytest $(XDIST) --durations=30
-	$(MAKE) airflow2
-	$(MAKE) floors
+# Everything: every test on its brokers, then the Airflow 2.10 line and the floors. Their two
+# virtualenvs are built meanwhile (mostly downloads: waiting the main suite hides); a failed
+# build prints its log and fails the run.
+OTHER_VENVS_LOG := $(VENV)/other-venvs.log
+test: install
+	@{ $(MAKE) --no-print-directory $(BIN_AIRFLOW2)/.deps $(BIN_FLOORS)/.deps \
+		>$(OTHER_VENVS_LOG) 2>&1; echo $$? >$(OTHER_VENVS_LOG).rc; } & \
+	$(MAKE) --no-print-directory lint typecheck && $(BIN)/pytest $(XDIST) --durations=30; \
+	main=$$?; wait; \
+	if [ "$$(cat $(OTHER_VENVS_LOG).rc)" != 0 ]; then \
+		cat $(OTHER_VENVS_LOG); echo "building .venv-airflow2 or .venv-floors failed" >&2; exit 1; \
+	fi; \
+	exit $$main
+	$(MAKE) --no-print-directory airflow2
+	$(MAKE) --no-print-directory floors
 
 # The tests of Airflow's trigger classes again on the Airflow 2.10 line, and its environment's.
 airflow2: install $(BIN_AIRFLOW2)/.deps

@@ -194,8 +194,8 @@ def test_the_bridge_writes_back_what_airflow_writes_on_postgres(
     assert "second" not in second["next_kwargs"]
 
 
-HA_N = 5000
-HA_FIRST_CAPACITY = 3000
+HA_N = 2000
+HA_FIRST_CAPACITY = 1200
 # Airflow's health threshold (a triggerer whose heartbeat is older is dead and its rows go to
 # another) and heartbeat, shortened from 30 s and 5 s so the test waits less.
 HEALTH_THRESHOLD_S = 10

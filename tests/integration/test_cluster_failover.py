@@ -17,7 +17,7 @@ from ._failover import run_failover
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-N = 20_000
+N = 5_000
 
 
 def test_a_broker_dies_while_timers_fall_due(kafka_cluster: KRaftCluster, tmp_path: Path) -> None:

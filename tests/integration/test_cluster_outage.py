@@ -58,11 +58,11 @@ def _rode_it_out(result: OutageResult) -> None:
 def test_every_process_rides_out_a_killed_broker_started_again_30s_later(
     tmp_path: Path,
 ) -> None:
-    _rode_it_out(_run(tmp_path, "kafka", how="kill", n=20_000, outage=30.0))
+    _rode_it_out(_run(tmp_path, "kafka", how="kill", n=5_000, outage=30.0))
 
 
 def test_every_process_rides_out_a_broker_frozen_for_30s(tmp_path: Path) -> None:
-    _rode_it_out(_run(tmp_path, "kafka", how="stop", n=20_000, outage=30.0))
+    _rode_it_out(_run(tmp_path, "kafka", how="stop", n=5_000, outage=30.0))
 
 
 def test_every_process_rides_out_a_frozen_tansu(tmp_path: Path) -> None:

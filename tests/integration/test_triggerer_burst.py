@@ -1,4 +1,8 @@
-"""A burst: 200,000 timers due at once through a small producer bound, on a real broker."""
+"""A burst: 20,000 timers due at once through a producer bound a tenth of that, on a real broker.
+
+Ten times the bound is enough to go through it many times on every partition; the
+throughput and memory of larger bursts are `bench_triggerer --only burst`'s to measure.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from tests.integration._util import KafkaClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-N = 200_000
+N = 20_000
 BOUND = 2_000
 
 
@@ -79,7 +83,7 @@ async def test_a_burst_of_due_timers_arrives_once_each_in_due_order_under_a_smal
     )
     # Every timer is already due when the member starts: it fires them as it adds them.
     async with Triggerer(settings, options) as triggerer:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 120
         while count < N and time.monotonic() < deadline:
             batches = await reader.getmany(timeout_ms=500, max_records=50_000)
             for tp, batch in batches.items():
