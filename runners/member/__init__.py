@@ -1,19 +1,29 @@
 """What every member of a partitioned consumer group shares, triggerer or scheduler: the
-sticky assignor, a partition's lifecycle, what an assignment changes, and how long a fetch
-may wait on the broker."""
+sticky assignor, a partition's lifecycle, what an assignment changes, how long a fetch may
+wait on the broker, and the local database a partition's checkpoint lives in."""
 
 from ._assignment import AssignmentDiff, diff_assignment
 from ._fetch_wait import LONG_POLL_MS, SHORT_WAIT_MS, answers_fetches_early, choose_fetch_wait
 from ._lifecycle import MOVES, IllegalPartitionMove, PartitionPhase, moved
+from ._partition_db import (
+    ROW_PREFIX,
+    MemoryPartitionDatabase,
+    PartitionDatabase,
+    RocksPartitionDatabase,
+)
 from ._sticky_assignor import StickyAssignor
 
 __all__ = [
     "LONG_POLL_MS",
     "MOVES",
+    "ROW_PREFIX",
     "SHORT_WAIT_MS",
     "AssignmentDiff",
     "IllegalPartitionMove",
+    "MemoryPartitionDatabase",
+    "PartitionDatabase",
     "PartitionPhase",
+    "RocksPartitionDatabase",
     "StickyAssignor",
     "answers_fetches_early",
     "choose_fetch_wait",

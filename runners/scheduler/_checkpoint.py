@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.engine import TableDelta, TableRows, TaskTable
 from deferline.topics import (
@@ -50,7 +49,8 @@ from deferline.topics import (
     read_log_identity,
 )
 
-from .._local_state import CheckpointError, CheckpointInUse, open_rocks, state_home
+from .._local_state import CheckpointError, CheckpointInUse, state_home
+from ..member import ROW_PREFIX, RocksPartitionDatabase
 from ._fold import TaskFold
 
 __all__ = ["Checkpoints", "SchedulerCheckpoint", "default_state_dir", "merge_states", "split_delta"]
@@ -58,9 +58,6 @@ __all__ = ["Checkpoints", "SchedulerCheckpoint", "default_state_dir", "merge_sta
 logger = logging.getLogger(__name__)
 
 _FORMAT = 3  # 2: the header records the log identity; 3: one database per partition
-_META = b"m"
-_ROW = b"t:"
-_ROW_END = b"t;"
 _OTHER_LOG = "it was read from another log"
 
 
@@ -82,31 +79,36 @@ class SavedFold:
 
 
 class SchedulerCheckpoint:
-    """One partition's rocksdict database: ``m`` holds the header, ``t:<ti_key>`` one row
-    per task."""
+    """One partition's checkpoint: a :class:`~deferline.runners.member.PartitionDatabase`
+    whose header is a :class:`SavedFold` and whose rows are the tasks, one per ti_key,
+    written in one batch (atomically)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._db: Any = None
+        self._db: RocksPartitionDatabase | None = None
 
     def open(self) -> None:
         """Open the database; CheckpointError if it is locked by another process."""
         if self._db is None:
-            self._db = open_rocks(self.path)
+            self._db = RocksPartitionDatabase(self.path)
+
+    def _opened(self) -> RocksPartitionDatabase:
+        if self._db is None:
+            raise CheckpointError(f"checkpoint {self.path} is not open")
+        return self._db
 
     def load(self) -> SavedFold | None:
         """The checkpoint's header, or None if there is none; CheckpointError if it is
         unreadable or of another format (the caller discards it)."""
-        raw = self._db.get(_META)
-        if raw is None:
+        meta = self._opened().header()
+        if meta is None:
             return None
+        if meta.get("format") != _FORMAT:
+            raise CheckpointError(
+                f"checkpoint {self.path} is of format {meta.get('format')}, "
+                f"this version reads {_FORMAT}"
+            )
         try:
-            meta = orjson.loads(raw)
-            if meta.get("format") != _FORMAT:
-                raise CheckpointError(
-                    f"checkpoint {self.path} is of format {meta.get('format')}, "
-                    f"this version reads {_FORMAT}"
-                )
             identity = meta.get("identity")
             return SavedFold(
                 topic=str(meta["topic"]),
@@ -115,21 +117,19 @@ class SchedulerCheckpoint:
                 saved_at=float(meta["saved_at"]),
                 identity=None if identity is None else LogIdentity.from_json(identity),
             )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is corrupt: {exc}") from exc
 
     def rows(self) -> Iterator[tuple[bytes, bytes]]:
         """Every stored row: (ti_key, row)."""
-        start = len(_ROW)
+        start = len(ROW_PREFIX)
         for key, value in self.stored_rows():
             yield key[start:], value
 
     def stored_rows(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every stored row as stored: (``t:`` + ti_key, row), without a Python step
-        per row (a restore reads a million). Rows are the last keys (``t:`` sorts after
-        ``m``)."""
-        rows: Iterator[tuple[bytes, bytes]] = self._db.items(from_key=_ROW)
-        return rows
+        """Every stored row as stored: (``ROW_PREFIX`` + ti_key, row), without a Python step
+        per row (a restore reads a million)."""
+        return self._opened().rows()
 
     def write(
         self,
@@ -140,14 +140,8 @@ class SchedulerCheckpoint:
     ) -> None:
         """Store changed rows, deletions, the table-wide state, the positions and the log
         they were read from, atomically."""
-        from rocksdict import WriteBatch
-
-        batch = WriteBatch(raw_mode=True)
-        for key in rows.deletes:
-            batch.delete(_ROW + key)
-        for key, value in rows.rows:
-            batch.put(_ROW + key, value)
-        meta = {
+        changes = itertools.chain(((key, None) for key in rows.deletes), rows.rows)
+        header = {
             "format": _FORMAT,
             "topic": topic,
             "positions": {str(p): o for p, o in positions.items()},
@@ -155,28 +149,17 @@ class SchedulerCheckpoint:
             "saved_at": time.time(),
             "identity": None if identity is None else identity.to_json(),
         }
-        batch.put(_META, orjson.dumps(meta))
-        try:
-            self._db.write(batch)
-        except Exception as exc:  # rocksdict raises a bare Exception
-            raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
+        self._opened().write(changes, header)
 
     def discard(self) -> None:
         """Forget every row and the header (the checkpoint does not match the topic)."""
-        try:
-            self._db.delete_range(_ROW, _ROW_END)
-            self._db.delete(_META)
-        except Exception as exc:
-            raise CheckpointError(f"cannot discard checkpoint {self.path}: {exc}") from exc
+        self._opened().discard()
 
     def close(self) -> None:
         """Flush and close: the next open reads tables rather than replaying the log."""
         db, self._db = self._db, None
         if db is not None:
-            try:
-                db.flush()
-            finally:
-                db.close()
+            db.close()
 
 
 def split_delta(delta: TableDelta, partitions: int) -> dict[int, TableDelta]:
@@ -363,7 +346,7 @@ class Checkpoints:
                 fold.table.restore_rows,
                 itertools.chain.from_iterable(store.stored_rows() for store in stores),
                 state,
-                skip=len(_ROW),
+                skip=len(ROW_PREFIX),
             )
         except ValueError as exc:
             fold.reset()

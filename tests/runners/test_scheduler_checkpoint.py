@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from aiokafka import TopicPartition
 from click.testing import CliRunner
 from deferline.engine import Emit, TaskTable
+from deferline.runners.member import RocksPartitionDatabase
 from deferline.runners.scheduler import Scheduler, scheduler_command
 from deferline.runners.scheduler.testing import Checkpoints, SchedulerCheckpoint
 from deferline.runners.testing import CheckpointError, CheckpointInUse
@@ -63,10 +63,12 @@ def test_rows_and_positions_are_stored_together_and_restored(tmp_path: Path) -> 
 
 
 def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:
+    older = RocksPartitionDatabase(tmp_path / "ckpt")
+    older.write([], {"format": 1, "topic": "p.tasks", "positions": {}})
+    older.close()
     store = SchedulerCheckpoint(tmp_path / "ckpt")
     store.open()
     try:
-        store._db.put(b"m", orjson.dumps({"format": 1, "topic": "p.tasks", "positions": {}}))
         with pytest.raises(CheckpointError, match="of format 1"):
             store.load()
     finally:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deferline.runners.member import RocksPartitionDatabase
 from deferline.runners.triggerer.testing import (
     ActiveTriggerTable,
     CheckpointError,
@@ -306,7 +307,8 @@ def test_a_checkpoint_interrupted_between_batches_reads_on_to_the_same_table(
     tmp_path: Path, fail_at: int
 ) -> None:
     log = _log(fail_at, 3000)
-    store = RocksCheckpointStore(tmp_path, batch_bytes=4096)
+    db = RocksPartitionDatabase(tmp_path / "0", batch_bytes=4096)
+    store = CheckpointStore(lambda topic, partition: db)
     try:
         table = fold(log[:1000])
         store.write(TOPIC, 0, table.take_changes())
@@ -315,8 +317,7 @@ def test_a_checkpoint_interrupted_between_batches_reads_on_to_the_same_table(
         for offset in range(1000, len(log)):
             key, value = log[offset]
             table.apply(key, value, offset=offset, timestamp=1000 + offset)
-        failing = _CountedWrites(store._db(TOPIC, 0), fail_at)
-        store._open[(TOPIC, 0)] = failing
+        db._db = _CountedWrites(db._db, fail_at)
         with pytest.raises(CheckpointError, match="disk full"):
             store.write(TOPIC, 0, table.take_changes())
         interrupted = store.load(TOPIC, 0)
@@ -334,11 +335,11 @@ def test_a_checkpoint_interrupted_between_batches_reads_on_to_the_same_table(
 
 
 def test_a_large_checkpoint_is_written_in_bounded_batches(tmp_path: Path) -> None:
-    store = RocksCheckpointStore(tmp_path, batch_bytes=4096)
+    db = RocksPartitionDatabase(tmp_path / "0", batch_bytes=4096)
+    store = CheckpointStore(lambda topic, partition: db)
     try:
         table = fold([(f"t{i}".encode(), bytes(500)) for i in range(100)])
-        counting = _CountedWrites(store._db(TOPIC, 0))
-        store._open[(TOPIC, 0)] = counting
+        counting = db._db = _CountedWrites(db._db)
         store.write(TOPIC, 0, table.take_changes())
         assert counting.writes >= 100 * 500 // 4096  # about eight entries per batch
         checkpoint = store.load(TOPIC, 0)
