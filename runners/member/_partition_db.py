@@ -30,7 +30,7 @@ __all__ = [
     "RocksPartitionDatabase",
 ]
 
-HEADER_KEY = b"m"
+_HEADER_KEY = b"m"
 ROW_PREFIX = b"t:"
 _ROW_END = b"t;"  # the first key past every row
 
@@ -87,7 +87,7 @@ class RocksPartitionDatabase:
         return str(self.path)
 
     def header(self) -> dict[str, Any] | None:
-        raw = self._db.get(HEADER_KEY)
+        raw = self._db.get(_HEADER_KEY)
         return None if raw is None else _parse_header(raw, self.where)
 
     def rows(self) -> Iterator[tuple[bytes, bytes]]:
@@ -110,7 +110,7 @@ class RocksPartitionDatabase:
                 if limit is not None and size >= limit:
                     self._db.write(batch)
                     batch, size = WriteBatch(raw_mode=True), 0
-            batch.put(HEADER_KEY, orjson.dumps(header))
+            batch.put(_HEADER_KEY, orjson.dumps(header))
             self._db.write(batch)
         except Exception as exc:  # rocksdict raises a bare Exception
             raise CheckpointError(f"cannot write checkpoint {self.where}: {exc}") from exc
@@ -118,7 +118,7 @@ class RocksPartitionDatabase:
     def discard(self) -> None:
         try:
             self._db.delete_range(ROW_PREFIX, _ROW_END)
-            self._db.delete(HEADER_KEY)
+            self._db.delete(_HEADER_KEY)
         except Exception as exc:
             raise CheckpointError(f"cannot discard checkpoint {self.where}: {exc}") from exc
 
