@@ -10,6 +10,7 @@ from ._airflow import (
     preload_airflow,
     prepare_airflow_import,
     use_airflow_services,
+    watch_assets,
 )
 from ._airflow_support import (
     KNOWN_BREAKS,
@@ -167,4 +168,5 @@ __all__ = [
     "run_operator",
     "start_deferral",
     "use_airflow_services",
+    "watch_assets",
 ]

@@ -446,6 +446,21 @@ class AirflowTrigger(BaseTrigger):
         return log
 
 
+def watch_assets(trigger: BaseTrigger, assets: Sequence[tuple[str, str]]) -> None:
+    """Give an Airflow event trigger the assets it watches, ``(name, uri)`` each, as its
+    ``asset_state_store`` (Airflow's triggerer does so before ``run()``); nothing for any
+    other trigger, nor on an Airflow without the store (before 3.3)."""
+    if not assets or not isinstance(trigger, AirflowTrigger):
+        return
+    inner = trigger.airflow_trigger
+    if not hasattr(inner, "asset_state_store"):
+        return
+    asset: Any = importlib.import_module("airflow.sdk.definitions.asset")
+    context: Any = importlib.import_module("airflow.sdk.execution_time.context")
+    inlets = [asset.Asset(name=name, uri=uri) for name, uri in assets]
+    inner.asset_state_store = context.AssetStateStoreAccessors(inlets=inlets)
+
+
 @functools.cache
 def airflow_trigger_class(airflow_class: type) -> type[AirflowTrigger]:
     """The deferline trigger class that runs ``airflow_class`` (one per Airflow class).

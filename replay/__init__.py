@@ -8,7 +8,14 @@ never picked up, and whether the scheduler applied or dropped its event.
 from ._collect import ReplaySession, StuckReport, StuckScan, WaitingTask, subject_filter
 from ._errors import BadSubject, RedriveRefused, ReplayError, TopicsNotFound
 from ._explain import explain, explain_task, explain_trigger
-from ._fold import OwnerGuess, OwnershipLog, ReplayIndex, TaskHistory, TriggerHistory
+from ._fold import (
+    OwnerGuess,
+    OwnershipLog,
+    ReplayIndex,
+    TaskHistory,
+    TriggerHistory,
+    WatchTally,
+)
 from ._html import REPORT_CSS, ReportItem, render_html, render_item
 from ._live import GroupHints, GroupView, LiveView, MemberView, read_live_view
 from ._records import REDRIVE_HEADER, Position, RawRecord, ReplayRecord, decode_raw, describe
@@ -58,6 +65,7 @@ __all__ = [
     "Verdict",
     "VerdictKind",
     "WaitingTask",
+    "WatchTally",
     "build_timeline",
     "classify_topic",
     "decode_raw",

@@ -460,6 +460,11 @@ def run_command(
             index = await session.collect(wanted)
         history = index.triggers.get(trigger_id)
         request = history.defer_request if history else None
+        if request is None and history is not None and history.is_watch:
+            raise ReplayError(
+                f"trigger {trigger_id} is a standing watch (WatchRequest), not a deferral: "
+                "`replay run` runs a recorded DeferRequest; `replay why` explains the watch"
+            )
         if request is None:
             raise ReplayError(f"no DeferRequest recorded for trigger {trigger_id}")
         return request

@@ -4,6 +4,9 @@ Pure: the histories folded from the topics, an optional snapshot of the live con
 and a "now" go in; a :class:`Verdict` (an enum and its evidence) comes out. The scheduler's
 dedup decisions are replayed with the engine's own :class:`~deferline.engine.TaskTable`, so a
 replay says "dropped as a duplicate" for exactly the events the scheduler drops.
+
+A trigger id may name a standing watch instead: its verdict is always ``watch``
+(:mod:`._verdict_watch`), never a stuck deferral.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ._verdict import (
 from ._verdict_ended import _dead_lettered, _without_trigger_records
 from ._verdict_fired import _with_events
 from ._verdict_waiting import _without_events
+from ._verdict_watch import _watched
 
 __all__ = ["explain", "explain_task", "explain_trigger"]
 
@@ -145,6 +149,8 @@ def explain_trigger(
         task_key = deferred.record.task
     case = _Case(subject or trigger_id, trigger_id, ctx, index, history, task_key, task, deferred)
     case.add("the task was marked deferred on this trigger", deferred)
+    if history is not None and history.is_watch:
+        return _watched(case, history)  # a standing watch: no task, never stuck
 
     empty = history is None or not (
         history.requests

@@ -6,6 +6,7 @@ import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
 
+import orjson
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,
@@ -14,12 +15,21 @@ from deferline.schemas import (
     TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
+    WatchEvent,
+    WatchRequest,
 )
 
 from ._records import ReplayRecord
 from ._topics import TopicRole, classify_topic
 
-__all__ = ["OwnerGuess", "OwnershipLog", "ReplayIndex", "TaskHistory", "TriggerHistory"]
+__all__ = [
+    "OwnerGuess",
+    "OwnershipLog",
+    "ReplayIndex",
+    "TaskHistory",
+    "TriggerHistory",
+    "WatchTally",
+]
 
 KEEP = 200
 """Records kept per list of one trigger or task; beyond it the middle ones are counted, not kept."""
@@ -53,6 +63,53 @@ def _later(a: ReplayRecord, b: ReplayRecord) -> bool:
     return a.sort_key() > b.sort_key()
 
 
+def _latest(records: list[ReplayRecord]) -> ReplayRecord | None:
+    latest: ReplayRecord | None = None
+    for rec in records:
+        if latest is None or _later(rec, latest):
+            latest = rec
+    return latest
+
+
+def _latest_after(records: list[ReplayRecord], mark: ReplayRecord | None) -> ReplayRecord | None:
+    """The latest of ``records`` written after ``mark`` (any of them when there is no mark)."""
+    return _latest([rec for rec in records if mark is None or _later(rec, mark)])
+
+
+def _watch_letter(rec: ReplayRecord) -> bool:
+    """A dead letter of a WatchRequest (it names no task; its value is the request)."""
+    letter = rec.record
+    if not isinstance(letter, DeadLetter) or letter.task is not None or letter.value is None:
+        return False
+    try:
+        data = orjson.loads(letter.value)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and data.get("kind") == "watch_request"
+
+
+@dataclass(slots=True)
+class WatchTally:
+    """A standing watch's events, counted as they are read: a watch fires far more often
+    than a history keeps records (:data:`KEEP`), so its runs and events are counted here."""
+
+    runs: dict[str, int] = field(default_factory=dict)
+    """Events read per run id, in the order the runs were first seen."""
+    fired: int = 0
+    failed: int = 0
+
+    @property
+    def events(self) -> int:
+        return self.fired + self.failed
+
+    def count(self, event: WatchEvent) -> None:
+        self.runs[event.run] = self.runs.get(event.run, 0) + 1
+        if event.status == "fired":
+            self.fired += 1
+        else:
+            self.failed += 1
+
+
 @dataclass(slots=True)
 class TriggerHistory:
     """Everything read about one trigger id."""
@@ -68,15 +125,16 @@ class TriggerHistory:
     dead_letters: _Kept = field(default_factory=_Kept)
     runs: _Kept = field(default_factory=_Kept)
     undecodable: _Kept = field(default_factory=_Kept)
+    watches: _Kept = field(default_factory=_Kept)
+    """WatchRequest records: the trigger id is a standing watch, not a deferral."""
+    watch_events: _Kept = field(default_factory=_Kept)
+    """WatchEvent records (the watch's events and failed runs, on the resume topic)."""
+    watch_tally: WatchTally = field(default_factory=WatchTally)
 
     @property
     def request(self) -> ReplayRecord | None:
         """The latest DeferRequest record."""
-        latest: ReplayRecord | None = None
-        for rec in self.requests:
-            if latest is None or _later(rec, latest):
-                latest = rec
-        return latest
+        return _latest(self.requests)
 
     @property
     def defer_request(self) -> DeferRequest | None:
@@ -86,24 +144,46 @@ class TriggerHistory:
     @property
     def tombstone(self) -> ReplayRecord | None:
         """The tombstone written after the latest DeferRequest, if any."""
-        request = self.request
-        found: ReplayRecord | None = None
-        for rec in self.tombstones:
-            if (request is None or _later(rec, request)) and (found is None or _later(rec, found)):
-                found = rec
-        return found
+        return _latest_after(self.tombstones, self.request)
 
     @property
     def alive(self) -> bool:
         """The defer topic still holds this trigger as active (requested, not tombstoned)."""
         return self.request is not None and self.tombstone is None
 
+    @property
+    def is_watch(self) -> bool:
+        """A standing watch: a WatchRequest, a WatchEvent or a watch's dead letter names it."""
+        return bool(self.watches or self.watch_events) or any(
+            _watch_letter(rec) for rec in self.dead_letters
+        )
+
+    @property
+    def watch(self) -> ReplayRecord | None:
+        """The latest WatchRequest record."""
+        return _latest(self.watches)
+
+    @property
+    def watch_request(self) -> WatchRequest | None:
+        rec = self.watch
+        return rec.record if rec is not None and isinstance(rec.record, WatchRequest) else None
+
+    @property
+    def watch_tombstone(self) -> ReplayRecord | None:
+        """The tombstone written after the latest WatchRequest (any, if none was read)."""
+        return _latest_after(self.tombstones, self.watch)
+
+    @property
+    def watch_active(self) -> bool:
+        """The watch is still in the defer table (requested, not tombstoned), so it runs on."""
+        return self.watch is not None and self.watch_tombstone is None
+
     def ordered_events(self) -> list[ReplayRecord]:
         return self.events.ordered()
 
     def all_records(self) -> list[ReplayRecord]:
         lists = (self.requests, self.tombstones, self.cancels, self.events, self.copies)
-        rest = (self.dead_letters, self.runs, self.undecodable)
+        rest = (self.dead_letters, self.runs, self.undecodable, self.watches, self.watch_events)
         return [rec for kept in (*lists, *rest) for rec in kept]
 
 
@@ -251,10 +331,14 @@ class ReplayIndex:
                 history.copies.keep(rec)  # the same event again, not another one
             else:
                 history.events.keep(rec)
-            if record.member:
-                partition = rec.position.partition if record.partition is None else record.partition
-                queue = record.queue if record.queue is not None else rec.queue
-                self.owners.observe(_norm(queue), partition, record.member, record.emitted_at)
+            self._observe(rec, record)
+        elif isinstance(record, WatchRequest):
+            self.trigger(record.trigger_id).watches.keep(rec)
+        elif isinstance(record, WatchEvent):
+            history = self.trigger(record.trigger_id)
+            history.watch_events.keep(rec)
+            history.watch_tally.count(record)
+            self._observe(rec, record)
         elif isinstance(record, TaskStateRecord):
             task = self.task(record.task.ti_key)
             task.add_state(rec)
@@ -266,6 +350,13 @@ class ReplayIndex:
                 self.trigger(record.trigger_id).runs.keep(rec)
         elif isinstance(record, DeadLetter):
             self._add_dead_letter(rec, record)
+
+    def _observe(self, rec: ReplayRecord, record: TriggerEventRecord | WatchEvent) -> None:
+        """An event names the member that ran its trigger, and the partition it owned."""
+        if record.member:
+            partition = rec.position.partition if record.partition is None else record.partition
+            queue = record.queue if record.queue is not None else rec.queue
+            self.owners.observe(_norm(queue), partition, record.member, record.emitted_at)
 
     def _add_bare(self, rec: ReplayRecord) -> None:
         if rec.tombstone:

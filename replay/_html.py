@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-from deferline.schemas import TaskStateRecord, TriggerEventRecord
+from deferline.schemas import TaskStateRecord, TriggerEventRecord, WatchEvent
 
 from ._timeline import TimelineEntry
 from ._topics import TopicRole
@@ -26,6 +26,7 @@ _LANES = (
 )
 _COLORS = {
     "defer_request": "#2563eb",
+    "watch_request": "#0d9488",
     "cancel_request": "#ea580c",
     "tombstone": "#6b7280",
     "run_task": "#7c3aed",
@@ -58,7 +59,7 @@ svg{background:#fff;border:1px solid #e5e7eb;margin:6px 0}
 svg text{font:11px system-ui,sans-serif;fill:#374151}
 .summary{margin:4px 0}details{margin:4px 0}
 """
-_OK = {"resumed", "not_deferred"}
+_OK = {"resumed", "not_deferred", "watch"}
 _WAIT = {"running", "waiting"}
 
 
@@ -79,7 +80,7 @@ def _t(value: dt.datetime | None) -> str:
 
 def _color(entry: TimelineEntry) -> str:
     record = entry.record.record if entry.record is not None else None
-    if isinstance(record, TriggerEventRecord):
+    if isinstance(record, TriggerEventRecord | WatchEvent):
         return _COLORS.get(record.status, "#374151")
     if isinstance(record, TaskStateRecord):
         return _COLORS.get(record.state, "#374151")

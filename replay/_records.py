@@ -16,6 +16,8 @@ from deferline.schemas import (
     TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
+    WatchEvent,
+    WatchRequest,
     decode,
 )
 
@@ -24,7 +26,14 @@ from ._topics import TopicInfo, TopicRole
 __all__ = ["REDRIVE_HEADER", "Position", "RawRecord", "ReplayRecord", "decode_raw"]
 
 TopicRecord = (
-    DeferRequest | CancelRequest | TriggerEventRecord | TaskStateRecord | RunTask | DeadLetter
+    DeferRequest
+    | CancelRequest
+    | TriggerEventRecord
+    | TaskStateRecord
+    | RunTask
+    | DeadLetter
+    | WatchRequest
+    | WatchEvent
 )
 """The records of the topics replay reads (the pool ledger's are not among them)."""
 
@@ -78,8 +87,10 @@ class ReplayRecord:
     def at(self) -> dt.datetime | None:
         """When the record says it happened (its own clock), else the broker timestamp."""
         rec = self.record
-        if isinstance(rec, DeferRequest | CancelRequest):
+        if isinstance(rec, DeferRequest | CancelRequest | WatchRequest):
             return rec.requested_at
+        if isinstance(rec, WatchEvent):
+            return rec.emitted_at
         if isinstance(rec, TriggerEventRecord):
             landed = self.position.timestamp
             if self.role is TopicRole.TASK_EVENTS and landed is not None:
@@ -106,8 +117,11 @@ class ReplayRecord:
 
     @property
     def task(self) -> TaskKey | None:
+        """The task instance it is about; None for a standing watch's records (no task)."""
         rec = self.record
-        return None if rec is None else rec.task
+        if rec is None or isinstance(rec, WatchRequest | WatchEvent):
+            return None
+        return rec.task
 
     @property
     def kind(self) -> str:
@@ -132,13 +146,13 @@ class ReplayRecord:
         rec = self.record
         if isinstance(rec, TaskStateRecord):
             return 0 if rec.state == "deferred" else 6
-        if isinstance(rec, DeferRequest):
+        if isinstance(rec, DeferRequest | WatchRequest):
             return 1
         if isinstance(rec, CancelRequest):
             return 2
         if isinstance(rec, DeadLetter):
             return 3
-        if isinstance(rec, TriggerEventRecord):
+        if isinstance(rec, TriggerEventRecord | WatchEvent):
             return 4
         if isinstance(rec, RunTask):
             return 7
@@ -229,6 +243,8 @@ def describe(rec: ReplayRecord) -> str:
         if r.reason:
             parts.append(f"reason={_short(r.reason, 80)!r}")
         return " ".join(parts)
+    if isinstance(r, WatchRequest | WatchEvent):
+        return _describe_watch(r)
     if isinstance(r, RunTask):
         parts = [f"RunTask {r.mode}", f"worker_queue={r.worker_queue}", f"try={r.task.try_number}"]
         if r.next_method:
@@ -240,3 +256,28 @@ def describe(rec: ReplayRecord) -> str:
     if r.member:
         parts.append(f"member={r.member}")
     return " ".join(parts)
+
+
+def _short_run(run: str) -> str:
+    """A watch's run id cut to its first 8 characters (enough to tell runs apart)."""
+    return run if len(run) <= 9 else run[:8] + "…"
+
+
+def _describe_watch(r: WatchRequest | WatchEvent) -> str:
+    """A standing watch's request, one of its events, or the failure of one of its runs."""
+    if isinstance(r, WatchRequest):
+        text = f"watch requested: {r.classpath}"
+        if r.assets:
+            text += f" (assets: {', '.join(asset.name for asset in r.assets)})"
+        extras = [f"queue={r.queue}"] if r.queue else []
+        if r.kwargs_token:
+            extras.append("kwargs=sealed")
+        return " ".join([text, *extras])
+    where = [f"member {r.member}"] if r.member else []
+    if r.partition is not None:
+        where.append(f"partition {r.partition}")
+    run = _short_run(r.run)
+    if r.status == "failed":
+        error = _short(r.error, 100) or "no error text"
+        return f"watch run {run} failed: {error} ({', '.join([f'event {r.seq}', *where])})"
+    return f"watch event {r.seq} of run {run} fired" + (f" ({', '.join(where)})" if where else "")

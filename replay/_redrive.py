@@ -81,6 +81,11 @@ def plan_redrive(
     def skip(reason: str) -> RedrivePlan:
         return RedrivePlan(trigger_id, "skip", reason, verdict)
 
+    if history is not None and history.is_watch:
+        return skip(
+            "a standing watch, not a deferral: no task waits on it, and its triggerer starts "
+            "a run that ended again by itself while its WatchRequest is active"
+        )
     if history is None or rec is None or not isinstance(rec.record, DeferRequest):
         return skip("no DeferRequest recorded for this trigger (nothing to re-publish)")
     request = rec.record

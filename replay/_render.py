@@ -41,6 +41,7 @@ __all__ = [
 _STYLE: dict[VerdictKind, str] = {
     VerdictKind.RESUMED: "green",
     VerdictKind.NOT_DEFERRED: "green",
+    VerdictKind.WATCH: "green",
     VerdictKind.RUNNING: "cyan",
     VerdictKind.WAITING: "cyan",
     VerdictKind.NOT_FOUND: "dim",

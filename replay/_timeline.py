@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from deferline.schemas import DeadLetter, TriggerEventRecord
+from deferline.schemas import DeadLetter, TriggerEventRecord, WatchEvent
 
 from ._fold import ReplayIndex
 from ._records import Position, ReplayRecord, describe
@@ -88,7 +88,7 @@ def subject_ids(index: ReplayIndex, subject: Subject) -> tuple[set[str], set[str
 
 def _owner(index: ReplayIndex, rec: ReplayRecord) -> tuple[str | None, bool]:
     record = rec.record
-    if isinstance(record, TriggerEventRecord | DeadLetter) and record.member:
+    if isinstance(record, TriggerEventRecord | WatchEvent | DeadLetter) and record.member:
         return record.member, True
     if rec.role not in (TopicRole.DEFER, TopicRole.RESUME) or rec.at is None:
         return None, False

@@ -79,6 +79,9 @@ class VerdictKind(StrEnum):
     """The deferral completed: the task was resumed and a worker picked it up."""
     FINISHED_WITHOUT_EVENT = "finished_without_event"
     """Tombstoned on the defer topic, but no event is on the resume topic."""
+    WATCH = "watch"
+    """A standing watch, not a deferral: no task waits on it (its runs, events, and whether
+    it is still active)."""
 
 
 ENDINGS = frozenset(

@@ -8,14 +8,14 @@ JSON. Listing a new key first and keeping the old ones rotates keys without a st
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from ._codec import dumps_value, loads_value
 from ._deferral import DeferFields
 from ._errors import DecryptionError, InvalidKwargsKey, SchemaError
-from ._models import DeferRequest
+from ._models import DeferRequest, WatchRequest
 
 __all__ = ["KwargsCipher", "open_kwargs", "seal"]
 
@@ -108,14 +108,19 @@ class KwargsCipher:
         return self._fernet.rotate(token).decode("ascii")
 
 
-def seal(request: DeferRequest, cipher: KwargsCipher | None) -> DeferRequest:
+_Sealable = TypeVar("_Sealable", DeferRequest, WatchRequest)
+
+
+def seal(request: _Sealable, cipher: KwargsCipher | None) -> _Sealable:
     """Move a request's kwargs into ``kwargs_token``; unchanged without a cipher or if sealed."""
     if cipher is None or request.kwargs_token is not None:
         return request
     return request.model_copy(update={"kwargs": {}, "kwargs_token": cipher.encrypt(request.kwargs)})
 
 
-def open_kwargs(request: DeferRequest | DeferFields, cipher: KwargsCipher | None) -> dict[str, Any]:
+def open_kwargs(
+    request: DeferRequest | WatchRequest | DeferFields, cipher: KwargsCipher | None
+) -> dict[str, Any]:
     """The trigger kwargs of a request: in clear, or decrypted from ``kwargs_token``.
 
     Raises :class:`DecryptionError` when the token cannot be opened, including when no key is

@@ -26,6 +26,7 @@ from pydantic import (
     ValidationInfo,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -215,6 +216,13 @@ def make_event_id(
     return digest.hexdigest()
 
 
+def _sealed_kwargs_are_empty(value: str | None, info: ValidationInfo) -> str | None:
+    """A request's kwargs travel in clear or sealed in ``kwargs_token``, never both."""
+    if value is not None and info.data.get("kwargs"):
+        raise ValueError("kwargs must be empty when kwargs_token carries them (sealed)")
+    return value
+
+
 class ResumeTarget(_Wire):
     """What a worker needs to resume the task: the operator and where to run it."""
 
@@ -257,12 +265,7 @@ class DeferRequest(_Record):
     requested_at: AwareDatetime = Field(default_factory=utcnow)
     resume: ResumeTarget | None = Field(default=None, description="How to resume it on a worker.")
 
-    @field_validator("kwargs_token")
-    @classmethod
-    def _sealed_kwargs_are_empty(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None and info.data.get("kwargs"):
-            raise ValueError("kwargs must be empty when kwargs_token carries them (sealed)")
-        return value
+    _sealed = field_validator("kwargs_token")(_sealed_kwargs_are_empty)
 
 
 class CancelRequest(_Record):
@@ -300,6 +303,80 @@ class TriggerEventRecord(_Record):
     resumed_directly: bool = Field(
         default=False, description="The triggerer already enqueued the RunTask (direct resume)."
     )
+
+
+class AssetRef(_Wire):
+    """An asset a standing watch feeds (Airflow's name and URI): what its trigger may read."""
+
+    name: str = Field(min_length=1, max_length=1500)
+    uri: str = Field(min_length=1, max_length=1500)
+
+
+class WatchRequest(_Record):
+    """A standing watch: a trigger that runs until it is tombstoned, each event of it
+    published, none ending it. Value of the defer topic, keyed by ``trigger_id``.
+
+    No task waits on a watch (Airflow's asset watchers): its events go to the resume topic
+    only, as :class:`WatchEvent`. A run that ends or fails is started again, with backoff.
+    """
+
+    kind: Literal["watch_request"] = "watch_request"
+    trigger_id: str = Field(min_length=1, max_length=TRIGGER_ID_MAX)
+    classpath: str = Field(min_length=1, description="Import path of the trigger class.")
+    kwargs: TaggedDict = Field(
+        default_factory=dict, description="Trigger kwargs (empty when sealed)."
+    )
+    kwargs_token: str | None = Field(
+        default=None, min_length=1, description="Fernet token of the tagged-JSON kwargs, if sealed."
+    )
+    queue: QueueName | None = Field(
+        default=None, description="Trigger queue; null is the default queue."
+    )
+    assets: list[AssetRef] = Field(
+        default_factory=list, description="The assets its events feed (informational)."
+    )
+    requested_at: AwareDatetime = Field(default_factory=utcnow)
+
+    _sealed = field_validator("kwargs_token")(_sealed_kwargs_are_empty)
+
+
+WatchStatus = Literal["fired", "failed"]
+
+
+def make_watch_event_id(trigger_id: str, run: str, seq: int) -> str:
+    """The id of the ``seq``-th event (from 1) of one run of a watch: ``<trigger id>:<run>:<seq>``.
+
+    ``run`` names one start of the watch's trigger (any member, any restart) and holds no
+    ``:``, so the id parses from the right whatever the trigger id holds.
+    """
+    return f"{trigger_id}:{run}:{seq}"
+
+
+class WatchEvent(_Record):
+    """One event of a standing watch (or the failure of one of its runs); value of the
+    resume topic, keyed by ``trigger_id``. The watch goes on either way."""
+
+    kind: Literal["watch_event"] = "watch_event"
+    event_id: str = Field(min_length=1, description="make_watch_event_id(trigger_id, run, seq).")
+    trigger_id: str = Field(min_length=1)
+    run: str = Field(
+        min_length=1, max_length=64, pattern=r"^[^:]+$", description="One start of the trigger."
+    )
+    seq: int = Field(ge=1, description="The event's place within its run, from 1.")
+    status: WatchStatus
+    payload: Tagged = None
+    error: str | None = None
+    traceback: str | None = None
+    emitted_at: AwareDatetime = Field(default_factory=utcnow)
+    member: str | None = Field(default=None, description="Consumer-group member that ran it.")
+    partition: int | None = None
+    queue: QueueName | None = None
+
+    @model_validator(mode="after")
+    def _id_names_its_run(self) -> WatchEvent:
+        if self.event_id != make_watch_event_id(self.trigger_id, self.run, self.seq):
+            raise ValueError("event_id must be make_watch_event_id(trigger_id, run, seq)")
+        return self
 
 
 class TaskStateRecord(_Record):
@@ -416,6 +493,8 @@ AnyRecord = (
     | DeadLetter
     | PoolWant
     | PoolGrant
+    | WatchRequest
+    | WatchEvent
 )
 
 RECORD_TYPES: dict[str, type[_Record]] = {
@@ -427,4 +506,6 @@ RECORD_TYPES: dict[str, type[_Record]] = {
     "dead_letter": DeadLetter,
     "pool_want": PoolWant,
     "pool_grant": PoolGrant,
+    "watch_request": WatchRequest,
+    "watch_event": WatchEvent,
 }

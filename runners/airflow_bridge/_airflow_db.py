@@ -156,6 +156,23 @@ class AirflowDatabase:
         finally:
             session.close()
 
+    @property
+    def engine(self) -> Any:
+        """Airflow's SQLAlchemy engine."""
+        return self._settings.engine
+
+    def session(self) -> Any:
+        """A session of Airflow's, committed when the block ends (rolled back on an error)."""
+        return self._session()
+
+    def live(self, session: Any, refs: Sequence[RowRef]) -> set[RowRef]:
+        """Which of ``refs`` are rows of the ``trigger`` table (the same id and moment)."""
+        return self._live(session, refs)
+
+    def decrypt_kwargs(self, encrypted: Any) -> dict[str, Any]:
+        """A row's kwargs as ``Trigger.kwargs`` reads them (Airflow's Fernet key, its serde)."""
+        return dict(self._trigger._decrypt_kwargs(encrypted))
+
     def _utcnow(self) -> dt.datetime:
         return dt.datetime.now(dt.UTC)
 

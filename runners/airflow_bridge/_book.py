@@ -5,11 +5,21 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from deferline.schemas import CancelRequest, DeferRequest
+from deferline.schemas import CancelRequest, DeferRequest, WatchRequest
 
 from ._rows import RowRef
 
-__all__ = ["HandedRow", "RowBook"]
+__all__ = ["HandedRow", "RowBook", "Stop"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """What stops the trigger of a row Airflow deleted: a CancelRequest for a deferral (its
+    task is told), a tombstone for a standing watch (``cancel`` None: nothing waits on it)."""
+
+    trigger_id: str
+    queue: str | None
+    cancel: CancelRequest | None
 
 
 @dataclass(slots=True)
@@ -17,7 +27,7 @@ class HandedRow:
     """A claimed row: published as ``request``, or failed in Airflow (``request`` None)."""
 
     ref: RowRef
-    request: DeferRequest | None
+    request: DeferRequest | WatchRequest | None
     applied: bool = False
     """An event of it was written back by this bridge."""
 
@@ -46,7 +56,7 @@ class RowBook:
         """Rows in the book that Airflow no longer says are ours."""
         return {row_id for row_id in self._rows if row_id not in owned}
 
-    def handed(self, ref: RowRef, request: DeferRequest | None) -> None:
+    def handed(self, ref: RowRef, request: DeferRequest | WatchRequest | None) -> None:
         self._rows[ref.row_id] = HandedRow(ref, request)
 
     def applied(self, refs: Iterable[RowRef]) -> None:
@@ -56,22 +66,25 @@ class RowBook:
             if row is not None and row.ref == ref:
                 row.applied = True
 
-    def settle(
-        self, vanished: Collection[int], deleted: Collection[int]
-    ) -> list[tuple[CancelRequest, str | None]]:
-        """Drop ``vanished`` rows; the cancels owed for those Airflow ``deleted``, each with
-        the trigger queue its request went to."""
-        cancels: list[tuple[CancelRequest, str | None]] = []
+    def settle(self, vanished: Collection[int], deleted: Collection[int]) -> list[Stop]:
+        """Drop ``vanished`` rows; the stops owed for those Airflow ``deleted`` (a watch
+        whatever its events; a deferral whose event this bridge did not write back)."""
+        stops: list[Stop] = []
         for row_id in vanished:
             row = self._rows.pop(row_id, None)
-            if row is None or row_id not in deleted or row.applied or row.request is None:
+            if row is None or row_id not in deleted or row.request is None:
                 continue
             request = row.request
+            if isinstance(request, WatchRequest):
+                stops.append(Stop(request.trigger_id, request.queue, None))
+                continue
+            if row.applied:
+                continue
             cancel = CancelRequest(
                 trigger_id=request.trigger_id,
                 task=request.task,
                 defer_seq=request.defer_seq,
                 reason="the task instance no longer waits on this trigger in Airflow",
             )
-            cancels.append((cancel, request.queue))
-        return cancels
+            stops.append(Stop(request.trigger_id, request.queue, cancel))
+        return stops

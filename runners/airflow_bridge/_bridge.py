@@ -6,8 +6,9 @@ for the job row and the claims, ``writers`` for the write-back.
 * the **heartbeat** of the ``TriggererJob`` row, every ``[triggerer] job_heartbeat_sec``;
 * the **claim loop**, once per ``poll_interval`` as Airflow's triggerer loops: claim rows
   (``Trigger.assign_unassigned``), publish a DeferRequest for each new row on the bridge
-  prefix's defer topic (or fail its task instance when the row cannot run), cancel in
-  deferline the rows Airflow deleted, run ``clean_unused``;
+  prefix's defer topic (or fail its task instance when the row cannot run), a WatchRequest
+  for each asset watcher (Airflow 3), cancel in deferline the rows Airflow deleted (a
+  watch: its tombstone), run ``clean_unused``;
 * the **event loop**: the consumer group ``<prefix>bridge`` on the resume topics, each batch
   of events written back into Airflow in one transaction, up to ``writers`` batches at once,
   offsets committed in order once a batch and all before it are written; the next batch is
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -49,9 +50,19 @@ from deferline.topics import (
 from .._aiokafka import leave_from_generation_zero
 from .._metrics import MetricsServer
 from ._airflow_db import AirflowDatabase
+from ._airflow_watches import AirflowWatches
 from ._book import RowBook
 from ._metrics import BridgeMetrics
-from ._rows import BridgeEvent, RejectedRow, RowRef, bridge_event, read_event, to_defer_request
+from ._rows import (
+    BridgeEvent,
+    RejectedRow,
+    RowRef,
+    WatchApply,
+    bridge_event,
+    read_event,
+    to_defer_request,
+    to_watch_request,
+)
 from ._services import AirflowServices, requests_for_this_airflow
 from ._state import BridgeLifecycle, BridgeState
 from ._write_back import CleanUpSchedule, write_back_loop
@@ -61,7 +72,8 @@ __all__ = ["AirflowBridge", "BridgeOptions"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-ReadRecord = tuple[Any, BridgeEvent | SchemaError | None]
+E = TypeVar("E")
+ReadRecord = tuple[Any, BridgeEvent | WatchApply | SchemaError | None]
 """A record of the resume topic, and what to write back for it or why it is not an event."""
 CLEAN_UP_WAITS_S = 30.0
 """The longest ``clean_unused`` waits for the write-back to pause (:class:`CleanUpSchedule`)."""
@@ -128,6 +140,8 @@ class AirflowBridge(Lifecycle):
         self.lifecycle = BridgeLifecycle()
         self.book = RowBook()
         self.db = database
+        self.watches: AirflowWatches | None = None
+        """Asset watchers (Airflow 3; None on 2.10, which has none)."""
         self._cipher = KwargsCipher(settings.kwargs_keys) if settings.kwargs_keys else None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="airflow-db")
         self._writers: ThreadPoolExecutor | None = None  # the write-back's, made at start
@@ -163,6 +177,9 @@ class AirflowBridge(Lifecycle):
         db = self.db
         self.writers = writers = 1 if db.dialect == "sqlite" else options.writers
         self._writers = ThreadPoolExecutor(writers, thread_name_prefix="airflow-db-write")
+        if not db.version.startswith("2."):
+            self.watches = watches = AirflowWatches(db)
+            await self._db(watches.create_table)
         job_id = await self._db(db.start_job)
         self.metrics = metrics = BridgeMetrics(hostname=db.hostname, capacity=options.capacity)
         queues: Sequence[str | None] = options.queues or (None,)
@@ -295,32 +312,47 @@ class AirflowBridge(Lifecycle):
         vanished = self.book.vanished(owned)
         if vanished:
             deleted = vanished - await self._db(db.existing, vanished)
-            cancels = self.book.settle(vanished, deleted)
+            stops = self.book.settle(vanished, deleted)
             await self._send_all(
-                (self.names.defer(queue), c.trigger_id, encode(c)) for c, queue in cancels
+                (
+                    self.names.defer(s.queue),
+                    s.trigger_id,
+                    None if s.cancel is None else encode(s.cancel),
+                )
+                for s in stops
             )
-            for cancel, _ in cancels:
+            for stop in stops:
                 logger.info(
-                    "trigger cancelled: Airflow removed its row",
-                    extra={"trigger_id": cancel.trigger_id, "task": str(cancel.task)},
+                    "trigger cancelled: Airflow removed its row"
+                    if stop.cancel is not None
+                    else "watch tombstoned: Airflow removed its row",
+                    extra={
+                        "trigger_id": stop.trigger_id,
+                        "task": None if stop.cancel is None else str(stop.cancel.task),
+                    },
                 )
         now = asyncio.get_running_loop().time()
         if self._clean_up.due(now):
             await self._db(db.clean_unused)
+            if self.watches is not None:
+                await self._db(self.watches.forget_applied)
             self._clean_up.cleaned(now)
         metrics.set_running(len(self.book))
 
     async def _hand_over(self, db: AirflowDatabase, ids: set[int]) -> None:
         rows, others = await self._db(db.read_rows, ids)
+        if others and self.watches is not None:
+            watches, others = await self._db(self.watches.read, others)
+            await self._hand_over_watches(db, watches)
         if others:
-            # Asset watchers and callbacks: not run through deferline yet (docs/airflow.md).
+            # Deadline-alert callbacks: not run through deferline yet (docs/airflow.md).
             await self._db(db.release, others)
             new = [r.row_id for r in others if r not in self._handed_back]
             self._handed_back.update(others)
             if new:
                 logger.warning(
-                    "trigger rows without a task instance handed back (asset watchers, "
-                    "callbacks): keep an `airflow triggerer` running for them",
+                    "trigger rows of deadline-alert callbacks handed back: keep an "
+                    "`airflow triggerer` running for them",
                     extra={"rows": new},
                 )
         outcomes = [
@@ -341,6 +373,30 @@ class AirflowBridge(Lifecycle):
         if rejected:
             await self._db(db.fail_rows, [(r.ref, r.reason) for r in rejected])
             self._require()[1].failed.inc(len(rejected))
+
+    async def _hand_over_watches(self, db: AirflowDatabase, watches: Sequence[Any]) -> None:
+        """Publish a WatchRequest for each asset watcher row; one that cannot run is said in
+        the log once and kept (Airflow's ``submit_failure`` changes nothing for a watcher)."""
+        allowed = self.settings.allowed_trigger_prefixes
+        outcomes = [
+            to_watch_request(w, allowed_prefixes=allowed, cipher=self._cipher) for w in watches
+        ]
+        for outcome in outcomes:
+            if isinstance(outcome, RejectedRow):
+                logger.warning(
+                    "asset watcher row cannot run: %s",
+                    outcome.reason,
+                    extra={"row_id": outcome.ref.row_id},
+                )
+        requests = [o for o in outcomes if not isinstance(o, RejectedRow)]
+        await self._send_all((self.names.defer(r.queue), r.trigger_id, encode(r)) for r in requests)
+        for watch, outcome in zip(watches, outcomes, strict=True):
+            self.book.handed(watch.ref, None if isinstance(outcome, RejectedRow) else outcome)
+        if requests:
+            logger.info(
+                "asset watchers published",
+                extra={"trigger_ids": [r.trigger_id for r in requests]},
+            )
 
     async def _send_all(self, records: Any) -> None:
         """Send ``(topic, key, value)`` records and wait until the broker has them all."""
@@ -377,16 +433,28 @@ class AirflowBridge(Lifecycle):
 
     async def _write_events(self, records: list[ReadRecord]) -> None:
         events: list[BridgeEvent] = []
+        watch_events: list[WatchApply] = []
         for message, event in records:
             if isinstance(event, SchemaError):
                 await self._dead_letter(message, event)
+            elif isinstance(event, WatchApply):
+                watch_events.append(event)
             elif event is not None:
                 events.append(event)
-        while events:
+        if events:
+            await self._until_written(self.apply, events)
+        if watch_events:
+            await self._until_written(self.apply_watch_events, watch_events)
+
+    async def _until_written(
+        self, apply: Callable[[list[E]], Awaitable[None]], batch: list[E]
+    ) -> None:
+        """``apply(batch)``, again while the database fails for a moment (nothing committed)."""
+        while True:
             try:
-                await self.apply(events)
-                break
-            except self._require()[0].transient as exc:  # nothing committed: again
+                await apply(batch)
+                return
+            except self._require()[0].transient as exc:
                 logger.warning("write-back failed, retrying: %s", exc)
                 await asyncio.sleep(self.options.poll_interval)
 
@@ -417,6 +485,26 @@ class AirflowBridge(Lifecycle):
             logger.info("%d trigger timeout(s) written back", result.timed_out)
         if result.stale:
             logger.info("%d event(s) of rows Airflow no longer has: skipped", result.stale)
+
+    async def apply_watch_events(self, events: Sequence[WatchApply]) -> None:
+        """Write asset watchers' events back into Airflow, each exactly once, and count them."""
+        _, metrics = self._require()
+        if self.watches is None:  # Airflow 2.10 has no watchers: no bridge published one
+            logger.warning("%d watch event(s) on an Airflow without asset watchers", len(events))
+            return
+        assert self._writers is not None
+        result = await asyncio.get_running_loop().run_in_executor(
+            self._writers, self.watches.apply, events
+        )
+        metrics.succeeded.inc(result.fired)
+        metrics.failed.inc(result.failed)
+        if result.repeated:
+            logger.info("watch events applied before: skipped", extra={"events": result.repeated})
+        if result.stale:
+            logger.info(
+                "watch events of rows Airflow no longer has: skipped",
+                extra={"events": result.stale},
+            )
 
     async def _dead_letter(self, message: Any, exc: SchemaError) -> None:
         letter = DeadLetter(

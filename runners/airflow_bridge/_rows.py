@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deferline.schemas import (
+    AssetRef,
     DeferlineError,
     DeferRequest,
     EventFields,
@@ -22,6 +23,8 @@ from deferline.schemas import (
     SchemaError,
     TaskKey,
     TriggerEventRecord,
+    WatchEvent,
+    WatchRequest,
     decode_as,
     decode_event,
     dumps_value,
@@ -36,11 +39,14 @@ __all__ = [
     "KwargsNotRendered",
     "RejectedRow",
     "RowRef",
+    "WatchApply",
+    "WatchRow",
     "bridge_event",
     "bridge_trigger_id",
     "parse_trigger_id",
     "read_event",
     "to_defer_request",
+    "to_watch_request",
 ]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -107,6 +113,30 @@ class ClaimedRow:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchRow:
+    """A claimed row no task instance waits on that watches assets (Airflow's asset watcher:
+    a ``BaseEventTrigger`` whose events become asset events): ``assets`` as (name, uri)."""
+
+    ref: RowRef
+    classpath: str
+    kwargs: Mapping[str, Any] | None
+    kwargs_error: BaseException | None
+    queue: str | None
+    assets: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchApply:
+    """One event of an asset watcher to write back: an asset event per watched asset, once."""
+
+    ref: RowRef
+    event_id: str
+    status: Literal["fired", "failed"]
+    payload: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class BridgeEvent:
     """One trigger event to write back into Airflow (made by :func:`bridge_event`)."""
 
@@ -151,33 +181,48 @@ def to_defer_request(
         return RejectedRow(row.ref, exc)
 
 
-def _request(
-    row: ClaimedRow, allowed_prefixes: Sequence[str], cipher: KwargsCipher | None
-) -> DeferRequest:
-    if not _allowed(row.classpath, allowed_prefixes):
+def _checked_kwargs(
+    classpath: str,
+    kwargs: Mapping[str, Any] | None,
+    error: BaseException | None,
+    allowed_prefixes: Sequence[str],
+) -> dict[str, Any]:
+    """A row's kwargs, once its class is allowed and its kwargs read and fit to travel."""
+    if not _allowed(classpath, allowed_prefixes):
         raise BadTriggerRow(
-            f"trigger class {row.classpath!r} is not under an allowed prefix "
+            f"trigger class {classpath!r} is not under an allowed prefix "
             f"({', '.join(allowed_prefixes) or 'none'}); set DEFERLINE_ALLOWED_TRIGGER_PREFIXES"
         )
-    if row.kwargs is None:
-        if isinstance(row.kwargs_error, KwargsNotRendered):
+    if kwargs is None:
+        if isinstance(error, KwargsNotRendered):
             raise BadTriggerRow(
-                f"the trigger's templated kwargs could not be rendered: {row.kwargs_error}"
-            ) from row.kwargs_error
+                f"the trigger's templated kwargs could not be rendered: {error}"
+            ) from error
         raise BadTriggerRow(
-            f"the trigger's kwargs cannot be read with Airflow's key: {row.kwargs_error!r}"
-        ) from row.kwargs_error
-    kwargs = dict(row.kwargs)
+            f"the trigger's kwargs cannot be read with Airflow's key: {error!r}"
+        ) from error
+    checked = dict(kwargs)
     try:
-        dumps_value(kwargs)  # every value must travel as tagged JSON
+        dumps_value(checked)  # every value must travel as tagged JSON
     except SchemaError as exc:
         raise BadTriggerRow(f"the trigger's kwargs cannot travel to deferline: {exc}") from exc
-    queue = row.queue
+    return checked
+
+
+def _checked_queue(queue: str | None) -> str | None:
     if queue is not None:
         try:
             validate_queue_name(queue)
         except InvalidQueueName as exc:
             raise BadTriggerRow(str(exc)) from exc
+    return queue
+
+
+def _request(
+    row: ClaimedRow, allowed_prefixes: Sequence[str], cipher: KwargsCipher | None
+) -> DeferRequest:
+    kwargs = _checked_kwargs(row.classpath, row.kwargs, row.kwargs_error, allowed_prefixes)
+    queue = _checked_queue(row.queue)
     try:
         task = TaskKey(
             dag_id=row.dag_id,
@@ -202,26 +247,53 @@ def _request(
     return seal(request, cipher)
 
 
+def to_watch_request(
+    row: WatchRow, *, allowed_prefixes: Sequence[str], cipher: KwargsCipher | None
+) -> WatchRequest | RejectedRow:
+    """The WatchRequest of an asset watcher row, or why it cannot run in deferline."""
+    try:
+        kwargs = _checked_kwargs(row.classpath, row.kwargs, row.kwargs_error, allowed_prefixes)
+        queue = _checked_queue(row.queue)
+        request = WatchRequest(
+            trigger_id=bridge_trigger_id(row.ref),
+            classpath=row.classpath,
+            kwargs=kwargs,
+            queue=queue,
+            assets=[AssetRef(name=name, uri=uri) for name, uri in row.assets],
+            requested_at=row.ref.created,  # a re-claim publishes the same bytes again
+        )
+    except BadTriggerRow as exc:
+        return RejectedRow(row.ref, exc)
+    except ValidationError as exc:
+        return RejectedRow(
+            row.ref, BadTriggerRow(f"the watcher cannot be named in deferline: {exc}")
+        )
+    return seal(request, cipher)
+
+
 def _aware(moment: dt.datetime | None) -> dt.datetime | None:
     if moment is None or moment.tzinfo is not None:
         return moment
     return moment.replace(tzinfo=dt.UTC)
 
 
-def read_event(data: bytes) -> EventFields:
+def read_event(data: bytes) -> EventFields | WatchEvent:
     """A TriggerEventRecord's fields without a model where its shape allows
-    (:func:`~deferline.schemas.decode_event`); raises the :class:`SchemaError` that
-    ``decode_as(data, TriggerEventRecord)`` raises for anything else (another kind included)."""
+    (:func:`~deferline.schemas.decode_event`), or a WatchEvent; raises the
+    :class:`SchemaError` that ``decode_as(data, TriggerEventRecord)`` raises for anything
+    else (another kind included)."""
     try:
         fields = decode_event(data)
     except SchemaError:
         fields = None
-    if isinstance(fields, EventFields):
+    if isinstance(fields, EventFields | WatchEvent):
         return fields
     return EventFields.of(decode_as(data, TriggerEventRecord))  # raises the model's error
 
 
-def bridge_event(record: TriggerEventRecord | EventFields) -> BridgeEvent | None:
+def bridge_event(
+    record: TriggerEventRecord | EventFields | WatchEvent,
+) -> BridgeEvent | WatchApply | None:
     """What to write back into Airflow for one event; None when there is nothing to write.
 
     A cancelled trigger writes nothing (its cancel came from Airflow itself), nor does an
@@ -230,6 +302,8 @@ def bridge_event(record: TriggerEventRecord | EventFields) -> BridgeEvent | None
     ref = parse_trigger_id(record.trigger_id)
     if ref is None or record.status == "cancelled":
         return None
+    if isinstance(record, WatchEvent):
+        return WatchApply(ref, record.event_id, record.status, record.payload, record.error)
     if record.status == "failed":
         lines = record.traceback.splitlines(keepends=True) if record.traceback else []
         if record.error and not any(record.error in line for line in lines):

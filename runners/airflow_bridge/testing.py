@@ -9,9 +9,12 @@ from ._rows import (
     KwargsNotRendered,
     RejectedRow,
     RowRef,
+    WatchApply,
+    WatchRow,
     bridge_event,
     read_event,
     to_defer_request,
+    to_watch_request,
 )
 from ._state import _MOVES as MOVES
 from ._write_back import CleanUpSchedule, write_back_loop
@@ -26,9 +29,12 @@ __all__ = [
     "RejectedRow",
     "RowBook",
     "RowRef",
+    "WatchApply",
+    "WatchRow",
     "bridge_event",
     "has_template",
     "read_event",
     "to_defer_request",
+    "to_watch_request",
     "write_back_loop",
 ]

@@ -16,10 +16,11 @@ from deferline.schemas import (
 )
 
 from ._event_sink import EventSink
-from ._input import BadRecord, CancelTrigger, StartTrigger, interpret
+from ._input import BadRecord, CancelTrigger, StartTrigger, StartWatch, interpret
 from ._lane_types import OutcomeRoute, OwnedPartition, StopTrigger, TriggerRef
 from ._metrics import TriggererMetrics
 from ._rebuild_plan import Record
+from ._watches import Watches
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class RecordDispatcher:
         defer_topic: str,
         supervisor: TriggerSupervisor,
         sink: EventSink,
+        watches: Watches,
         cipher: KwargsCipher | None,
         allowed: tuple[str, ...],
         cancel: StopTrigger,
@@ -46,6 +48,7 @@ class RecordDispatcher:
         self._route = route
         self._supervisor = supervisor
         self._sink = sink
+        self._watches = watches
         self._cipher = cipher
         self._allowed = allowed
         self._cancel = cancel
@@ -85,6 +88,7 @@ class RecordDispatcher:
         if part.book.tombstoned(key):
             return
         tid = key.decode(errors="replace")
+        self._watches.forget((tid,))
         if tid in self._supervisor:
             # Someone else finished it (an earlier owner's late tombstone): stop our copy.
             logger.info(
@@ -121,6 +125,10 @@ class RecordDispatcher:
                     ),
                 )
             return True
+        if isinstance(decision, StartWatch):
+            assert key is not None
+            self._watches.start(part, key, value, decision.request, decision.trigger)
+            return False
         if isinstance(decision, CancelTrigger):
             assert key is not None
             self._cancelled(part, key, decision)

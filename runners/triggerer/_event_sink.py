@@ -29,6 +29,7 @@ from deferline.schemas import (
     RunTask,
     TaskKey,
     TriggerEventRecord,
+    WatchEvent,
     decode_as,
     encode,
     make_event_id,
@@ -87,6 +88,22 @@ class _QueuedEvent:
 
     def failed(self, error: BaseException) -> None:
         self.sink._failed(self, error)
+
+
+@dataclass(slots=True, eq=False)
+class _QueuedWatchEvent:
+    """One watch event in the emitter, for its ack and failure callbacks."""
+
+    sink: EventSink
+    part: OwnedPartition
+    key: bytes
+    record: WatchEvent
+
+    def acked(self, metadata: Sequence[Any]) -> None:
+        self.sink._watch_acked(self)
+
+    def failed(self, error: BaseException) -> None:
+        self.sink._watch_failed(self, error)
 
 
 class EventSink:
@@ -230,6 +247,55 @@ class EventSink:
                 owner=part.owner,
             )
         )
+
+    def watch_event(self, part: OwnedPartition, key: bytes, record: WatchEvent) -> None:
+        """Queue an event of a standing watch: on the resume topic only, no tombstone (the
+        watch goes on), no tasks.events copy (no task waits on it)."""
+        queued = _QueuedWatchEvent(self, part, key, record)
+        self._emitter.submit(
+            Emission(
+                sends=(Send(self._resume_topic, key, encode(record), part.number),),
+                tombstone=None,
+                on_acked=queued.acked,
+                on_failed=queued.failed,
+                owner=part.owner,
+            )
+        )
+
+    def _watch_acked(self, queued: _QueuedWatchEvent) -> None:
+        record = queued.record
+        self._metrics.events.labels(queue=self._label, status=record.status).inc()
+        logger.info(
+            "watch event produced",
+            extra=self._log(
+                queued.part.number,
+                trigger_id=record.trigger_id,
+                status=record.status,
+                event_id=record.event_id,
+            ),
+        )
+
+    def _watch_failed(self, queued: _QueuedWatchEvent, error: BaseException) -> None:
+        """A watch event that cannot be produced (too large, say): its failure instead,
+        under the same id (the event itself never reached the topic)."""
+        record = queued.record
+        if record.payload is None and record.status == "failed":
+            logger.error(
+                "watch event not producible",
+                extra=self._log(
+                    queued.part.number, trigger_id=record.trigger_id, error=repr(error)
+                ),
+            )
+            return
+        replacement = record.model_copy(
+            update={
+                "status": "failed",
+                "payload": None,
+                "error": f"the watch's event could not be produced: {error!r}",
+                "traceback": None,
+            }
+        )
+        self.watch_event(queued.part, queued.key, replacement)
 
     def _task_sends(self, ti_key: str, value: bytes) -> tuple[Send, ...]:
         """The copy of an event on tasks.events: key ``ti_key``, in its tasks partition; none

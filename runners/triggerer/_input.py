@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from deferline.engine import BaseTrigger, TriggerLoadError, load_trigger
+from deferline.engine import BaseTrigger, TriggerLoadError, load_trigger, watch_assets
 from deferline.schemas import (
     CancelRequest,
     DecryptionError,
@@ -23,12 +23,20 @@ from deferline.schemas import (
     KwargsCipher,
     SchemaError,
     TaskKey,
+    WatchRequest,
     decode_deferral,
     open_kwargs,
 )
 from pydantic import ValidationError
 
-__all__ = ["BadRecord", "CancelTrigger", "StartTrigger", "interpret", "peek_identity"]
+__all__ = [
+    "BadRecord",
+    "CancelTrigger",
+    "StartTrigger",
+    "StartWatch",
+    "interpret",
+    "peek_identity",
+]
 
 
 @dataclass(slots=True)
@@ -36,6 +44,14 @@ class StartTrigger:
     """A valid DeferRequest (what running it needs) and the trigger instance built from it."""
 
     request: DeferFields
+    trigger: BaseTrigger
+
+
+@dataclass(slots=True)
+class StartWatch:
+    """A valid WatchRequest and the trigger instance built from it (one run of the watch)."""
+
+    request: WatchRequest
     trigger: BaseTrigger
 
 
@@ -62,7 +78,7 @@ class BadRecord:
         return self.trigger_id is not None and self.task is not None
 
 
-Decision = StartTrigger | CancelTrigger | BadRecord
+Decision = StartTrigger | StartWatch | CancelTrigger | BadRecord
 
 
 def peek_identity(value: bytes | None) -> tuple[str | None, TaskKey | None, int]:
@@ -120,7 +136,7 @@ def interpret(
         record = decode_deferral(value)
     except SchemaError as exc:
         return _bad(exc, None, value)
-    if not isinstance(record, DeferFields | CancelRequest):
+    if not isinstance(record, DeferFields | CancelRequest | WatchRequest):
         return _bad(
             f"a {record.__class__.__name__} does not belong on a defer topic", "WrongKind", value
         )
@@ -129,9 +145,11 @@ def interpret(
             error=f"record key {key_text!r} differs from its trigger_id {record.trigger_id!r}",
             error_type="KeyMismatch",
             trigger_id=record.trigger_id,
-            task=record.task,
-            defer_seq=record.defer_seq,
+            task=None if isinstance(record, WatchRequest) else record.task,
+            defer_seq=0 if isinstance(record, WatchRequest) else record.defer_seq,
         )
+    if isinstance(record, WatchRequest):
+        return _watch(record, allowed_prefixes, cipher, classes)
     if isinstance(record, CancelRequest):
         return CancelTrigger(record)
     try:
@@ -151,3 +169,25 @@ def interpret(
     trigger.trigger_id = record.trigger_id
     trigger.task_instance = record.task  # dag_id, task_id, run_id, map_index, try_number
     return StartTrigger(record, trigger)
+
+
+def _watch(
+    request: WatchRequest,
+    allowed_prefixes: Sequence[str],
+    cipher: KwargsCipher | None,
+    classes: MutableMapping[str, type[BaseTrigger]] | None,
+) -> StartWatch | BadRecord:
+    """A run of a watch, or why it cannot run (no task to tell: the record is dead-lettered)."""
+    try:
+        kwargs = open_kwargs(request, cipher)
+        trigger = load_trigger(
+            request.classpath, kwargs, allowed_prefixes=allowed_prefixes, classes=classes
+        )
+    except Exception as exc:  # as for a deferral: anything its import or __init__ raises
+        return BadRecord(
+            error=str(exc), error_type=type(exc).__name__, trigger_id=request.trigger_id
+        )
+    trigger.trigger_id = request.trigger_id
+    trigger.task_instance = None
+    watch_assets(trigger, [(a.name, a.uri) for a in request.assets])
+    return StartWatch(request, trigger)

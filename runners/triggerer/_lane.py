@@ -34,6 +34,8 @@ a partition's producer       :class:`~._emitter.Emitter` (opened and closed by t
 (transactions)               started and stopped by :class:`~._transactions.PartitionProducers`)
 event counters, encoder      :class:`~._event_sink.EventSink`
 trigger classes, deferrals   :class:`~._dispatcher.RecordDispatcher`
+standing watches: current    :class:`~._watches.Watches`
+run, failures, restarts
 fetch paused, its bound      :class:`~._backpressure.FetchGate`
 clients, tasks, closing,     :class:`TriggerLane`
 ``bootstrapped``
@@ -90,12 +92,14 @@ from ._lane_types import (
     TopicDeletedError,
     TriggererError,
     TriggerRef,
+    WatchRef,
 )
 from ._metrics import TriggererMetrics
 from ._partition_book import Verdict
 from ._rebalance_recorder import RebalanceRecorder
 from ._rebuild import Rebuilder, RebuildReader
 from ._transactions import PartitionProducers, transactional_id
+from ._watches import Watches
 
 __all__ = [
     "BootstrapError",
@@ -198,6 +202,16 @@ class TriggerLane:
         )
         self.route = OutcomeRoute(member=self.member, deliver=self.handle_outcome)
         """Where the outcomes of this lane's triggers go (carried by each TriggerRef)."""
+        self._watches = Watches(
+            route=self.route,
+            supervisor=supervisor,
+            sink=self._sink,
+            cipher=cipher,
+            allowed=tuple(settings.allowed_trigger_prefixes),
+            queue=queue,
+            metrics=metrics,
+            log=self._log,
+        )
         self._dispatcher = RecordDispatcher(
             self.route,
             queue=queue,
@@ -205,6 +219,7 @@ class TriggerLane:
             defer_topic=self.defer_topic,
             supervisor=supervisor,
             sink=self._sink,
+            watches=self._watches,
             cipher=cipher,
             allowed=tuple(settings.allowed_trigger_prefixes),
             cancel=cancel,
@@ -231,6 +246,11 @@ class TriggerLane:
 
     def _log(self, part: int | None = None, **fields: Any) -> dict[str, Any]:
         return {"member": self.member, "queue": self.label, "partition": part, **fields}
+
+    @property
+    def watching(self) -> int:
+        """Standing watches this lane runs (or will start again after a run)."""
+        return len(self._watches)
 
     @property
     def rebalance_log(self) -> list[RebalanceSummary]:
@@ -347,6 +367,7 @@ class TriggerLane:
         of it in flight while they close would open a connection nothing closes.
         """
         self._closing = True
+        self._watches.close()
         await self._cancel_rebuild()
         consumer, self._consumer = self._consumer, None
         reader, self._reader = self._reader, None
@@ -358,7 +379,11 @@ class TriggerLane:
 
     def handle_outcome(self, ref: TriggerRef, outcome: TriggerOutcome) -> None:
         """An event from the supervisor (synchronous): its partition's book says whether
-        it is emitted, held or dropped; an emitted trigger is then cancelled."""
+        it is emitted, held or dropped; an emitted trigger is then cancelled. A standing
+        watch's go to :class:`~._watches.Watches` (each published, the watch going on)."""
+        if type(ref) is WatchRef:
+            self._watches.outcome(ref, outcome)
+            return
         part = ref.part
         verdict = part.book.outcome(ref.key, (ref, outcome))
         if verdict is _EMIT:
@@ -448,7 +473,10 @@ class TriggerLane:
             consumer.seek(part.defer_tp, part.table.defer_offset)
             self._rebalances.paused(part.number, now if since is None else since)
             for ref, outcome in held:
-                self.handle_outcome(ref, outcome)
+                if type(ref) is WatchRef:
+                    self._watches.publish(ref, outcome)  # numbered when it was held
+                else:
+                    self.handle_outcome(ref, outcome)
         if kept and self._gate.paused:
             consumer.pause(*(p.defer_tp for p in kept))
 
@@ -503,6 +531,7 @@ class TriggerLane:
         for part in parts:
             self._parts.pop(part.number, None)
             part.book.gone()
+            self._watches.forget_partition(part)
             cancelled.extend(self._running(part))
         if parts:
             previous = self._losing
@@ -572,6 +601,7 @@ class TriggerLane:
         await self._commit([p for p in parts if p in rebuilt])
         for part in parts:
             part.book.gone()
+            self._watches.forget_partition(part)
             self._parts.pop(part.number, None)
         self._metrics.assigned_partitions.labels(queue=self.label).set(len(self._parts))
         logger.info(

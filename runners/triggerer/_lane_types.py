@@ -92,6 +92,15 @@ class TriggerRef:
         return str(task) if task is not None else None
 
 
+@dataclass(slots=True, eq=False)
+class WatchRef(TriggerRef):
+    """A :class:`TriggerRef` for one run of a standing watch: its run id and how many events
+    the run has numbered so far."""
+
+    run: str = ""
+    seq: int = 0
+
+
 Held = tuple[TriggerRef, TriggerOutcome]
 """An outcome held while its partition is quiesced."""
 

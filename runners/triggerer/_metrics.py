@@ -214,6 +214,20 @@ class TriggererMetrics:
             "Later events of a trigger that had already emitted (the task resumed on the first).",
             registry=r,
         )
+        self.watch_runs = Counter(
+            "deferline_triggerer_watch_runs",
+            "Runs of standing watches started, by why (first: the watch's first run here; "
+            "ended: after a run that returned; failed: after a run that failed, with backoff).",
+            ["queue", "reason"],
+            registry=r,
+        )
+        self.watch_events_dropped = Counter(
+            "deferline_triggerer_watch_events_dropped",
+            "Events of standing watches not published because their partition was lost or "
+            "released while they were produced (their source gave them up already).",
+            ["queue"],
+            registry=r,
+        )
         self.partitions_fenced = Counter(
             "deferline_triggerer_partitions_fenced",
             "Partitions dropped because another member's producer took their transactional "

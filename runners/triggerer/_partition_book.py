@@ -125,6 +125,14 @@ class PartitionBook(Generic[Held]):
             return _HOLD
         return _DROP
 
+    def hold(self, held: Held) -> bool:
+        """Keep an outcome that claims no key (a standing watch's event) until :meth:`keep` or
+        :meth:`gone`; False unless the partition is quiesced."""
+        if self.phase is not _QUIESCED:
+            return False
+        self.held.append(held)
+        return True
+
     def claim(self, key: bytes) -> bool:
         """Mark ``key`` done (its event or tombstone is being queued); False if it was."""
         done = self.done

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import orjson
+
 from ._checkpoint import PartitionCheckpoint
 from ._partition_table import ActiveTriggerTable
 
@@ -134,7 +136,7 @@ class RebuildPlan:
         self.resume_read += len(records)
         for record in records:
             key = record.key
-            if key is not None and key in table:
+            if key is not None and key in table and not _watch_event(record.value):
                 first = emitted.get(key)
                 emitted[key] = (record.offset, record.value if first is None else first[1])
 
@@ -147,6 +149,18 @@ class RebuildPlan:
         bytes (copied to tasks.events again before the tombstone)."""
         table = self.table
         return [(key, offset) for key, offset in self.emitted.items() if key in table]
+
+
+def _watch_event(value: bytes | None) -> bool:
+    """True for an event of a standing watch: it goes on, its events end nothing. (Read only
+    for the resume records of keys still in the table: a few per rebuild.)"""
+    if value is None:
+        return False
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(raw, dict) and raw.get("kind") == "watch_event"
 
 
 def start_order(plans: Sequence[RebuildPlan]) -> list[tuple[RebuildPlan, bytes, int]]:

@@ -20,6 +20,7 @@ from ._rebuild import RebuildReader, start_folded
 from ._rebuild_plan import RebuildPlan, Span
 from ._transactions import transactional_id
 from ._triggerer import _normalise_queues as normalise_queues
+from ._watches import restart_delay
 
 __all__ = [
     "ActiveTriggerTable",
@@ -52,6 +53,7 @@ __all__ = [
     "interpret",
     "normalise_queues",
     "request_fields",
+    "restart_delay",
     "start_folded",
     "transactional_id",
 ]

@@ -37,6 +37,7 @@ from deferline.engine import (
     deferral_records,
     load_trigger,
     preload_airflow,
+    watch_assets,
 )
 from deferline.engine.testing import to_deferline_event
 from deferline.schemas import (
@@ -459,3 +460,29 @@ def test_operator_defers_on_an_airflow_trigger(ops: Any) -> None:
     assert wire.kwargs == {"moment": moment, "end_from_trigger": False}
     rebuilt = load(wire.classpath, **wire.kwargs)
     assert rebuilt.serialize() == DateTimeTrigger(moment).serialize()
+
+
+@pytest.mark.skipif(airflow_line() < 3, reason="asset watchers are Airflow 3's")
+def test_a_watchers_trigger_gets_the_assets_it_watches_as_airflow_gives_them() -> None:
+    """As Airflow's triggerer before ``run()``: ``asset_state_store`` over the watched assets
+    (where this Airflow has one); a trigger not Airflow's is left alone."""
+    trigger = load_trigger(
+        f"{STANDARD_TRIGGERS}.file.FileDeleteTrigger",
+        {"filepath": "/in/flag"},
+        allowed_prefixes=[STANDARD_TRIGGERS],
+    )
+    inner: Any = trigger.airflow_trigger  # type: ignore[attr-defined]
+    watch_assets(trigger, [("inbox", "file:///in")])
+    if not hasattr(inner, "asset_state_store"):
+        pytest.skip("this Airflow has no asset_state_store (3.3+)")
+    store = inner.asset_state_store
+    assert store is not None
+    asset = importlib.import_module("airflow.sdk").Asset(name="inbox", uri="file:///in")
+    assert store[asset] is not None  # an accessor of the watched asset, by its name
+    ours = load_trigger(
+        "deferline.engine.triggers.FileTrigger",
+        {"filepath": "/in/flag"},
+        allowed_prefixes=["deferline.engine.triggers"],
+    )
+    watch_assets(ours, [("inbox", "file:///in")])
+    assert not hasattr(ours, "asset_state_store")

@@ -13,6 +13,7 @@ from typing import Any
 from deferline.engine import TaskTable
 from deferline.replay import RawRecord, ReplayRecord, classify_topic, decode_raw
 from deferline.schemas import (
+    AssetRef,
     CancelRequest,
     DeadLetter,
     DeferRequest,
@@ -21,15 +22,19 @@ from deferline.schemas import (
     TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
+    WatchEvent,
+    WatchRequest,
     encode,
     make_event_id,
     make_trigger_id,
+    make_watch_event_id,
 )
 from deferline.topics import TopicNames, partition_for
 
 # Recent, so that brokers keep the records (retention counts from record timestamps).
 T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=2)
 TIMER = "deferline.engine.triggers.DateTimeTrigger"
+WATCHER = "pkg.triggers.InboxWatcher"
 
 
 def at(seconds: float) -> dt.datetime:
@@ -62,13 +67,21 @@ class History:
     # -- raw writes --------------------------------------------------------------------------
 
     def put(
-        self, topic: str, key: str | None, record: Any | None, partition: int | None = None
+        self,
+        topic: str,
+        key: str | None,
+        record: Any | None,
+        partition: int | None = None,
+        *,
+        when: dt.datetime | None = None,
     ) -> None:
+        """Write ``record`` (None: a tombstone), stamped with its own time, else ``when``,
+        else the previous write's."""
         key_bytes = key.encode() if key is not None else None
         if partition is None:
             partition = partition_for(key_bytes, self.partitions) if key_bytes else 0
         value = encode(record) if record is not None else None
-        when = _record_time(record)
+        when = _record_time(record) or when
         stamp = int(when.timestamp() * 1000) if when else self._last_stamp()
         self.writes.append(Write(topic, partition, key_bytes, value, stamp))
         if isinstance(record, TaskStateRecord | TriggerEventRecord):
@@ -231,6 +244,63 @@ class History:
         )
         self.put(self.names.defer(request.queue), request.trigger_id, cancel)
 
+    def watch(
+        self,
+        trigger_id: str,
+        when: float,
+        *,
+        classpath: str = WATCHER,
+        assets: tuple[str, ...] = ("inbox",),
+        queue: str | None = None,
+    ) -> WatchRequest:
+        """Whoever keeps a standing watch (the Airflow bridge): its WatchRequest."""
+        request = WatchRequest(
+            trigger_id=trigger_id,
+            classpath=classpath,
+            kwargs={"path": "/data/inbox"},
+            queue=queue,
+            assets=[AssetRef(name=name, uri=f"file:///data/{name}") for name in assets],
+            requested_at=at(when),
+        )
+        self.put(self.names.defer(queue), trigger_id, request)
+        return request
+
+    def watch_event(
+        self,
+        request: WatchRequest,
+        when: float,
+        *,
+        run: str,
+        seq: int,
+        status: str = "fired",
+        member: str = "triggerer-a",
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> WatchEvent:
+        """The triggerer: one event of a watch's run (or its failure), on the resume topic only
+        (no copy on tasks.events, no tombstone)."""
+        failed = status == "failed"
+        event = WatchEvent(
+            event_id=make_watch_event_id(request.trigger_id, run, seq),
+            trigger_id=request.trigger_id,
+            run=run,
+            seq=seq,
+            status=status,
+            payload=None if failed else {"n": seq},
+            error=error,
+            traceback=traceback,
+            emitted_at=at(when),
+            member=member,
+            partition=partition_for(request.trigger_id.encode(), self.partitions),
+            queue=request.queue,
+        )
+        self.put(self.names.resume(request.queue), request.trigger_id, event)
+        return event
+
+    def unwatch(self, request: WatchRequest, when: float) -> None:
+        """Whoever keeps the watch ends it: the tombstone of its WatchRequest."""
+        self.put(self.names.defer(request.queue), request.trigger_id, None, when=at(when))
+
     def schedule(self, event: TriggerEventRecord) -> None:
         """The scheduler applies ``event``: fold the task's earlier records with the engine's
         table, then write exactly what applying the event emits."""
@@ -265,6 +335,10 @@ class History:
 
     def records(self) -> list[ReplayRecord]:
         """The writes as a replay reads them, with offsets per partition."""
+        return [decode_raw(raw) for raw in self.raw_records()]
+
+    def raw_records(self) -> list[RawRecord]:
+        """The writes as fetched, before decoding, with offsets per partition."""
         offsets: dict[tuple[str, int], int] = {}
         out = []
         for write in self.writes:
@@ -281,7 +355,7 @@ class History:
                 write.value,
                 write.headers,
             )
-            out.append(decode_raw(raw))
+            out.append(raw)
         return out
 
 

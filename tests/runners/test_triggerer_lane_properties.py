@@ -45,6 +45,8 @@ class BookMachine(RuleBasedStateMachine):
         """Released or lost: nothing may be emitted from here on."""
         self.done: set[bytes] = set()
         """Keys emitted and not tombstoned since: never emitted again."""
+        self.watch_events: set[int] = set()
+        """Outcome ids of standing watches' events (they claim no key)."""
 
     def _feed(self, outcome: int) -> None:
         phase = self.book.phase
@@ -78,6 +80,24 @@ class BookMachine(RuleBasedStateMachine):
         self.keys[self.next_id] = key
         self._feed(self.next_id)
 
+    @rule()
+    def watch_event(self) -> None:
+        """A standing watch's event claims no key: published while the partition emits,
+        held while it is quiesced (``hold``), dropped once it is let go."""
+        self.next_id += 1
+        outcome = self.next_id
+        self.watch_events.add(outcome)
+        phase = self.book.phase
+        if self.book.emitting:
+            assert not self.let_go
+            self.fate[outcome] = "emitted"
+        elif self.book.hold(outcome):
+            assert phase is Phase.QUIESCED
+            self.fate[outcome] = "held"
+        else:
+            assert phase not in (Phase.STARTING, Phase.ACTIVE, Phase.QUIESCED)
+            self.fate[outcome] = "dropped"
+
     @rule(key=KEYS)
     def tombstone_read(self, key: bytes) -> None:
         assert self.book.tombstoned(key) is (key in self.done)
@@ -106,6 +126,9 @@ class BookMachine(RuleBasedStateMachine):
         held, _ = self.book.keep()
         assert held == was_held, "every held outcome is handed back once, in order"
         for outcome in held:
+            if outcome in self.watch_events:  # the lane publishes it as it was numbered
+                self.fate[outcome] = "emitted"
+                continue
             self._feed(outcome)
             assert self.fate[outcome] in ("emitted", "repeat")
 

@@ -12,6 +12,7 @@ from deferline.runners.triggerer.testing import (
     Span,
     start_folded,
 )
+from deferline.schemas import WatchEvent, WatchRequest, encode, make_watch_event_id
 
 
 class Count:
@@ -132,3 +133,35 @@ def test_starting_gives_the_loop_back_between_slices() -> None:
 
     assert asyncio.run(main()) == 20_000
     assert ticks > 5, "other tasks ran between slices"
+
+
+def test_a_watchs_events_on_the_resume_topic_do_not_end_it() -> None:
+    """The rebuild tombstones a trigger whose event is already out; a standing watch's
+    events end nothing, so it is started again."""
+    watch = encode(WatchRequest(trigger_id="w", classpath="x.Watch"))
+    event = encode(
+        WatchEvent(
+            event_id=make_watch_event_id("w", "r1", 1),
+            trigger_id="w",
+            run="r1",
+            seq=1,
+            status="fired",
+        )
+    )
+    fired = b'{"kind": "trigger_event"}'
+    part = partition([(b"w", watch), (b"t", b"{}")])
+    plan = RebuildPlan(
+        number=0,
+        defer=Span(begin=0, end=2),
+        resume=Span(begin=0, end=2),
+        committed=0,
+        table=part.table,
+        from_checkpoint=False,
+    )
+    plan.collect([_Resume(b"w", event, 0), _Resume(b"t", fired, 1)])
+    assert [key for key, _ in plan.already_emitted()] == [b"t"]
+
+
+class _Resume:
+    def __init__(self, key: bytes, value: bytes, offset: int) -> None:
+        self.key, self.value, self.offset, self.timestamp = key, value, offset, 0

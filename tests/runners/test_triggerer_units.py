@@ -25,6 +25,7 @@ from deferline.runners.triggerer.testing import (
     TriggererMetrics,
     interpret,
     normalise_queues,
+    restart_delay,
 )
 from deferline.schemas import (
     CancelRequest,
@@ -497,3 +498,7 @@ def test_the_burst_encoder_gives_the_bytes_of_encode_event_for_each_event() -> N
         assert orjson.loads(fast) | {"emitted_at": None} == orjson.loads(expected) | {
             "emitted_at": None
         }
+
+
+def test_a_watch_starts_again_a_second_after_a_run_ends_and_backs_off_after_failures() -> None:
+    assert [restart_delay(n) for n in range(9)] == [1, 1, 2, 4, 8, 16, 32, 60, 60]

@@ -8,6 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from deferline.schemas import (
+    AssetRef,
     CancelRequest,
     DeadLetter,
     DeferRequest,
@@ -18,8 +19,11 @@ from deferline.schemas import (
     TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
+    WatchEvent,
+    WatchRequest,
     make_event_id,
     make_trigger_id,
+    make_watch_event_id,
 )
 from deferline.schemas.testing import Record
 
@@ -147,6 +151,26 @@ RECORDS: list[Record] = [
         partition=5,
     ),
     PoolGrant(pool="io", slots=2, try_number=2, partition=5),
+    WatchRequest(
+        trigger_id="airflow-7-1893553445678901",
+        classpath="airflow.providers.standard.triggers.file.FileDeleteTrigger",
+        kwargs={"filepath": "/data/inbox/flag", "poke_interval": 5.0},
+        queue="slow-io",
+        assets=[AssetRef(name="inbox", uri="file:///data/inbox")],
+        requested_at=T0,
+    ),
+    WatchEvent(
+        event_id=make_watch_event_id("airflow-7-1893553445678901", "3f2a9c1d0b7e4a65", 2),
+        trigger_id="airflow-7-1893553445678901",
+        run="3f2a9c1d0b7e4a65",
+        seq=2,
+        status="fired",
+        payload=PAYLOAD,
+        emitted_at=T0,
+        member="triggerer-1",
+        partition=11,
+        queue="slow-io",
+    ),
 ]
 
 

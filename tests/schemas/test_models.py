@@ -17,11 +17,13 @@ from deferline.schemas import (
     SchemaError,
     TaskKey,
     UnknownSchemaVersion,
+    WatchEvent,
     decode,
     decode_as,
     encode,
     make_event_id,
     make_trigger_id,
+    make_watch_event_id,
 )
 from deferline.schemas.testing import Record
 from hypothesis import given, settings
@@ -334,3 +336,15 @@ def test_event_id_depends_on_trigger_status_and_payload() -> None:
 def test_event_id_of_an_unencodable_payload_is_a_schema_error() -> None:
     with pytest.raises(SchemaError, match="naive datetime"):
         make_event_id("t", "fired", {"at": dt.datetime(2030, 1, 1)})
+
+
+def test_a_watch_event_id_names_its_watch_run_and_place() -> None:
+    event_id = make_watch_event_id("a:b", "3f2a9c1d0b7e4a65", 12)
+    assert event_id == "a:b:3f2a9c1d0b7e4a65:12"
+    assert event_id.rsplit(":", 2)[1:] == ["3f2a9c1d0b7e4a65", "12"]
+    raw = orjson.loads(encode(next(r for r in RECORDS if isinstance(r, WatchEvent))))
+    raw["seq"] = 3  # no longer the id's
+    error = decode_error(raw)
+    assert "make_watch_event_id" in str(error)
+    raw.update(seq=2, run="a:b")  # a run id holding the separator
+    assert decode_error(raw).field == "run"

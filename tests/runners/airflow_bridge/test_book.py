@@ -1,4 +1,5 @@
-"""The bridge's book of handed rows: which vanished rows owe deferline a cancel."""
+"""The bridge's book of handed rows: which vanished rows owe deferline a cancel or, for a
+standing watch, a tombstone."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import datetime as dt
 
 from deferline.runners.airflow_bridge import bridge_trigger_id
 from deferline.runners.airflow_bridge.testing import RowBook, RowRef
-from deferline.schemas import DeferRequest, TaskKey
+from deferline.schemas import DeferRequest, TaskKey, WatchRequest
 
 T0 = dt.datetime(2026, 11, 25, tzinfo=dt.UTC)
 
@@ -35,11 +36,25 @@ def test_only_rows_airflow_deleted_unapplied_are_cancelled() -> None:
     vanished = book.vanished({4})
     assert vanished == {1, 2, 3, 5}
     # Row 1 was claimed by another triggerer (still exists): left alone.
-    cancels = book.settle(vanished, deleted={2, 3, 5})
-    assert [(c.trigger_id, queue) for c, queue in cancels] == [
+    stops = book.settle(vanished, deleted={2, 3, 5})
+    assert [(s.trigger_id, s.queue) for s in stops] == [
         (bridge_trigger_id(RowRef.of(3, T0)), "fast")
     ]
+    assert stops[0].cancel is not None
+    assert stops[0].cancel.task.task_id == "t3"
     assert len(book) == 1
+
+
+def test_a_watch_airflow_deleted_is_tombstoned_whatever_its_events() -> None:
+    book = RowBook()
+    for row_id in (1, 2):
+        ref = RowRef.of(row_id, T0)
+        book.handed(ref, WatchRequest(trigger_id=bridge_trigger_id(ref), classpath="x.Watch"))
+    book.applied([RowRef.of(1, T0)])  # its events do not end it
+    stops = book.settle({1, 2}, deleted={1})  # row 2 went to another triggerer
+    assert [(s.trigger_id, s.cancel) for s in stops] == [
+        (bridge_trigger_id(RowRef.of(1, T0)), None)
+    ]
 
 
 def test_an_event_of_an_older_row_under_the_same_id_does_not_count() -> None:

@@ -14,10 +14,13 @@ from deferline.runners.airflow_bridge.testing import (
     KwargsNotRendered,
     RejectedRow,
     RowRef,
+    WatchApply,
+    WatchRow,
     bridge_event,
     has_template,
     read_event,
     to_defer_request,
+    to_watch_request,
 )
 from deferline.schemas import (
     DeferRequest,
@@ -25,9 +28,12 @@ from deferline.schemas import (
     SchemaError,
     TaskKey,
     TriggerEventRecord,
+    WatchEvent,
+    WatchRequest,
     decode_as,
     encode,
     make_event_id,
+    make_watch_event_id,
     open_kwargs,
 )
 from hypothesis import given, settings
@@ -177,13 +183,15 @@ def test_an_event_is_read_into_what_the_model_gives(data: bytes) -> None:
 def test_an_odd_or_bad_event_is_read_or_refused_as_the_model_does(changes: dict[str, Any]) -> None:
     data = json.dumps(BASE | {"trigger_id": BRIDGE_ID} | changes).encode()
     try:
-        expected: BridgeEvent | tuple[str, str | None] | None = bridge_event(
+        expected: BridgeEvent | WatchApply | tuple[str, str | None] | None = bridge_event(
             decode_as(data, TriggerEventRecord)
         )
     except SchemaError as exc:
         expected = (exc.reason, exc.field)
     try:
-        read: BridgeEvent | tuple[str, str | None] | None = bridge_event(read_event(data))
+        read: BridgeEvent | WatchApply | tuple[str, str | None] | None = bridge_event(
+            read_event(data)
+        )
     except SchemaError as exc:
         read = (exc.reason, exc.field)
     assert read == expected
@@ -219,3 +227,67 @@ def test_only_kwargs_with_a_jinja_marker_are_rendered(
     kwargs: dict[str, Any], templated: bool
 ) -> None:
     assert has_template(kwargs) is templated
+
+
+FILE_DELETE = "airflow.providers.standard.triggers.file.FileDeleteTrigger"
+
+
+def watch_row(**overrides: Any) -> WatchRow:
+    values: dict[str, Any] = {
+        "ref": RowRef.of(9, CREATED),
+        "classpath": FILE_DELETE,
+        "kwargs": {"filepath": "/in/flag", "poke_interval": 5.0},
+        "kwargs_error": None,
+        "queue": None,
+        "assets": (("inbox", "file:///in"),),
+    }
+    return WatchRow(**(values | overrides))
+
+
+def test_an_asset_watcher_row_becomes_the_same_watch_on_every_claim() -> None:
+    request = to_watch_request(watch_row(), allowed_prefixes=ALLOWED, cipher=None)
+    assert isinstance(request, WatchRequest)
+    assert request.trigger_id == bridge_trigger_id(RowRef.of(9, CREATED))
+    assert request.kwargs == {"filepath": "/in/flag", "poke_interval": 5.0}
+    assert [(a.name, a.uri) for a in request.assets] == [("inbox", "file:///in")]
+    again = to_watch_request(watch_row(), allowed_prefixes=ALLOWED, cipher=None)
+    assert isinstance(again, WatchRequest)
+    assert encode(again) == encode(request)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"classpath": "my.triggers.Watch"}, "not under an allowed prefix"),
+        ({"kwargs": None, "kwargs_error": ValueError("bad token")}, "cannot be read"),
+        ({"kwargs": {"thing": object()}}, "cannot travel to deferline"),
+        ({"queue": "no spaces allowed"}, "queue name"),
+    ],
+)
+def test_an_asset_watcher_row_that_cannot_run_is_refused_with_its_reason(
+    overrides: dict[str, Any], reason: str
+) -> None:
+    outcome = to_watch_request(watch_row(**overrides), allowed_prefixes=ALLOWED, cipher=None)
+    assert isinstance(outcome, RejectedRow)
+    assert reason in str(outcome.reason)
+
+
+def test_a_watch_event_maps_onto_an_asset_event_by_its_id() -> None:
+    ref = RowRef.of(9, CREATED)
+    trigger_id = bridge_trigger_id(ref)
+    fired = WatchEvent(
+        event_id=make_watch_event_id(trigger_id, "r1", 4),
+        trigger_id=trigger_id,
+        run="r1",
+        seq=4,
+        status="fired",
+        payload=True,
+    )
+    assert read_event(encode(fired)) == fired
+    assert bridge_event(fired) == WatchApply(ref, fired.event_id, "fired", True)
+    failed = fired.model_copy(
+        update={"event_id": make_watch_event_id(trigger_id, "r1", 5), "seq": 5}
+    ).model_copy(update={"status": "failed", "payload": None, "error": "boom"})
+    assert bridge_event(failed) == WatchApply(ref, failed.event_id, "failed", None, "boom")
+    foreign = fired.model_copy(update={"trigger_id": "not-a-bridge-id"})
+    assert bridge_event(foreign) is None

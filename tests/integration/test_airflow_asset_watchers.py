@@ -1,0 +1,201 @@
+"""Airflow 3's asset watchers through the bridge, in a real Airflow 3.3 deployment.
+
+One deployment (scheduler, DAG processor, API server, LocalExecutor, SQLite), no ``airflow
+triggerer``: the DAG ``watched`` is scheduled on an asset watched by Airflow's own
+``FileDeleteTrigger``. The bridge publishes the watcher's row as a standing watch; deferline's
+triggerers run it; each flag file dropped becomes one asset event and one DAG run, through:
+
+* a triggerer SIGKILLed between two files (the other takes the watch over);
+* a bridge frozen while a watcher's event reaches the resume topic, then SIGKILLed (the next
+  bridge applies it, once);
+* every event read again from the start of the resume topic by a new bridge: each is found
+  applied (its id recorded with its asset events) and applied no second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from deferline.schemas import WatchEvent, decode
+from deferline.topics import Settings, TopicNames
+
+from tests._until import until
+from tests.airflow_line import airflow_version
+
+from ._airflow_deployment import AirflowDeployment
+from ._airflow_processes import Processes
+from ._triggerer_help import FAILOVER_FLAGS
+from ._util import KafkaClients
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.airflow,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(airflow_version() < (3, 0), reason="asset watchers are Airflow 3's"),
+]
+
+DAGS = Path(__file__).with_name("airflow_watch_dags")
+HEALTH_THRESHOLD_S = 5
+
+
+@pytest.fixture(scope="module")
+def inbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("inbox")
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory, inbox: Path) -> Iterator[AirflowDeployment]:
+    af = AirflowDeployment(
+        tmp_path_factory.mktemp("airflow"),
+        extra_env={
+            "WATCH_INBOX": str(inbox),
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(HEALTH_THRESHOLD_S),
+            "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": "airflow.providers.standard.triggers",
+            "DEFERLINE_COPY_EVENTS_TO_TASKS": "false",
+        },
+        dags_from=DAGS,
+    )
+    try:
+        af.start()
+        af.wait_for("SELECT 1 FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id")
+        yield af
+    finally:
+        af.close()
+
+
+def counts(af: AirflowDeployment) -> tuple[int, int]:
+    """Asset events of the watched asset, and runs of the DAG it schedules."""
+    [(events,)] = af.query(
+        "SELECT count(*) FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+        "WHERE a.name = 'watched_inbox'"
+    )
+    [(runs,)] = af.query("SELECT count(*) FROM dag_run WHERE dag_id = 'watched'")
+    return int(str(events)), int(str(runs))
+
+
+async def drop_and_see(af: AirflowDeployment, inbox: Path, number: int) -> None:
+    """Drop the flag file; wait for asset event ``number`` and the DAG run it schedules."""
+    (inbox / ".flag").write_text(str(number))
+    (inbox / ".flag").rename(inbox / "flag")
+    await until(
+        partial(asyncio.to_thread, lambda: counts(af) == (number, number)),
+        within=120,
+        interval=0.3,
+        what=lambda: f"asset event and run {number} (events, runs now: {counts(af)})",
+    )
+    assert not (inbox / "flag").exists()
+
+
+async def watch_events(clients: KafkaClients, topic: str) -> list[WatchEvent]:
+    """The WatchEvents on ``topic`` now (read from its start to its end)."""
+    consumer = await clients.consumer()
+    await consumer._client.force_metadata_update()
+    partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    consumer.assign(partitions)
+    await consumer.seek_to_beginning(*partitions)
+    ends = await consumer.end_offsets(partitions)
+    found: list[WatchEvent] = []
+    while any([await consumer.position(tp) < end for tp, end in ends.items()]):
+        batches = await consumer.getmany(*partitions, timeout_ms=500)
+        for message in (m for ms in batches.values() for m in ms):
+            record = decode(message.value) if message.value is not None else None
+            if isinstance(record, WatchEvent):
+                found.append(record)
+    await consumer.stop()
+    return found
+
+
+async def test_each_file_is_one_asset_event_and_one_run_through_kills_and_a_replay(
+    airflow: AirflowDeployment,
+    processes: Processes,
+    settings: Settings,
+    kafka_clients: KafkaClients,
+    inbox: Path,
+) -> None:
+    af = airflow
+    resume = TopicNames(settings.topic_prefix).resume()
+    first = processes.bridge("bridge-1")
+    triggerers = [processes.triggerer(name, *FAILOVER_FLAGS) for name in ("t1", "t2")]
+    await until(
+        lambda: any(t.find("watch started") for t in triggerers), within=120, what="watch started"
+    )
+    await drop_and_see(af, inbox, 1)
+    await drop_and_see(af, inbox, 2)
+
+    # The member running the watch is killed between two files: the other takes it over.
+    owner = next(t for t in triggerers if t.find("watch started"))
+    owner.proc.send_signal(signal.SIGKILL)
+    await drop_and_see(af, inbox, 3)
+    survivor = next(t for t in triggerers if t is not owner)
+    assert survivor.find("watch started")
+
+    # The bridge is frozen when the next event reaches the resume topic, then killed: the
+    # next bridge reclaims the row (Airflow's health threshold) and applies the event.
+    first.proc.send_signal(signal.SIGSTOP)
+    (inbox / ".flag").write_text("4")
+    (inbox / ".flag").rename(inbox / "flag")
+    await until(
+        lambda: _count(kafka_clients, resume, 4), within=120, interval=0.5, what="event 4 out"
+    )
+    assert counts(af) == (3, 3), "the frozen bridge applied nothing"
+    first.proc.send_signal(signal.SIGKILL)
+    second = processes.bridge("bridge-2")
+    await until(
+        partial(asyncio.to_thread, lambda: counts(af) == (4, 4)),
+        within=120,
+        interval=0.3,
+        what=lambda: f"event 4 applied by the next bridge (now {counts(af)})",
+    )
+    await drop_and_see(af, inbox, 5)
+
+    # Everything read again from the start: each event found applied, none applied twice.
+    second.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(second.proc.wait, 60) == 0
+    await _rewind(kafka_clients, f"{settings.topic_prefix}bridge", resume)
+    third = processes.bridge("bridge-3")
+    await until(
+        lambda: sum(int(str(x["events"])) for x in third.find("watch events applied before")) >= 5,
+        within=120,
+        interval=0.5,
+        what="every event read again and skipped",
+    )
+    assert counts(af) == (5, 5)
+
+    events = await watch_events(kafka_clients, resume)
+    assert [e.status for e in events] == ["fired"] * 5
+    assert len({e.event_id for e in events}) == 5
+    applied = af.query("SELECT event_id FROM deferline_watch_event")
+    assert sorted(str(e) for (e,) in applied) == sorted(e.event_id for e in events)
+    extras = af.query(
+        "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+        "WHERE a.name = 'watched_inbox'"
+    )
+    assert [json.loads(str(x)) for (x,) in extras] == [{"from_trigger": True, "payload": True}] * 5
+    assert not af.query("SELECT 1 FROM task_instance WHERE dag_id = 'watched' AND try_number > 1")
+    assert sorted(processes.dead()) == sorted(str(p.log_path) for p in (owner, first, second)), (
+        "only the processes the test stopped"
+    )
+
+
+def _count(clients: KafkaClients, topic: str, wanted: int) -> object:
+    async def check() -> bool:
+        return len(await watch_events(clients, topic)) >= wanted
+
+    return check()
+
+
+async def _rewind(clients: KafkaClients, group: str, topic: str) -> None:
+    """Commit offset 0 for ``group`` on every partition of ``topic`` (no member is left)."""
+    consumer = await clients.consumer(group_id=group, enable_auto_commit=False)
+    await consumer._client.force_metadata_update()
+    partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    consumer.assign(partitions)
+    await consumer.commit({tp: 0 for tp in partitions})
+    await consumer.stop()
