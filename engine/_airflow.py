@@ -359,6 +359,9 @@ class AirflowTrigger(BaseTrigger):
 
     airflow_class: ClassVar[type]
     airflow_timer: ClassVar[bool]
+    imports_from_kwargs: ClassVar[tuple[str, ...]] = ()
+    """Kwargs naming what the trigger imports and runs (checked against the allowed
+    prefixes by the loader, as the trigger's own classpath is)."""
 
     def __init__(self, **kwargs: Any) -> None:
         # Not BaseTrigger.__init__: trigger_id and task_instance are the Airflow trigger's,
@@ -461,6 +464,12 @@ def watch_assets(trigger: BaseTrigger, assets: Sequence[tuple[str, str]]) -> Non
     inner.asset_state_store = context.AssetStateStoreAccessors(inlets=inlets)
 
 
+_IMPORTS_FROM_KWARGS: dict[str, tuple[str, ...]] = {
+    # Airflow's deadline-alert callbacks: the trigger imports and awaits callback_path.
+    "airflow.triggers.callback.CallbackTrigger": ("callback_path",),
+}
+
+
 @functools.cache
 def airflow_trigger_class(airflow_class: type) -> type[AirflowTrigger]:
     """The deferline trigger class that runs ``airflow_class`` (one per Airflow class).
@@ -474,6 +483,9 @@ def airflow_trigger_class(airflow_class: type) -> type[AirflowTrigger]:
     namespace = {
         "airflow_class": airflow_class,
         "airflow_timer": _runs_as_timer(airflow_class),
+        "imports_from_kwargs": _IMPORTS_FROM_KWARGS.get(
+            f"{airflow_class.__module__}.{airflow_class.__qualname__}", ()
+        ),
         "__module__": airflow_class.__module__,
         "__qualname__": airflow_class.__qualname__,
         "__doc__": airflow_class.__doc__,

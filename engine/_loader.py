@@ -135,6 +135,16 @@ def load_trigger(
             f"kwargs of {classpath} must be a mapping, got {type(kwargs).__name__}",
             classpath=classpath,
         )
+    for name in getattr(cls, "imports_from_kwargs", ()):
+        # A trigger that imports what a kwarg names (Airflow's CallbackTrigger runs the
+        # callback at callback_path) imports only what the prefixes allow, as the loader.
+        path = kwargs.get(name)
+        if not isinstance(path, str) or not is_allowed(path, allowed_prefixes):
+            raise TriggerNotAllowed(
+                f"{classpath} would import {name}={path!r}, which is not under an allowed "
+                f"module prefix (allowed: {', '.join(allowed_prefixes) or 'none'})",
+                classpath=classpath,
+            )
     bad_keys = [key for key in kwargs if not isinstance(key, str) or not key.isidentifier()]
     if bad_keys:
         raise TriggerKwargsError(

@@ -317,7 +317,8 @@ class WatchRequest(_Record):
     published, none ending it. Value of the defer topic, keyed by ``trigger_id``.
 
     No task waits on a watch (Airflow's asset watchers): its events go to the resume topic
-    only, as :class:`WatchEvent`. A run that ends or fails is started again, with backoff.
+    only, as :class:`WatchEvent`. A run that ends or fails is started again, with backoff,
+    unless the watch is ``once`` (then it ends with that run).
     """
 
     kind: Literal["watch_request"] = "watch_request"
@@ -334,6 +335,11 @@ class WatchRequest(_Record):
     )
     assets: list[AssetRef] = Field(
         default_factory=list, description="The assets its events feed (informational)."
+    )
+    once: bool = Field(
+        default=False,
+        description="One run only: the watch ends with that run's last event or its failure "
+        "(tombstoned with it) and is never started again (Airflow's deadline-alert callbacks).",
     )
     requested_at: AwareDatetime = Field(default_factory=utcnow)
 
@@ -367,6 +373,9 @@ class WatchEvent(_Record):
     payload: Tagged = None
     error: str | None = None
     traceback: str | None = None
+    last: bool = Field(
+        default=False, description="The run's last event: the trigger returned, or failed."
+    )
     emitted_at: AwareDatetime = Field(default_factory=utcnow)
     member: str | None = Field(default=None, description="Consumer-group member that ran it.")
     partition: int | None = None

@@ -1,10 +1,12 @@
-"""Airflow's asset watchers on deferline: their rows read for publishing, their events applied
-exactly once.
+"""Airflow's asset watchers and deadline-alert callbacks on deferline: their rows read for
+publishing, their events applied exactly once.
 
 An asset watcher is a trigger row no task instance waits on, linked to assets through
-``asset_watcher`` (Airflow 3). Airflow's triggerer hands every event of one to
-``Trigger.submit_event``, which registers an asset change per watched asset, with no guard
-against an event applied twice. Here each event carries its own id
+``asset_watcher`` (Airflow 3); a deadline-alert callback's row is linked to its ``callback``
+row (3.1+) and runs Airflow's ``CallbackTrigger`` once. Airflow's triggerer hands every event
+of either to ``Trigger.submit_event``, which registers an asset change per watched asset or
+records the callback's state (``running``, then ``success`` or ``failed`` with its output),
+with no guard against an event applied twice. Here each event carries its own id
 (:func:`~deferline.schemas.make_watch_event_id`), and the id is recorded in the table
 ``deferline_watch_event`` in the same transaction as the asset events: an event read again
 (after a bridge's crash, a rebalance, a replayed topic) finds its id there and changes
@@ -41,7 +43,7 @@ class AppliedWatchEvents:
     fired: int
     """Events applied: an asset event for each asset the watcher watches."""
     failed: int
-    """Failed runs recorded (Airflow's ``submit_failure`` changes nothing for a watcher)."""
+    """Failed runs recorded (a watcher's changes nothing in Airflow; a callback's fails it)."""
     repeated: int
     """Events applied before (their id recorded): skipped."""
     stale: int
@@ -59,6 +61,7 @@ class AirflowWatches:
         asset: Any = importlib.import_module("airflow.models.asset")
         self._asset, self._watcher = asset.AssetModel, asset.AssetWatcherModel
         self._event: Any = importlib.import_module("airflow.triggers.base").TriggerEvent
+        self._has_callbacks = hasattr(self._trigger, "callback")  # 3.1+
         self._conflict: type[Exception] = importlib.import_module("sqlalchemy.exc").IntegrityError
         self._applied = sa.Table(
             APPLIED_TABLE,
@@ -73,8 +76,16 @@ class AirflowWatches:
         self._applied.create(bind=self._db.engine, checkfirst=True)
 
     def read(self, refs: Sequence[RowRef]) -> tuple[list[WatchRow], list[RowRef]]:
-        """Of rows no task instance waits on, the asset watchers (with their assets); and the
-        rest (deadline-alert callbacks), which the bridge hands back."""
+        """Of rows no task instance waits on, the asset watchers (with their assets) and the
+        callbacks; and the rest (rows nothing needs any more, whose callback ended), which
+        the bridge hands back for ``clean_unused``."""
+        watches = self._asset_watchers(refs)
+        seen = {w.ref.row_id for w in watches}
+        watches += self._callbacks([r for r in refs if r.row_id not in seen])
+        seen |= {w.ref.row_id for w in watches}
+        return watches, [ref for ref in refs if ref.row_id not in seen]
+
+    def _asset_watchers(self, refs: Sequence[RowRef]) -> list[WatchRow]:
         sa, trigger, asset, watcher = self._sa, self._trigger, self._asset, self._watcher
         queue = getattr(trigger, "queue", None)  # 3.2+
         with self._db.session() as session:
@@ -98,25 +109,71 @@ class AirflowWatches:
         for row_id, created, classpath, encrypted, row_queue, name, uri in found:
             rows.setdefault(row_id, (created, classpath, encrypted, row_queue))
             assets.setdefault(row_id, []).append((name, uri))
-        watches = []
-        for row_id, (created, classpath, encrypted, row_queue) in rows.items():
-            kwargs: dict[str, Any] | None
-            try:
-                kwargs, error = self._db.decrypt_kwargs(encrypted), None
-            except Exception as exc:  # Airflow's key or serializer refused them
-                kwargs, error = None, exc
-            watches.append(
-                WatchRow(
-                    ref=RowRef.of(row_id, created),
-                    classpath=classpath,
-                    kwargs=kwargs,
-                    kwargs_error=error,
-                    queue=row_queue,
-                    assets=tuple(assets[row_id]),
-                )
-            )
-        rest = [ref for ref in refs if ref.row_id not in rows]
-        return watches, rest
+        return [
+            self._row(row_id, *columns, assets=tuple(assets[row_id]))
+            for row_id, columns in rows.items()
+        ]
+
+    def _callbacks(self, refs: Sequence[RowRef]) -> list[WatchRow]:
+        if not refs or not self._has_callbacks:
+            return []
+        sa, trigger = self._sa, self._trigger
+        queue = getattr(trigger, "queue", None)
+        with self._db.session() as session:
+            found = session.execute(
+                sa.select(
+                    trigger.id,
+                    trigger.created_date,
+                    trigger.classpath,
+                    trigger.encrypted_kwargs,
+                    queue if queue is not None else sa.null(),
+                ).where(trigger.id.in_([r.row_id for r in refs]), trigger.callback.has())
+            ).all()
+        return [self._row(*columns, assets=(), callback=True) for columns in found]
+
+    def _row(
+        self,
+        row_id: int,
+        created: dt.datetime,
+        classpath: str,
+        encrypted: Any,
+        queue: str | None,
+        *,
+        assets: tuple[tuple[str, str], ...],
+        callback: bool = False,
+    ) -> WatchRow:
+        kwargs: dict[str, Any] | None
+        try:
+            kwargs, error = self._db.decrypt_kwargs(encrypted), None
+        except Exception as exc:  # Airflow's key or serializer refused them
+            kwargs, error = None, exc
+        return WatchRow(
+            ref=RowRef.of(row_id, created),
+            classpath=classpath,
+            kwargs=kwargs,
+            kwargs_error=error,
+            queue=queue,
+            assets=assets,
+            callback=callback,
+        )
+
+    def fail_callbacks(self, failures: Sequence[tuple[RowRef, str]]) -> None:
+        """Record the callbacks of rows that cannot run in deferline as failed, saying why
+        (Airflow's ``CallbackTrigger`` reports a callback it cannot import so)."""
+        with self._db.session() as session:
+            live = self._db.live(session, [ref for ref, _ in failures])
+            for ref, reason in failures:
+                if ref in live:
+                    self._fail_callback(session, ref.row_id, reason)
+
+    def _fail_callback(self, session: Any, row_id: int, reason: str) -> bool:
+        """The row's callback recorded as failed with ``reason``; False without a callback."""
+        row = session.get(self._trigger, row_id) if self._has_callbacks else None
+        if row is None or row.callback is None:
+            return False
+        payload = {"state": "failed", "body": reason}  # CallbackTrigger's own keys
+        row.callback.handle_event(self._event(payload), session)
+        return True
 
     def apply(self, events: Sequence[WatchApply]) -> AppliedWatchEvents:
         """Apply ``events`` in one transaction, each once: a fired one through Airflow's
@@ -159,11 +216,19 @@ class AirflowWatches:
                         event.ref.row_id, self._event(event.payload), session=session
                     )
                     fired += 1
-                else:
-                    failed += 1
+                    continue
+                failed += 1
+                reason = event.error or "the trigger failed in deferline"
+                if self._fail_callback(session, event.ref.row_id, reason):
                     logger.warning(
-                        "asset watcher run failed (the watch goes on): %s",
-                        event.error,
+                        "deadline-alert callback failed: %s",
+                        reason,
+                        extra={"row_id": event.ref.row_id, "event_id": event.event_id},
+                    )
+                else:
+                    logger.warning(
+                        "asset watcher run failed: %s",
+                        reason,
                         extra={"row_id": event.ref.row_id, "event_id": event.event_id},
                     )
         return AppliedWatchEvents(

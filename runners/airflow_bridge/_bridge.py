@@ -58,6 +58,7 @@ from ._rows import (
     RejectedRow,
     RowRef,
     WatchApply,
+    WatchRow,
     bridge_event,
     read_event,
     to_defer_request,
@@ -153,7 +154,6 @@ class AirflowBridge(Lifecycle):
         self.services: AirflowServices | None = None
         self._watchdog: LoopWatchdog | None = None
         self._loops: list[asyncio.Task[None]] = []
-        self._handed_back: set[RowRef] = set()  # logged once each
         self._clean_up = CleanUpSchedule(quiet=options.poll_interval, longest=CLEAN_UP_WAITS_S)
 
     @property
@@ -343,18 +343,10 @@ class AirflowBridge(Lifecycle):
         rows, others = await self._db(db.read_rows, ids)
         if others and self.watches is not None:
             watches, others = await self._db(self.watches.read, others)
-            await self._hand_over_watches(db, watches)
+            await self._hand_over_watches(watches)
         if others:
-            # Deadline-alert callbacks: not run through deferline yet (docs/airflow.md).
+            # Needed by nothing any more (a callback that ended): clean_unused deletes them.
             await self._db(db.release, others)
-            new = [r.row_id for r in others if r not in self._handed_back]
-            self._handed_back.update(others)
-            if new:
-                logger.warning(
-                    "trigger rows of deadline-alert callbacks handed back: keep an "
-                    "`airflow triggerer` running for them",
-                    extra={"rows": new},
-                )
         outcomes = [
             to_defer_request(
                 row, allowed_prefixes=self.settings.allowed_trigger_prefixes, cipher=self._cipher
@@ -374,29 +366,37 @@ class AirflowBridge(Lifecycle):
             await self._db(db.fail_rows, [(r.ref, r.reason) for r in rejected])
             self._require()[1].failed.inc(len(rejected))
 
-    async def _hand_over_watches(self, db: AirflowDatabase, watches: Sequence[Any]) -> None:
-        """Publish a WatchRequest for each asset watcher row; one that cannot run is said in
-        the log once and kept (Airflow's ``submit_failure`` changes nothing for a watcher)."""
+    async def _hand_over_watches(self, watches: Sequence[WatchRow]) -> None:
+        """Publish a WatchRequest for each asset watcher or callback row. One that cannot run
+        is said in the log once and kept; a callback's is recorded failed, with the reason."""
         allowed = self.settings.allowed_trigger_prefixes
         outcomes = [
             to_watch_request(w, allowed_prefixes=allowed, cipher=self._cipher) for w in watches
         ]
-        for outcome in outcomes:
+        failed_callbacks: list[tuple[RowRef, str]] = []
+        for watch, outcome in zip(watches, outcomes, strict=True):
             if isinstance(outcome, RejectedRow):
+                kind = "deadline-alert callback" if watch.callback else "asset watcher"
                 logger.warning(
-                    "asset watcher row cannot run: %s",
+                    "%s row cannot run: %s",
+                    kind,
                     outcome.reason,
                     extra={"row_id": outcome.ref.row_id},
                 )
+                if watch.callback:
+                    failed_callbacks.append((outcome.ref, str(outcome.reason)))
         requests = [o for o in outcomes if not isinstance(o, RejectedRow)]
         await self._send_all((self.names.defer(r.queue), r.trigger_id, encode(r)) for r in requests)
         for watch, outcome in zip(watches, outcomes, strict=True):
             self.book.handed(watch.ref, None if isinstance(outcome, RejectedRow) else outcome)
         if requests:
             logger.info(
-                "asset watchers published",
+                "watches published",
                 extra={"trigger_ids": [r.trigger_id for r in requests]},
             )
+        if failed_callbacks and self.watches is not None:
+            await self._db(self.watches.fail_callbacks, failed_callbacks)
+            self._require()[1].failed.inc(len(failed_callbacks))
 
     async def _send_all(self, records: Any) -> None:
         """Send ``(topic, key, value)`` records and wait until the broker has them all."""

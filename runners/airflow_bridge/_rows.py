@@ -114,8 +114,9 @@ class ClaimedRow:
 
 @dataclass(frozen=True, slots=True)
 class WatchRow:
-    """A claimed row no task instance waits on that watches assets (Airflow's asset watcher:
-    a ``BaseEventTrigger`` whose events become asset events): ``assets`` as (name, uri)."""
+    """A claimed row no task instance waits on: an asset watcher (a ``BaseEventTrigger``
+    whose events become asset events; ``assets`` as (name, uri)) or a deadline-alert
+    callback (``callback``: it runs once, its events are the callback's states)."""
 
     ref: RowRef
     classpath: str
@@ -123,6 +124,7 @@ class WatchRow:
     kwargs_error: BaseException | None
     queue: str | None
     assets: tuple[tuple[str, str], ...]
+    callback: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,9 +252,16 @@ def _request(
 def to_watch_request(
     row: WatchRow, *, allowed_prefixes: Sequence[str], cipher: KwargsCipher | None
 ) -> WatchRequest | RejectedRow:
-    """The WatchRequest of an asset watcher row, or why it cannot run in deferline."""
+    """The WatchRequest of an asset watcher or callback row, or why it cannot run in
+    deferline (a callback's ``callback_path`` is checked against the prefixes too)."""
     try:
         kwargs = _checked_kwargs(row.classpath, row.kwargs, row.kwargs_error, allowed_prefixes)
+        path = kwargs.get("callback_path") if row.callback else None
+        if row.callback and not (isinstance(path, str) and _allowed(path, allowed_prefixes)):
+            raise BadTriggerRow(
+                f"the callback {path!r} is not under an allowed prefix "
+                f"({', '.join(allowed_prefixes) or 'none'}); set DEFERLINE_ALLOWED_TRIGGER_PREFIXES"
+            )
         queue = _checked_queue(row.queue)
         request = WatchRequest(
             trigger_id=bridge_trigger_id(row.ref),
@@ -260,6 +269,7 @@ def to_watch_request(
             kwargs=kwargs,
             queue=queue,
             assets=[AssetRef(name=name, uri=uri) for name, uri in row.assets],
+            once=row.callback,
             requested_at=row.ref.created,  # a re-claim publishes the same bytes again
         )
     except BadTriggerRow as exc:

@@ -12,7 +12,9 @@ from deferline.schemas import (
     KwargsCipher,
     TaskKey,
     TriggerEventRecord,
+    WatchEvent,
     make_event_id,
+    make_watch_event_id,
 )
 
 from ._event_sink import EventSink
@@ -23,6 +25,9 @@ from ._rebuild_plan import Record
 from ._watches import Watches
 
 logger = logging.getLogger(__name__)
+
+REFUSED_RUN = "rejected"
+"""The run id of the one event of a watch that cannot run (its record refused)."""
 
 
 class RecordDispatcher:
@@ -204,6 +209,9 @@ class RecordDispatcher:
         if key is not None:
             part.book.claim(key)
             part.table.note_emitting(key)
+        if bad.watch and key is not None and bad.trigger_id is not None:
+            self._watch_refused(part, key, bad, letter)
+            return
         if not bad.identified:
             self._sink.dead_letter(letter, part=part, event=None)
             return
@@ -212,6 +220,28 @@ class RecordDispatcher:
         error = f"{bad.error_type}: {bad.error}"
         record = self._event(part, bad.trigger_id, bad.task, bad.defer_seq, "failed", error)
         self._sink.dead_letter(letter, part=part, event=(key or bad.trigger_id.encode(), record))
+
+    def _watch_refused(
+        self, part: OwnedPartition, key: bytes, bad: BadRecord, letter: DeadLetter
+    ) -> None:
+        """A watch that cannot run: its failure as its one and last WatchEvent (run
+        ``rejected``: the same id however often it is refused), its dead letter and its
+        tombstone, together."""
+        assert bad.trigger_id is not None
+        error = f"{bad.error_type}: {bad.error}"
+        record = WatchEvent(
+            event_id=make_watch_event_id(bad.trigger_id, REFUSED_RUN, 1),
+            trigger_id=bad.trigger_id,
+            run=REFUSED_RUN,
+            seq=1,
+            status="failed",
+            error=error,
+            last=True,
+            member=self._member,
+            partition=part.number,
+            queue=self._queue,
+        )
+        self._sink.watch_event(part, key, record, tombstone=True, letter=letter)
 
     def _event(
         self,

@@ -98,6 +98,7 @@ class _QueuedWatchEvent:
     part: OwnedPartition
     key: bytes
     record: WatchEvent
+    tombstone: bool
 
     def acked(self, metadata: Sequence[Any]) -> None:
         self.sink._watch_acked(self)
@@ -235,7 +236,7 @@ class EventSink:
         number = part.number
         task = peek_identity(event)[1]
         sends = () if task is None or event is None else self._task_sends(task.ti_key, event)
-        if task is None and self._task_partitions is not None:
+        if event is not None and task is None and self._task_partitions is not None:
             logger.warning(
                 "event on the resume topic names no task: tombstone only, no tasks.events copy",
                 extra=self._log(number, trigger_id=key.decode(errors="replace")),
@@ -248,14 +249,24 @@ class EventSink:
             )
         )
 
-    def watch_event(self, part: OwnedPartition, key: bytes, record: WatchEvent) -> None:
-        """Queue an event of a standing watch: on the resume topic only, no tombstone (the
-        watch goes on), no tasks.events copy (no task waits on it)."""
-        queued = _QueuedWatchEvent(self, part, key, record)
+    def watch_event(
+        self,
+        part: OwnedPartition,
+        key: bytes,
+        record: WatchEvent,
+        *,
+        tombstone: bool = False,
+        letter: DeadLetter | None = None,
+    ) -> None:
+        """Queue an event of a standing watch: on the resume topic only, no tasks.events copy
+        (no task waits on it), and no tombstone unless the watch ends with it (``tombstone``:
+        a ``once`` watch's last event, or a watch that cannot run, with its ``letter``)."""
+        queued = _QueuedWatchEvent(self, part, key, record, tombstone)
+        dead = () if letter is None else (Send(self._names.dead, letter.key, encode(letter), None),)
         self._emitter.submit(
             Emission(
-                sends=(Send(self._resume_topic, key, encode(record), part.number),),
-                tombstone=None,
+                sends=(Send(self._resume_topic, key, encode(record), part.number), *dead),
+                tombstone=Send(self._defer_topic, key, None, part.number) if tombstone else None,
                 on_acked=queued.acked,
                 on_failed=queued.failed,
                 owner=part.owner,
@@ -295,7 +306,7 @@ class EventSink:
                 "traceback": None,
             }
         )
-        self.watch_event(queued.part, queued.key, replacement)
+        self.watch_event(queued.part, queued.key, replacement, tombstone=queued.tombstone)
 
     def _task_sends(self, ti_key: str, value: bytes) -> tuple[Send, ...]:
         """The copy of an event on tasks.events: key ``ti_key``, in its tasks partition; none

@@ -71,6 +71,9 @@ class BadRecord:
     trigger_id: str | None = None
     task: TaskKey | None = None
     defer_seq: int = 0
+    watch: bool = False
+    """A WatchRequest: no task to tell, its publisher hears of it through a failed
+    WatchEvent."""
 
     @property
     def identified(self) -> bool:
@@ -147,6 +150,7 @@ def interpret(
             trigger_id=record.trigger_id,
             task=None if isinstance(record, WatchRequest) else record.task,
             defer_seq=0 if isinstance(record, WatchRequest) else record.defer_seq,
+            watch=isinstance(record, WatchRequest),
         )
     if isinstance(record, WatchRequest):
         return _watch(record, allowed_prefixes, cipher, classes)
@@ -185,7 +189,10 @@ def _watch(
         )
     except Exception as exc:  # as for a deferral: anything its import or __init__ raises
         return BadRecord(
-            error=str(exc), error_type=type(exc).__name__, trigger_id=request.trigger_id
+            error=str(exc),
+            error_type=type(exc).__name__,
+            trigger_id=request.trigger_id,
+            watch=True,
         )
     trigger.trigger_id = request.trigger_id
     trigger.task_instance = None

@@ -99,6 +99,8 @@ class WatchRef(TriggerRef):
 
     run: str = ""
     seq: int = 0
+    once: bool = False
+    """The watch ends with this run (its last event is tombstoned with it)."""
 
 
 Held = tuple[TriggerRef, TriggerOutcome]

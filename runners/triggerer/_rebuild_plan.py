@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from ._checkpoint import PartitionCheckpoint
-from ._partition_table import ActiveTriggerTable
+from ._partition_table import ActiveTriggerTable, TableEntry
 
 
 class Record(Protocol):
@@ -136,9 +136,16 @@ class RebuildPlan:
         self.resume_read += len(records)
         for record in records:
             key = record.key
-            if key is not None and key in table and not _watch_event(record.value):
-                first = emitted.get(key)
-                emitted[key] = (record.offset, record.value if first is None else first[1])
+            if key is None or key not in table:
+                continue
+            watch = _watch_event(record.value)
+            if watch is _GOES_ON:
+                continue
+            if watch is _ENDED and not _once(table.get(key)):
+                continue  # a standing watch's run ended: it starts again
+            first = emitted.get(key)
+            value = None if watch is _ENDED else record.value
+            emitted[key] = (record.offset, value if first is None else first[1])
 
     def collected(self) -> None:
         """Every resume record up to ``resume.end`` is read."""
@@ -151,16 +158,34 @@ class RebuildPlan:
         return [(key, offset) for key, offset in self.emitted.items() if key in table]
 
 
-def _watch_event(value: bytes | None) -> bool:
-    """True for an event of a standing watch: it goes on, its events end nothing. (Read only
-    for the resume records of keys still in the table: a few per rebuild.)"""
+_GOES_ON, _ENDED = object(), object()
+
+
+def _watch_event(value: bytes | None) -> object:
+    """For an event of a standing watch, whether it goes on (:data:`_GOES_ON`: a watch's
+    events end nothing) or was its run's last (:data:`_ENDED`: a ``once`` watch ends with
+    it); None for any other record. (Read only for the resume records of keys still in the
+    table: a few per rebuild.)"""
+    raw = _json(value)
+    if raw.get("kind") != "watch_event":
+        return None
+    return _ENDED if raw.get("last") is True else _GOES_ON
+
+
+def _once(entry: TableEntry | None) -> bool:
+    """The table's record is a watch that ends with its first run."""
+    raw = _json(None if entry is None else entry.value)
+    return raw.get("kind") == "watch_request" and raw.get("once") is True
+
+
+def _json(value: bytes | None) -> dict[str, Any]:
     if value is None:
-        return False
+        return {}
     try:
         raw = orjson.loads(value)
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(raw, dict) and raw.get("kind") == "watch_event"
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def start_order(plans: Sequence[RebuildPlan]) -> list[tuple[RebuildPlan, bytes, int]]:

@@ -107,7 +107,9 @@ class Watches:
         pending = self._restarts.pop(tid, None)
         if pending is not None:
             pending.cancel()
-        ref = WatchRef(self._route, part, key, value, run=new_run_id())
+        if key in part.book.done:
+            return  # a watch that ended here (once): its tombstone is on its way
+        ref = WatchRef(self._route, part, key, value, run=new_run_id(), once=request.once)
         self._runs[tid] = ref
         self._supervisor.add(tid, trigger, context=ref, max_events=None)
         self._metrics.watch_runs.labels(queue=self._label, reason=reason).inc()
@@ -128,12 +130,20 @@ class Watches:
             self.publish(ref, numbered)
         elif not book.hold((ref, numbered)):
             self._dropped(ref)
-        if outcome.final:
+        if outcome.final and ref.once:
+            self._forget(outcome.trigger_id)  # it ends with this run: never started again
+        elif outcome.final:
             self._ended(ref, fired=outcome.status == "fired")
 
     def publish(self, ref: WatchRef, outcome: TriggerOutcome) -> None:
-        """Queue a numbered outcome of ``ref`` on the resume topic (no tombstone)."""
+        """Queue a numbered outcome of ``ref`` on the resume topic; a ``once`` watch's last
+        is tombstoned with it (in one transaction where there are transactions)."""
         failed = outcome.status != "fired"
+        ends = ref.once and outcome.final
+        part = ref.part
+        if ends:
+            part.book.claim(ref.key)  # the tombstone read back is this lane's own
+            part.table.note_emitting(ref.key)
         record = WatchEvent(
             event_id=outcome.event_id,
             trigger_id=outcome.trigger_id,
@@ -143,11 +153,12 @@ class Watches:
             payload=None if failed else outcome.payload,
             error=(outcome.error or "the watch's run timed out") if failed else None,
             traceback=outcome.traceback,
+            last=outcome.final,
             member=self._route.member,
-            partition=ref.part.number,
+            partition=part.number,
             queue=self._queue,
         )
-        self._sink.watch_event(ref.part, ref.key, record)
+        self._sink.watch_event(part, ref.key, record, tombstone=ends)
 
     def _dropped(self, ref: WatchRef) -> None:
         self._metrics.watch_events_dropped.labels(queue=self._label).inc()

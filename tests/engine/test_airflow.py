@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -486,3 +487,18 @@ def test_a_watchers_trigger_gets_the_assets_it_watches_as_airflow_gives_them() -
     )
     watch_assets(ours, [("inbox", "file:///in")])
     assert not hasattr(ours, "asset_state_store")
+
+
+def test_a_callback_trigger_imports_only_a_callback_under_an_allowed_prefix() -> None:
+    """Airflow's CallbackTrigger imports and awaits ``callback_path``: that path must lie
+    under an allowed prefix too, or whoever writes the topic could run any function."""
+    callback = "airflow.triggers.callback.CallbackTrigger"
+    if importlib.util.find_spec("airflow.triggers.callback") is None:
+        pytest.skip("this Airflow has no deadline-alert callbacks (3.1+)")
+    allowed = ["airflow.triggers.callback", "my_company.callbacks"]
+    kwargs = {"callback_path": "my_company.callbacks.page", "callback_kwargs": {}}
+    trigger = load_trigger(callback, kwargs, allowed_prefixes=allowed)
+    assert trigger.serialize() == (callback, kwargs)
+    for path in ("os.system", "my_company.callbacksX.page", None):
+        with pytest.raises(TriggerNotAllowed, match="callback_path"):
+            load_trigger(callback, {"callback_path": path}, allowed_prefixes=allowed)

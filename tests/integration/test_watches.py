@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from deferline.runners.triggerer import Triggerer, TriggererOptions
-from deferline.schemas import WatchEvent, WatchRequest, encode, make_watch_event_id
+from deferline.schemas import DeadLetter, WatchEvent, WatchRequest, encode, make_watch_event_id
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
 from tests._until import until
@@ -32,8 +32,10 @@ def watch_settings(settings: Settings) -> Settings:
     )
 
 
-def inbox_watch(trigger_id: str, inbox: Path) -> WatchRequest:
-    return WatchRequest(trigger_id=trigger_id, classpath=INBOX, kwargs={"directory": str(inbox)})
+def inbox_watch(trigger_id: str, inbox: Path, *, once: bool = False) -> WatchRequest:
+    return WatchRequest(
+        trigger_id=trigger_id, classpath=INBOX, kwargs={"directory": str(inbox)}, once=once
+    )
 
 
 def watch_events(reader: TopicReader) -> list[WatchEvent]:
@@ -121,6 +123,53 @@ async def test_a_watch_publishes_every_event_and_runs_again_after_it_ends_or_fai
         await asyncio.sleep(0)  # nothing runs to take it (no wait could show more)
         assert (inbox / "d1").exists()
         assert triggerer.lanes[0].watching == 0
+
+
+@pytest.mark.brokers_differ(
+    "a watch's last event and its tombstone (and a dead letter) commit together on Apache "
+    "Kafka, go out in order on Tansu"
+)
+async def test_a_watch_run_once_ends_with_its_run_and_a_watch_that_cannot_run_says_so(
+    settings: Settings, kafka_clients: KafkaClients, tmp_path: Path
+) -> None:
+    settings = watch_settings(settings)
+    names = TopicNames(settings.topic_prefix)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    refused = WatchRequest(trigger_id="refused-1", classpath="not.allowed.Watch")
+    options = TriggererOptions(member="solo", state_dir=tmp_path / "state", session_timeout_ms=6000)
+    async with (
+        Triggerer(settings, options) as triggerer,
+        TopicReader(settings, names.resume()) as resume,
+        TopicReader(settings, names.defer()) as defer,
+        TopicReader(settings, names.dead) as dead,
+    ):
+        await publish(kafka_clients, settings, inbox_watch("once-1", inbox, once=True))
+        await publish(kafka_clients, settings, refused)
+        drop(inbox, "a1", "end-a2")
+        await until(
+            lambda: {b"once-1", b"refused-1"} <= defer.tombstones(), within=30, what="both ended"
+        )
+        await until(lambda: len(watch_events(resume)) >= 3, within=30, what="their events")
+        await until(lambda: triggerer.lanes[0].watching == 0, within=30, what="none left")
+        drop(inbox, "b1")
+        await asyncio.sleep(0)  # nothing runs to take it (no wait could show more)
+        assert (inbox / "b1").exists()
+        assert "once-1" not in triggerer.supervisor
+        await until(lambda: dead.values(), within=30, what="the dead letter")
+
+    once = [e for e in watch_events(resume) if e.trigger_id == "once-1"]
+    assert [(e.payload["name"], e.seq, e.last) for e in once] == [
+        ("a1", 1, False),
+        ("end-a2", 2, True),
+    ]
+    [failed] = [e for e in watch_events(resume) if e.trigger_id == "refused-1"]
+    assert (failed.status, failed.run, failed.seq, failed.last) == ("failed", "rejected", 1, True)
+    assert "not under an allowed" in (failed.error or "")
+    [letter] = dead.values()
+    assert isinstance(letter, DeadLetter)
+    assert letter.trigger_id == "refused-1"
+    assert letter.value == encode(refused)
 
 
 async def test_a_watch_moves_to_another_member_when_its_owner_is_killed(

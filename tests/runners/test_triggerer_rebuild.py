@@ -162,6 +162,37 @@ def test_a_watchs_events_on_the_resume_topic_do_not_end_it() -> None:
     assert [key for key, _ in plan.already_emitted()] == [b"t"]
 
 
+def test_a_watch_run_once_ends_with_its_last_event_and_a_standing_one_does_not() -> None:
+    """A ``once`` watch (a deadline-alert callback) whose last event is out gets only its
+    tombstone (it must not run again); a standing watch's last event ends only that run."""
+
+    def last_event(trigger_id: str) -> bytes:
+        return encode(
+            WatchEvent(
+                event_id=make_watch_event_id(trigger_id, "r1", 2),
+                trigger_id=trigger_id,
+                run="r1",
+                seq=2,
+                status="fired",
+                last=True,
+            )
+        )
+
+    once = encode(WatchRequest(trigger_id="c", classpath="x.Callback", once=True))
+    standing = encode(WatchRequest(trigger_id="w", classpath="x.Watch"))
+    part = partition([(b"c", once), (b"w", standing)])
+    plan = RebuildPlan(
+        number=0,
+        defer=Span(begin=0, end=2),
+        resume=Span(begin=0, end=2),
+        committed=0,
+        table=part.table,
+        from_checkpoint=False,
+    )
+    plan.collect([_Resume(b"c", last_event("c"), 0), _Resume(b"w", last_event("w"), 1)])
+    assert list(plan.already_emitted()) == [(b"c", (0, None))]  # no tasks.events copy
+
+
 class _Resume:
     def __init__(self, key: bytes, value: bytes, offset: int) -> None:
         self.key, self.value, self.offset, self.timestamp = key, value, offset, 0

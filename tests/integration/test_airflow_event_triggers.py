@@ -1,7 +1,8 @@
-"""Airflow 3's asset watchers through the bridge, in a real Airflow 3.3 deployment.
+"""Airflow 3's triggers that no task waits on, through the bridge, in a real Airflow 3.3
+deployment: asset watchers and deadline-alert callbacks.
 
 One deployment (scheduler, DAG processor, API server, LocalExecutor, SQLite), no ``airflow
-triggerer``: the DAG ``watched`` is scheduled on an asset watched by Airflow's own
+triggerer``. The DAG ``watched`` is scheduled on an asset watched by Airflow's own
 ``FileDeleteTrigger``. The bridge publishes the watcher's row as a standing watch; deferline's
 triggerers run it; each flag file dropped becomes one asset event and one DAG run, through:
 
@@ -10,6 +11,11 @@ triggerers run it; each flag file dropped becomes one asset event and one DAG ru
   bridge applies it, once);
 * every event read again from the start of the resume topic by a new bridge: each is found
   applied (its id recorded with its asset events) and applied no second time.
+
+The DAG ``deadlined`` misses its deadline (its run is queued 1 s before the deadline, its task
+sleeps 20 s): the scheduler queues its two ``AsyncCallback`` alerts, one under the allowed
+prefixes (run once in a deferline triggerer: ``running``, then ``success`` with its output),
+one outside them (never imported: ``failed``, saying why).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import signal
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -30,7 +37,7 @@ from tests._until import until
 from tests.airflow_line import airflow_version
 
 from ._airflow_deployment import AirflowDeployment
-from ._airflow_processes import Processes
+from ._airflow_processes import Processes, run_id_of, trigger_dag
 from ._triggerer_help import FAILOVER_FLAGS
 from ._util import KafkaClients
 
@@ -41,7 +48,7 @@ pytestmark = [
     pytest.mark.skipif(airflow_version() < (3, 0), reason="asset watchers are Airflow 3's"),
 ]
 
-DAGS = Path(__file__).with_name("airflow_watch_dags")
+DAGS = Path(__file__).with_name("airflow_event_dags")
 HEALTH_THRESHOLD_S = 5
 
 
@@ -57,7 +64,9 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, inbox: Path) -> Iterator[A
         extra_env={
             "WATCH_INBOX": str(inbox),
             "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(HEALTH_THRESHOLD_S),
-            "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": "airflow.providers.standard.triggers",
+            "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": (
+                "airflow.providers.standard.triggers,airflow.triggers.callback,deadline_callbacks"
+            ),
             "DEFERLINE_COPY_EVENTS_TO_TASKS": "false",
         },
         dags_from=DAGS,
@@ -199,3 +208,59 @@ async def _rewind(clients: KafkaClients, group: str, topic: str) -> None:
     consumer.assign(partitions)
     await consumer.commit({tp: 0 for tp in partitions})
     await consumer.stop()
+
+
+async def test_a_deadline_alert_callback_runs_once_and_one_outside_the_prefixes_never(
+    airflow: AirflowDeployment,
+    processes: Processes,
+    settings: Settings,
+    kafka_clients: KafkaClients,
+) -> None:
+    af = airflow
+    run_id = run_id_of(settings, "deadline")
+    processes.bridge("bridge")
+    processes.triggerer("triggerer")
+    await trigger_dag(af, "deadlined", run_id)
+
+    def callbacks() -> list[tuple[str, str | None, str | None]]:
+        """The callbacks of this run: path, state, output."""
+        found = []
+        for data, state, output in af.query("SELECT data, state, output FROM callback"):
+            loaded = _plain(json.loads(str(data)))  # as BaseSerialization stored it
+            context = (loaded.get("kwargs") or {}).get("context") or {}
+            if context.get("dag_run", {}).get("dag_run_id") == run_id:
+                state_text = None if state is None else str(state)
+                output_text = None if output is None else str(output)
+                found.append((str(loaded["path"]), state_text, output_text))
+        return sorted(found)
+
+    await until(
+        partial(asyncio.to_thread, lambda: [c[1] for c in callbacks()] == ["success", "failed"]),
+        within=120,
+        interval=0.5,
+        what=lambda: f"both callbacks ended (now {callbacks()})",
+    )
+    [allowed, forbidden] = callbacks()
+    assert allowed == ("deadline_callbacks.page", "success", f"paged ops for {run_id}")
+    assert forbidden[:2] == ("forbidden_callbacks.page", "failed")
+    assert "not under an allowed prefix" in str(forbidden[2])
+    # Once: two events (running, then success), the last tombstoned with it.
+    resume = TopicNames(settings.topic_prefix).resume()
+    events = [
+        e
+        for e in await watch_events(kafka_clients, resume)
+        if isinstance(e.payload, dict) and "state" in e.payload
+    ]
+    assert [(e.payload["state"], e.last) for e in events] == [("running", False), ("success", True)]
+    assert not af.query(
+        "SELECT 1 FROM trigger t JOIN callback c ON c.trigger_id = t.id WHERE c.state = 'success'"
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A value Airflow's BaseSerialization stored (``{"__var": …, "__type": …}``), plain."""
+    if isinstance(value, dict):
+        if "__var" in value:
+            return _plain(value["__var"])
+        return {key: _plain(item) for key, item in value.items()}
+    return value
