@@ -9,6 +9,7 @@ from ._airflow import (
     close_airflow_services,
     preload_airflow,
     prepare_airflow_import,
+    redact_secrets,
     use_airflow_services,
     watch_assets,
 )
@@ -65,6 +66,7 @@ from ._outcome import OutcomeStatus, TriggerOutcome
 from ._pool_claims import LedgerAdmission, PoolClaims
 from ._pool_ledger import PoolEntry, PoolLedger, grant_matches
 from ._supervisor import TriggerSupervisor
+from ._supervisor_state import current_trigger_id
 from ._task_pools import Pools
 from ._taskstate import TaskTable
 from ._taskstate_checkpoint import TableDelta, TableRows
@@ -154,6 +156,7 @@ __all__ = [
     "airflow_environment_problems",
     "check_airflow_environment",
     "close_airflow_services",
+    "current_trigger_id",
     "deferral_records",
     "grant_matches",
     "import_operator",
@@ -164,6 +167,7 @@ __all__ = [
     "preload_airflow",
     "prepare_airflow_import",
     "progress",
+    "redact_secrets",
     "resolve_trigger_class",
     "run_operator",
     "start_deferral",

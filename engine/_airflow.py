@@ -449,6 +449,23 @@ class AirflowTrigger(BaseTrigger):
         return log
 
 
+_MASKERS = (
+    "airflow.sdk._shared.secrets_masker",  # Airflow 3: what mask_secret() and the SDK feed
+    "airflow.utils.log.secrets_masker",  # Airflow 2.10
+)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with every secret Airflow's masker knows in this process replaced by
+    ``***``, as Airflow masks its log lines (a connection's password, what a trigger gave
+    ``mask_secret``); unchanged where no Airflow was loaded (nothing registers secrets)."""
+    for name in _MASKERS:
+        masker = sys.modules.get(name)
+        if masker is not None:
+            return str(masker.redact(text))
+    return text
+
+
 def watch_assets(trigger: BaseTrigger, assets: Sequence[tuple[str, str]]) -> None:
     """Give an Airflow event trigger the assets it watches, ``(name, uri)`` each, as its
     ``asset_state_store`` (Airflow's triggerer does so before ``run()``); nothing for any

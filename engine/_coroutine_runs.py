@@ -17,6 +17,7 @@ from ._metrics import SupervisorMetrics
 from ._supervisor_outcomes import OutcomeSink, fired_outcome
 from ._supervisor_state import (
     _CLEANUP_PREFIX,
+    _CURRENT_TRIGGER,
     _TASK_PREFIX,
     _UTC,
     _classpath,
@@ -232,6 +233,7 @@ class CoroutineRunner:
     async def _pump(self, run: _Run) -> None:
         """Iterate ``run()``, emitting events; every error becomes a failed outcome."""
         trigger = run.trigger
+        _CURRENT_TRIGGER.set(run.tid)  # this task's context: its own, not the caller's
         try:
             agen = trigger.run()
         except Exception as exc:

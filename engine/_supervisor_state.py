@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 from typing import Any, Final
 
@@ -10,6 +11,17 @@ from ._trigger import BaseTaskEndEvent, BaseTrigger
 _UTC = dt.UTC
 _TASK_PREFIX: Final = "deferline-trigger:"
 _CLEANUP_PREFIX: Final = "deferline-cleanup:"
+
+_CURRENT_TRIGGER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "deferline_current_trigger", default=None
+)
+
+
+def current_trigger_id() -> str | None:
+    """The id of the trigger whose ``run()`` (or ``cleanup()``) is running here, in its task,
+    the tasks it starts and the threads it hands work to (``asyncio.to_thread``); None
+    elsewhere. What a log handler attributes a log line to."""
+    return _CURRENT_TRIGGER.get()
 
 
 class _Timer:

@@ -16,6 +16,7 @@ from deferline.schemas import (
     TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
+    TriggerLogRecord,
     WatchEvent,
     WatchRequest,
     decode,
@@ -183,8 +184,8 @@ def decode_raw(raw: RawRecord) -> ReplayRecord:
         except SchemaError as exc:
             error = str(exc)
         else:
-            if isinstance(decoded, PoolWant | PoolGrant):
-                error = f"a pool ledger record ({decoded.kind}) on a topic it does not belong to"
+            if isinstance(decoded, PoolWant | PoolGrant | TriggerLogRecord):
+                error = f"a {decoded.kind} record on a topic it does not belong to"
             else:
                 record = decoded
     return ReplayRecord(

@@ -388,6 +388,29 @@ class WatchEvent(_Record):
         return self
 
 
+class LogLine(_Wire):
+    """One log line of a trigger, as its logger made it (secrets masked)."""
+
+    at: AwareDatetime
+    level: str = Field(min_length=1, max_length=20, description="e.g. info, warning, error.")
+    logger: str | None = None
+    message: str
+
+
+class TriggerLogRecord(_Record):
+    """Log lines of one trigger, in order, as one triggerer batched them; value of the
+    ``trigger.logs`` topic, keyed by ``trigger_id``. Best effort: a line may be lost with its
+    triggerer, and ``dropped`` counts those a bound refused before these."""
+
+    kind: Literal["trigger_log"] = "trigger_log"
+    trigger_id: str = Field(min_length=1, max_length=TRIGGER_ID_MAX)
+    member: str | None = Field(default=None, description="Consumer-group member that ran it.")
+    lines: list[LogLine] = Field(default_factory=list)
+    dropped: int = Field(
+        default=0, ge=0, description="Lines of this trigger dropped (over the bound) before these."
+    )
+
+
 class TaskStateRecord(_Record):
     """The state of a task instance; value of the compacted tasks topic keyed by ``ti_key``."""
 
@@ -504,6 +527,7 @@ AnyRecord = (
     | PoolGrant
     | WatchRequest
     | WatchEvent
+    | TriggerLogRecord
 )
 
 RECORD_TYPES: dict[str, type[_Record]] = {
@@ -517,4 +541,5 @@ RECORD_TYPES: dict[str, type[_Record]] = {
     "pool_grant": PoolGrant,
     "watch_request": WatchRequest,
     "watch_event": WatchEvent,
+    "trigger_log": TriggerLogRecord,
 }

@@ -33,7 +33,7 @@ from ._names import TopicNames, validate_queue_name
 from ._partitioner import Murmur2Partitioner, murmur2, partition_for
 from ._process import free_port
 from ._settings import Settings
-from ._specs import TopicSpec, topic_specs
+from ._specs import TopicSpec, topic_specs, trigger_logs_spec
 from ._tansu import TansuBroker
 from ._tls import ThrowawayTLS
 from ._tracing import disable_tracing, enable_tracing, trace_receive, trace_send, tracing_on
@@ -102,5 +102,6 @@ __all__ = [
     "trace_receive",
     "trace_send",
     "tracing_on",
+    "trigger_logs_spec",
     "validate_queue_name",
 ]

@@ -68,6 +68,12 @@ class TopicNames:
         return f"{self.prefix}scheduler.pools"
 
     @property
+    def trigger_logs(self) -> str:
+        """TriggerLogRecords: the log lines of running triggers, keyed by trigger id, for the
+        Airflow bridge to show in Airflow's UI (written with ``--trigger-logs``)."""
+        return f"{self.prefix}trigger.logs"
+
+    @property
     def dead(self) -> str:
         """DeadLetter records: messages that could not be processed."""
         return f"{self.prefix}dead"

@@ -25,6 +25,8 @@ COMPACTED: dict[str, str] = {
 EVENTS: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}
 # Dead letters wait a month for a human.
 DEAD: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": str(30 * DAY_MS)}
+# Trigger log lines on their way to the Airflow bridge's log files: a day is plenty.
+LOGS: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": str(DAY_MS)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,15 @@ class TopicSpec:
     partitions: int
     replication_factor: int
     config: dict[str, str] = field(default_factory=dict)
+
+
+def trigger_logs_spec(settings: Settings) -> TopicSpec:
+    """The ``trigger.logs`` topic, made by the triggerers that write it and the bridges that
+    read it (``--trigger-logs``), not by :func:`topic_specs`: other deployments have none."""
+    rf = settings.replication_factor
+    durable = {"min.insync.replicas": "2"} if rf >= 3 else {}
+    name = TopicNames(settings.topic_prefix).trigger_logs
+    return TopicSpec(name, settings.partitions, rf, {**LOGS, **durable})
 
 
 def topic_specs(

@@ -173,6 +173,31 @@ class AirflowDatabase:
         """A row's kwargs as ``Trigger.kwargs`` reads them (Airflow's Fernet key, its serde)."""
         return dict(self._trigger._decrypt_kwargs(encrypted))
 
+    def task_log_path(self, row_id: int) -> str | None:
+        """The log file of the task instance deferred on trigger row ``row_id``, relative to
+        ``[logging] base_log_folder``, as Airflow's triggerer names it (its log filename
+        template); None when no task instance waits on the row."""
+        ti = self._ti
+        helpers: Any = importlib.import_module("airflow.utils.helpers")
+        with self._session() as session:
+            task_instance = session.scalars(
+                self._sa.select(ti).where(ti.trigger_id == row_id).limit(1)
+            ).first()
+            if task_instance is None:
+                return None
+            return str(helpers.log_filename_template_renderer()(ti=task_instance))
+
+    @property
+    def trigger_log_server_port(self) -> int:
+        """``[logging] trigger_log_server_port`` (8794), where Airflow's log reader asks a
+        triggerer for the log of a deferred task's trigger."""
+        return int(self._conf.getint("logging", "trigger_log_server_port", fallback=8794))
+
+    @property
+    def base_log_folder(self) -> str:
+        """``[logging] base_log_folder``."""
+        return str(self._conf.get("logging", "base_log_folder"))
+
     def _utcnow(self) -> dt.datetime:
         return dt.datetime.now(dt.UTC)
 

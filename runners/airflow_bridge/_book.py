@@ -56,6 +56,11 @@ class RowBook:
         """Rows in the book that Airflow no longer says are ours."""
         return {row_id for row_id in self._rows if row_id not in owned}
 
+    def holds(self, ref: RowRef) -> bool:
+        """The row ``ref`` (that id, made at that moment) is in the book."""
+        row = self._rows.get(ref.row_id)
+        return row is not None and row.ref == ref
+
     def handed(self, ref: RowRef, request: DeferRequest | WatchRequest | None) -> None:
         self._rows[ref.row_id] = HandedRow(ref, request)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from deferline.schemas import (
     DeadLetter,
     KwargsCipher,
     SchemaError,
+    TriggerLogRecord,
+    decode_as,
     encode,
 )
 from deferline.topics import (
@@ -45,6 +48,7 @@ from deferline.topics import (
     start_client,
     stop_client,
     topic_specs,
+    trigger_logs_spec,
 )
 
 from .._aiokafka import leave_from_generation_zero
@@ -66,6 +70,7 @@ from ._rows import (
 )
 from ._services import AirflowServices, requests_for_this_airflow
 from ._state import BridgeLifecycle, BridgeState
+from ._trigger_logs import LOOK_BACK, LogServer, TriggerLogFiles, upload_to_remote
 from ._write_back import CleanUpSchedule, write_back_loop
 
 __all__ = ["AirflowBridge", "BridgeOptions"]
@@ -101,6 +106,9 @@ class BridgeOptions:
             XCom, task and DAG-run state, human-in-the-loop) on this port, for triggerers
             given ``DEFERLINE_AIRFLOW_SERVICES``; None: not served. Airflow 3 only.
         services_threads: requests answered at once (1 on SQLite).
+        trigger_logs: write the trigger log lines the triggerers ship where Airflow's UI
+            reads them, serve them with Airflow's log server, upload them with its remote log
+            handler (see :mod:`._trigger_logs`).
     """
 
     capacity: int = 100_000
@@ -115,6 +123,7 @@ class BridgeOptions:
     services_port: int | None = None
     services_host: str = "0.0.0.0"
     services_threads: int = 4
+    trigger_logs: bool = False
     stop_timeout: float = 10.0
 
 
@@ -154,6 +163,9 @@ class AirflowBridge(Lifecycle):
         self.services: AirflowServices | None = None
         self._watchdog: LoopWatchdog | None = None
         self._loops: list[asyncio.Task[None]] = []
+        self._log_files: TriggerLogFiles | None = None
+        self._log_server: LogServer | None = None
+        self._log_consumer: AIOKafkaConsumer | None = None
         self._clean_up = CleanUpSchedule(quiet=options.poll_interval, longest=CLEAN_UP_WAITS_S)
 
     @property
@@ -220,6 +232,8 @@ class AirflowBridge(Lifecycle):
             asyncio.create_task(self._claim_loop(), name="airflow-bridge-claim"),
             asyncio.create_task(self._event_loop(), name="airflow-bridge-events"),
         ]
+        if options.trigger_logs:
+            await self._start_trigger_logs(db, job_id)
         self.lifecycle.move(BridgeState.RUNNING)
         logger.info(
             "Airflow bridge running",
@@ -256,6 +270,10 @@ class AirflowBridge(Lifecycle):
         for task in self._loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._log_consumer is not None:
+            await stop_client(self._log_consumer, grace=self.options.stop_timeout, name="logs")
+        if self._log_server is not None:
+            await asyncio.to_thread(self._log_server.stop)
         if self.services is not None:
             await self.services.stop()
         grace = self.options.stop_timeout
@@ -277,6 +295,71 @@ class AirflowBridge(Lifecycle):
             self._writers.shutdown(wait=False)
         self.lifecycle.move(BridgeState.STOPPED)
         logger.info("Airflow bridge stopped")
+
+    # Trigger logs --------------------------------------------------------------------------
+
+    async def _start_trigger_logs(self, db: AirflowDatabase, job_id: int) -> None:
+        """Read ``trigger.logs`` from :data:`LOOK_BACK` ago, write the lines of this bridge's
+        rows, and serve them as Airflow's triggerer serves its own."""
+        spec = trigger_logs_spec(self.settings)
+        await ensure_topics(self.settings, [spec])
+        self._log_files = TriggerLogFiles(
+            base_folder=db.base_log_folder,
+            job_id=job_id,
+            task_log_path=db.task_log_path,
+            holds=self.book.holds,
+            airflow2=db.version.startswith("2."),
+        )
+        self._log_server = LogServer(db.trigger_log_server_port)
+        await asyncio.to_thread(self._log_server.start)
+        consumer = make_consumer(self.settings, group_id=None)
+        self._log_consumer = consumer
+        await start_client(consumer, grace=5.0, name="bridge trigger-logs consumer")
+        await consumer._client.force_metadata_update()
+        partitions = [
+            TopicPartition(spec.name, p)
+            for p in sorted(consumer.partitions_for_topic(spec.name) or ())
+        ]
+        consumer.assign(partitions)
+        since = int((time.time() - LOOK_BACK.total_seconds()) * 1000)
+        found = await consumer.offsets_for_times({tp: since for tp in partitions})
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            hit = found.get(tp)
+            consumer.seek(tp, hit.offset if hit is not None else ends[tp])
+        self._loops.append(asyncio.create_task(self._log_loop(), name="airflow-bridge-logs"))
+        logger.info(
+            "trigger logs written and served",
+            extra={"port": self._log_server.port, "folder": db.base_log_folder},
+        )
+
+    async def _log_loop(self) -> None:
+        consumer, files = self._log_consumer, self._log_files
+        assert consumer is not None
+        assert files is not None
+        while True:
+            batches = await consumer.getmany(timeout_ms=500, max_records=2_000)
+            records = []
+            for message in (m for ms in batches.values() for m in ms):
+                try:
+                    record = decode_as(message.value, TriggerLogRecord)
+                except SchemaError as exc:
+                    logger.warning("not a trigger log record on %s: %s", message.topic, exc)
+                    continue
+                records.append(record)
+            if records:
+                await self._db(files.write, records)
+
+    async def _logs_done(self, row_ids: set[int]) -> None:
+        """These rows left this bridge: upload their trigger log files (a remote handler)."""
+        files = self._log_files
+        if files is None:
+            return
+        for relative in files.done(row_ids):
+            try:
+                await self._db(upload_to_remote, relative)
+            except Exception:
+                logger.exception("trigger log not uploaded", extra={"path": relative})
 
     def _blocked(self, episode: BlockedLoop) -> None:
         if not episode.ended and self.metrics is not None:
@@ -311,6 +394,7 @@ class AirflowBridge(Lifecycle):
             await self._hand_over(db, unseen)
         vanished = self.book.vanished(owned)
         if vanished:
+            await self._logs_done(vanished)
             deleted = vanished - await self._db(db.existing, vanished)
             stops = self.book.settle(vanished, deleted)
             await self._send_all(

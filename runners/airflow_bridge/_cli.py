@@ -106,6 +106,15 @@ def airflow_command() -> None:
     show_default=True,
     help="Interface the services listen on [env: DEFERLINE_AIRFLOW_SERVICES_HOST]",
 )
+@click.option(
+    "--trigger-logs/--no-trigger-logs",
+    envvar="DEFERLINE_TRIGGER_LOGS",
+    default=False,
+    show_default=True,
+    help="Write the trigger log lines the triggerers ship (deferline triggerer "
+    "--trigger-logs) where Airflow's UI reads them, and serve them on [logging] "
+    "trigger_log_server_port, as airflow triggerer does [env: DEFERLINE_TRIGGER_LOGS]",
+)
 @metrics_options
 @logging_options
 def bridge_command(
@@ -120,6 +129,7 @@ def bridge_command(
     writers: int,
     services_port: int | None,
     services_host: str,
+    trigger_logs: bool,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -146,6 +156,7 @@ def bridge_command(
         metrics_host=metrics_host,
         services_port=services_port,
         services_host=services_host,
+        trigger_logs=trigger_logs,
     )
     # Airflow is loaded whole here, with its database: this process is one of Airflow's. Its
     # logging set-up comes with it; deferline's, made before, is put back afterwards.

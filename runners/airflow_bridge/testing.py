@@ -17,6 +17,7 @@ from ._rows import (
     to_watch_request,
 )
 from ._state import _MOVES as MOVES
+from ._trigger_logs import TriggerLogFiles
 from ._write_back import CleanUpSchedule, write_back_loop
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "RejectedRow",
     "RowBook",
     "RowRef",
+    "TriggerLogFiles",
     "WatchApply",
     "WatchRow",
     "bridge_event",

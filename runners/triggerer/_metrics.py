@@ -214,6 +214,16 @@ class TriggererMetrics:
             "Later events of a trigger that had already emitted (the task resumed on the first).",
             registry=r,
         )
+        self.trigger_log_lines = Counter(
+            "deferline_triggerer_trigger_log_lines",
+            "Log lines of triggers shipped to the trigger.logs topic (--trigger-logs).",
+            registry=r,
+        )
+        self.trigger_log_lines_dropped = Counter(
+            "deferline_triggerer_trigger_log_lines_dropped",
+            "Log lines of triggers dropped: more were waiting to be shipped than the bound.",
+            registry=r,
+        )
         self.watch_runs = Counter(
             "deferline_triggerer_watch_runs",
             "Runs of standing watches started, by why (first: the watch's first run here; "

@@ -39,6 +39,7 @@ from deferline.topics import (
     start_client,
     stop_client,
     topic_specs,
+    trigger_logs_spec,
     validate_queue_name,
 )
 from prometheus_client import CollectorRegistry
@@ -70,6 +71,7 @@ from ._lane import (
 )
 from ._metrics import TriggererMetrics
 from ._transactions import PartitionProducers
+from ._trigger_logs import TriggerLogShipper
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -147,6 +149,8 @@ class TriggererOptions:
         cleanup_timeout: bound on each trigger's ``cleanup()``.
         block_threshold: report the loop as blocked after this many seconds (None: off).
         create_topics: create missing topics at start (idempotent).
+        trigger_logs: ship each trigger's own log lines to the ``trigger.logs`` topic, where
+            the Airflow bridge writes them for Airflow's UI (see :mod:`._trigger_logs`).
         metrics_port: serve Prometheus metrics on this port (0: any free port; None: off).
         metrics_host: interface for the metrics endpoint.
     """
@@ -170,6 +174,7 @@ class TriggererOptions:
     cleanup_timeout: float = 5.0
     block_threshold: float | None = 0.2
     create_topics: bool = True
+    trigger_logs: bool = False
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
 
@@ -225,6 +230,7 @@ class Triggerer(Lifecycle):
         self._producer: Any = None
         self._supervisor: TriggerSupervisor | None = None
         self._emitter: Emitter | None = None
+        self._log_shipper: TriggerLogShipper | None = None
         self._store: CheckpointStore | None = None
         self._server: MetricsServer | None = None
         self._lanes: list[TriggerLane] = []
@@ -298,6 +304,8 @@ class Triggerer(Lifecycle):
         self.fetch_max_wait_ms = await choose_fetch_wait(
             self.settings, options.fetch_max_wait_ms, client=self._producer.client
         )
+        if options.trigger_logs:
+            await self._ship_trigger_logs()
         self._supervisor = TriggerSupervisor(
             capacity=options.capacity,
             on_event=self._on_outcome,
@@ -386,6 +394,20 @@ class Triggerer(Lifecycle):
         if self._fatal is not None:
             raise TriggererError(str(self._fatal)) from self._fatal
 
+    async def _ship_trigger_logs(self) -> None:
+        spec = trigger_logs_spec(self.settings)
+        if self.options.create_topics:
+            await ensure_topics(self.settings, [spec])
+        metrics = self.metrics
+        self._log_shipper = TriggerLogShipper(
+            producer=self._producer,
+            topic=spec.name,
+            member=self.member,
+            on_drop=metrics.trigger_log_lines_dropped.inc,
+            on_sent=metrics.trigger_log_lines.inc,
+        )
+        self._log_shipper.start()
+
     async def stop(self) -> None:
         """Stop fetching, release partitions cleanly and leave the groups (idempotent)."""
         if self._stopped:
@@ -417,6 +439,8 @@ class Triggerer(Lifecycle):
                 await self._reaper
         if self._emitter is not None:
             await self._emitter.stop(self.options.flush_timeout)
+        if self._log_shipper is not None:  # the triggers are stopped: their last lines
+            await self._log_shipper.stop()
         if self._producer is not None:  # stop() flushes; bounded, since the broker may be gone
             await stop_client(self._producer, grace=self.options.flush_timeout, name="producer")
         if self._store is not None:
@@ -549,6 +573,14 @@ def _split(value: str | None) -> tuple[str, ...]:
 )
 @click.option("--cleanup-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
 @click.option("--create-topics/--no-create-topics", default=True, show_default=True)
+@click.option(
+    "--trigger-logs/--no-trigger-logs",
+    envvar="DEFERLINE_TRIGGER_LOGS",
+    default=False,
+    show_default=True,
+    help="Ship each trigger's own log lines to <prefix>trigger.logs, for the Airflow bridge "
+    "to show in Airflow's UI.",
+)
 @connection_options
 @outage_option
 @logging_options
@@ -572,6 +604,7 @@ def triggerer_command(
     checkpoint_interval: float,
     cleanup_timeout: float,
     create_topics: bool,
+    trigger_logs: bool,
 ) -> None:
     """Run a triggerer: a consumer-group member that runs the triggers of its partitions."""
     try:
@@ -591,6 +624,7 @@ def triggerer_command(
             checkpoint_interval=checkpoint_interval,
             cleanup_timeout=cleanup_timeout,
             create_topics=create_topics,
+            trigger_logs=trigger_logs,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
         )

@@ -19,6 +19,8 @@ from ._partition_table import ActiveTriggerTable, TableChanges
 from ._rebuild import RebuildReader, start_folded
 from ._rebuild_plan import RebuildPlan, Span
 from ._transactions import transactional_id
+from ._trigger_logs import TriggerLogCapture
+from ._trigger_logs import batches as trigger_log_batches
 from ._triggerer import _normalise_queues as normalise_queues
 from ._watches import restart_delay
 
@@ -46,6 +48,7 @@ __all__ = [
     "StartTrigger",
     "TableChanges",
     "TriggerLane",
+    "TriggerLogCapture",
     "TriggerRef",
     "TriggererMetrics",
     "Verdict",
@@ -56,4 +59,5 @@ __all__ = [
     "restart_delay",
     "start_folded",
     "transactional_id",
+    "trigger_log_batches",
 ]

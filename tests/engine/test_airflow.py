@@ -38,6 +38,7 @@ from deferline.engine import (
     deferral_records,
     load_trigger,
     preload_airflow,
+    redact_secrets,
     watch_assets,
 )
 from deferline.engine.testing import to_deferline_event
@@ -502,3 +503,12 @@ def test_a_callback_trigger_imports_only_a_callback_under_an_allowed_prefix() ->
     for path in ("os.system", "my_company.callbacksX.page", None):
         with pytest.raises(TriggerNotAllowed, match="callback_path"):
             load_trigger(callback, {"callback_path": path}, allowed_prefixes=allowed)
+
+
+def test_a_secret_airflows_masker_knows_is_masked_in_a_trigger_log_line() -> None:
+    """What a trigger hands ``mask_secret`` (and what Airflow masks itself: a connection's
+    password) is masked in the lines the triggerer ships, as in Airflow's own logs."""
+    module = "airflow.sdk.log" if airflow_line() >= 3 else "airflow.utils.log.secrets_masker"
+    importlib.import_module(module).mask_secret("s3cr3t-value-4711")
+    assert redact_secrets("the password is s3cr3t-value-4711") == "the password is ***"
+    assert redact_secrets("nothing to hide") == "nothing to hide"

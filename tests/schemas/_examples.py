@@ -12,6 +12,7 @@ from deferline.schemas import (
     CancelRequest,
     DeadLetter,
     DeferRequest,
+    LogLine,
     PoolGrant,
     PoolWant,
     ResumeTarget,
@@ -19,6 +20,7 @@ from deferline.schemas import (
     TaskKey,
     TaskStateRecord,
     TriggerEventRecord,
+    TriggerLogRecord,
     WatchEvent,
     WatchRequest,
     make_event_id,
@@ -170,6 +172,15 @@ RECORDS: list[Record] = [
         member="triggerer-1",
         partition=11,
         queue="slow-io",
+    ),
+    TriggerLogRecord(
+        trigger_id="airflow-7-1893553445678901",
+        member="triggerer-1",
+        lines=[
+            LogLine(at=T0, level="info", logger="my.triggers.Poll", message="polled: 3 left"),
+            LogLine(at=T0, level="error", logger=None, message="password ***\nTraceback"),
+        ],
+        dropped=12,
     ),
 ]
 
