@@ -41,13 +41,14 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._airflow2_services import Airflow2Services
 from ._airflow_services import RemoteSupervisor, ServicesClient
 from ._airflow_support import airflow_environment_problems
 from ._errors import AirflowDatabaseUnavailable
+from ._shared_streams import shared_streams
 from ._trigger import (
     BaseTaskEndEvent,
     BaseTrigger,
@@ -397,7 +398,7 @@ class AirflowTrigger(BaseTrigger):
             # run(): greenback lets that call await the answer without blocking the loop.
             # Airflow's own switch turns it off (sync calls then fail, saying so).
             await remote.client.ensure_portal()
-        events = self.airflow_trigger.run()
+        events = self._events()
         try:
             while True:
                 try:
@@ -410,6 +411,21 @@ class AirflowTrigger(BaseTrigger):
                 yield to_deferline_event(event)
         finally:
             await events.aclose()
+
+    def _events(self) -> AsyncGenerator[Any, None]:
+        """The Airflow trigger's events: its ``run()``, or, for an event trigger that shares
+        its stream with siblings (``shared_stream_key``, Airflow 3.3), its
+        ``filter_shared_stream`` over the one stream of its key in this process, as
+        Airflow's triggerer runs it (ack mode, ``create_shared_stream_producer``, is not
+        shared here: such a trigger runs on its own)."""
+        trigger = self.airflow_trigger
+        key = _shared_stream_key(trigger)
+        if key is None:
+            return trigger.run()  # type: ignore[no-any-return]
+        cls = type(trigger)
+        kwargs = dict(trigger.serialize()[1])
+        stream = shared_streams().subscribe((cls, key), lambda: cls.open_shared_stream(kwargs))
+        return trigger.filter_shared_stream(stream)  # type: ignore[no-any-return]
 
     async def cleanup(self) -> None:
         await self.airflow_trigger.cleanup()
@@ -447,6 +463,36 @@ class AirflowTrigger(BaseTrigger):
         """The Airflow trigger's own logger (``LoggingMixin.log``)."""
         log: logging.Logger = self.airflow_trigger.log
         return log
+
+
+def _shared_stream_key(trigger: Any) -> Any:
+    """The trigger's shared-stream key, or None to run it on its own: not an event trigger,
+    no key, a key that cannot be read (as Airflow falls back), or ack mode."""
+    key_of = getattr(trigger, "shared_stream_key", None)
+    if key_of is None or not hasattr(trigger, "filter_shared_stream"):
+        return None
+    try:
+        key = key_of()
+    except Exception:
+        logger.warning(
+            "shared_stream_key() of %s raised; running it on its own",
+            type(trigger).__qualname__,
+            exc_info=True,
+        )
+        return None
+    if key is None:
+        return None
+    base = next((c for c in type(trigger).__mro__ if c.__name__ == "BaseEventTrigger"), None)
+    if base is not None and _function(type(trigger)) is not _function(base):
+        return None  # ack mode: its producer advances the broker, not run here
+    return key
+
+
+def _function(cls: type) -> Any:
+    """The function behind ``cls.create_shared_stream_producer`` (a classmethod: each
+    lookup makes a new bound method)."""
+    method = getattr(cls, "create_shared_stream_producer", None)
+    return getattr(method, "__func__", method)
 
 
 _MASKERS = (

@@ -3,6 +3,7 @@
 from ._airflow import to_deferline_event
 from ._airflow_services import SharedReads
 from ._coroutine_runs import _Run as Run
+from ._shared_streams import SharedStreamEnded, SharedStreams
 from ._slots import SlotBook
 from ._supervisor_state import _AT_DEADLINE as AT_DEADLINE
 from ._supervisor_state import _Expiry as Expiry
@@ -22,6 +23,8 @@ __all__ = [
     "Queued",
     "Run",
     "SharedReads",
+    "SharedStreamEnded",
+    "SharedStreams",
     "Slim",
     "SlotBook",
     "Stored",

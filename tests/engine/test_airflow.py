@@ -512,3 +512,46 @@ def test_a_secret_airflows_masker_knows_is_masked_in_a_trigger_log_line() -> Non
     importlib.import_module(module).mask_secret("s3cr3t-value-4711")
     assert redact_secrets("the password is s3cr3t-value-4711") == "the password is ***"
     assert redact_secrets("nothing to hide") == "nothing to hide"
+
+
+async def test_event_triggers_sharing_a_stream_share_one_poll_and_each_gets_its_own_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two of Airflow's DirectoryFileDeleteTrigger on one directory (shared_stream_key,
+    Airflow 3.3): one directory scan between them, each fires for its own file."""
+    module = importlib.import_module(f"{STANDARD_TRIGGERS}.file")
+    cls = getattr(module, "DirectoryFileDeleteTrigger", None)
+    if cls is None:
+        pytest.skip("this Airflow has no shared streams (3.3+)")
+    opened: list[dict[str, Any]] = []
+    original = cls.open_shared_stream.__func__
+
+    async def counted(klass: type, kwargs: dict[str, Any]) -> Any:
+        opened.append(kwargs)
+        async for item in original(klass, kwargs):
+            yield item
+
+    monkeypatch.setattr(cls, "open_shared_stream", classmethod(counted))
+    classpath = f"{STANDARD_TRIGGERS}.file.DirectoryFileDeleteTrigger"
+    fired: dict[str, Any] = {}
+    both = asyncio.Event()
+
+    def on_event(outcome: Any) -> None:
+        fired[outcome.trigger_id] = outcome.payload
+        if len(fired) == 2:
+            both.set()
+
+    async with TriggerSupervisor(capacity=4, on_event=on_event, block_threshold=None) as sup:
+        for name in ("us", "eu"):
+            kwargs = {"directory": str(tmp_path), "filename": f"{name}.flag", "poke_interval": 0.05}
+            trigger = load_trigger(classpath, kwargs, allowed_prefixes=[STANDARD_TRIGGERS])
+            sup.add(name, trigger, max_events=None)
+        for name in ("us", "eu"):
+            (tmp_path / f"{name}.flag").touch()
+        await asyncio.wait_for(both.wait(), 10)
+    assert fired == {
+        "us": {"filepath": str(tmp_path / "us.flag")},
+        "eu": {"filepath": str(tmp_path / "eu.flag")},
+    }
+    assert len(opened) == 1, "one scan for both"
+    assert not os.listdir(tmp_path)
