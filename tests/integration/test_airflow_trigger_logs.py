@@ -6,7 +6,9 @@ password it masked first) until the test releases it. The bridge and the trigger
 ``--trigger-logs``; the test reads the task's log through Airflow's REST API (what the UI
 calls): while the task is deferred (served by the bridge's log server at its job's host),
 after the bridge that served it was replaced (the next one claims the row and serves the
-lines again), and after the task resumed (the files beside the task's log).
+lines again), and after the task resumed. The deployment keeps its logs in a remote store (a
+folder, through Airflow's ``REMOTE_TASK_LOG`` of a ``logging_config_class``): once the row is
+gone, the bridge uploads the trigger's files there, and the UI reads them from it.
 """
 
 from __future__ import annotations
@@ -47,12 +49,19 @@ def releases(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def remote(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("remote-logs")
+
+
+@pytest.fixture(scope="module")
 def airflow(
-    tmp_path_factory: pytest.TempPathFactory, releases: Path
+    tmp_path_factory: pytest.TempPathFactory, releases: Path, remote: Path
 ) -> Iterator[AirflowDeployment]:
     af = AirflowDeployment(
         tmp_path_factory.mktemp("airflow"),
         extra_env={
+            "AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS": "folder_remote_logs.LOGGING_CONFIG",
+            "REMOTE_LOG_FOLDER": str(remote),
             "LOGS_RELEASE_DIR": str(releases),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
@@ -102,7 +111,11 @@ async def lines_seen(af: AirflowDeployment, run_id: str, *wanted: str) -> list[s
 
 
 async def test_a_deferred_tasks_trigger_lines_show_in_its_log_while_deferred_and_after(
-    airflow: AirflowDeployment, processes: Processes, settings: Settings, releases: Path
+    airflow: AirflowDeployment,
+    processes: Processes,
+    settings: Settings,
+    releases: Path,
+    remote: Path,
 ) -> None:
     af = airflow
     run_id = run_id_of(settings, "logs")
@@ -151,3 +164,15 @@ async def test_a_deferred_tasks_trigger_lines_show_in_its_log_while_deferred_and
     assert not any(SECRET in line for line in seen)
     files = sorted(p.name for p in (af.home / "logs").rglob("attempt=1.log*") if run_id in str(p))
     assert len([f for f in files if ".trigger." in f]) == 2, files  # one per bridge job
+
+    # The row gone (Airflow's clean_unused), the bridge holding it uploads its file; the
+    # UI reads the finished task's log from the remote store, the local copies gone.
+    def uploaded() -> list[Path]:
+        return [p for p in remote.rglob("*.trigger.*.log") if run_id in str(p)]
+
+    await until(lambda: uploaded(), within=120, interval=0.5, what="the trigger log uploaded")
+    for local in (af.home / "logs").rglob("attempt=1.log.trigger.*.log"):
+        if run_id in str(local):
+            local.unlink()
+    seen = await lines_seen(af, run_id, "released after", "resumed after")
+    assert not any(SECRET in line for line in seen)
