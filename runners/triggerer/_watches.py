@@ -57,8 +57,8 @@ def new_run_id() -> str:
 class Watches:
     """Starts, numbers, publishes and restarts a lane's standing watches.
 
-    Owns ``_runs`` (the current run of each watch this lane runs) and ``_failures``
-    (failed runs in a row, per watch); nothing else writes them.
+    Owns ``_runs`` (the current run of each watch this lane runs), ``_failures`` (failed runs
+    in a row, per watch) and ``_restarts`` (the pending restarts); nothing else writes them.
     """
 
     def __init__(
