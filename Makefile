@@ -32,18 +32,21 @@ $(LOCK_MAIN) $(LOCK_AIRFLOW2) $(LOCK_FLOORS):
 # A virtualenv is made anew when pyproject.toml or its lock changes: pip cannot move an installed
 # Airflow from one major line to another in place (Airflow 3 split into packages 2.10 did not
 # have). Built with the lock's setuptools (no build isolation); the stamp names the lock, which
-# tests/test_environment.py holds the virtualenv to. $(call make_venv,DIR,LOCK,EXTRAS)
+# tests/test_environment.py holds the virtualenv to. $(call make_venv,DIR,LOCK,EXTRAS,MODE)
+# MODE: .venv's editable install is strict (a link tree under build/, which mypy follows, made
+# anew by `make install`); the other two link the sources in place (no build/): they are built
+# while the main suite runs, and a strict install empties and refills that one shared tree.
 define make_venv
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/pip install -q -c $(2) pip setuptools wheel
-	$(1)/bin/pip install -q -c $(2) --no-build-isolation -e '.[$(3)]' \
-		--config-settings editable_mode=strict
+	$(1)/bin/pip install -q -c $(2) --no-build-isolation -e '.[$(3)]' $(4)
 	echo $(2) > $(1)/bin/.deps
 endef
+STRICT := --config-settings editable_mode=strict
 
 $(BIN)/.deps: pyproject.toml $(LOCK_MAIN)
-	$(call make_venv,$(VENV),$(LOCK_MAIN),dev$(COMMA)airflow)
+	$(call make_venv,$(VENV),$(LOCK_MAIN),dev$(COMMA)airflow,$(STRICT))
 
 $(BIN_AIRFLOW2)/.deps: pyproject.toml $(LOCK_AIRFLOW2)
 	$(call make_venv,$(VENV_AIRFLOW2),$(LOCK_AIRFLOW2),dev$(COMMA)airflow2)
@@ -57,7 +60,7 @@ lock:
 
 # Re-link the editable install so new modules are importable and visible to mypy.
 install: $(BIN)/.deps
-	$(BIN)/pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e . $(STRICT)
 
 lint: install
 	$(BIN)/ruff check .
@@ -95,7 +98,6 @@ airflow2: install $(BIN_AIRFLOW2)/.deps
 
 # The tests that need no broker, with every runtime dependency at its floor.
 floors: $(BIN_FLOORS)/.deps
-	$(BIN_FLOORS)/pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
 	$(BIN_FLOORS)/pytest $(XDIST) -m "not integration and not airflow"
 
 unit: install
