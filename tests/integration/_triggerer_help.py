@@ -27,7 +27,7 @@ from deferline.schemas import (
     make_trigger_id,
     utcnow,
 )
-from deferline.topics import Settings, TopicNames, make_consumer, partition_for
+from deferline.topics import Settings, TopicNames, make_consumer, partition_for, stop_client
 
 from tests.integration._process import DeferlineProcess
 
@@ -116,7 +116,10 @@ class TopicReader:
                     await self._task
         finally:
             if self._consumer is not None:
-                await self._consumer.stop()
+                # aiokafka's stop() lets a fetch's CancelledError out when that fetch sleeps
+                # in its retry backoff (a broker that closed the connection: a SASL session
+                # ending, a broker gone): stop_client closes the connections all the same.
+                await stop_client(self._consumer, grace=10.0, name="topic reader")
 
     async def _read(self) -> None:
         assert self._consumer is not None
