@@ -279,7 +279,9 @@ async def test_two_bridges_one_killed_while_due_resume_each_task_once(
         "json",
         env=env,
     )
-    first = bridge("first", "--capacity", str(HA_FIRST_CAPACITY))
+    # Small write-back batches: the first bridge is killed while it still writes its share
+    # back (in one batch of up to 5,000, a fast machine resumed it all before the kill).
+    first = bridge("first", "--capacity", str(HA_FIRST_CAPACITY), "--max-events", "20")
     processes = [triggerer, first]
     try:
         # The first bridge claims up to its capacity, the second the rest: both hold rows.
@@ -381,6 +383,13 @@ async def test_two_bridges_one_killed_while_due_resume_each_task_once(
             for records in batch.values()
             for record in records
         ]
-    assert {event.status for event in events} == {"fired"}
-    assert len({event.trigger_id for event in events}) == HA_N - LATE_N
-    assert len({event.event_id for event in events}) == HA_N - LATE_N
+    fired = [event for event in events if event.status == "fired"]
+    assert len({event.trigger_id for event in fired}) == HA_N - LATE_N
+    assert len({event.event_id for event in fired}) == HA_N - LATE_N
+    # A bridge that holds a row whose event the other bridge wrote back (the resume partitions
+    # are shared out apart from the rows) cancels it once Airflow deletes the row: the
+    # triggerer answers with a cancelled event for a trigger that fired already, which changes
+    # nothing (its task moved on: Airflow's rows above). Nothing else but fired events.
+    others = [event for event in events if event.status != "fired"]
+    assert {event.status for event in others} <= {"cancelled"}
+    assert {event.trigger_id for event in others} <= {event.trigger_id for event in fired}
