@@ -87,18 +87,9 @@ class AirflowWatches:
 
     def _asset_watchers(self, refs: Sequence[RowRef]) -> list[WatchRow]:
         sa, trigger, asset, watcher = self._sa, self._trigger, self._asset, self._watcher
-        queue = getattr(trigger, "queue", None)  # 3.2+
         with self._db.session() as session:
             found = session.execute(
-                sa.select(
-                    trigger.id,
-                    trigger.created_date,
-                    trigger.classpath,
-                    trigger.encrypted_kwargs,
-                    queue if queue is not None else sa.null(),
-                    asset.name,
-                    asset.uri,
-                )
+                sa.select(*self._row_columns(), asset.name, asset.uri)
                 .join(watcher, watcher.trigger_id == trigger.id)
                 .join(asset, asset.id == watcher.asset_id)
                 .where(trigger.id.in_([r.row_id for r in refs]))
@@ -118,18 +109,25 @@ class AirflowWatches:
         if not refs or not self._has_callbacks:
             return []
         sa, trigger = self._sa, self._trigger
-        queue = getattr(trigger, "queue", None)
         with self._db.session() as session:
             found = session.execute(
-                sa.select(
-                    trigger.id,
-                    trigger.created_date,
-                    trigger.classpath,
-                    trigger.encrypted_kwargs,
-                    queue if queue is not None else sa.null(),
-                ).where(trigger.id.in_([r.row_id for r in refs]), trigger.callback.has())
+                sa.select(*self._row_columns()).where(
+                    trigger.id.in_([r.row_id for r in refs]), trigger.callback.has()
+                )
             ).all()
         return [self._row(*columns, assets=(), callback=True) for columns in found]
+
+    def _row_columns(self) -> tuple[Any, ...]:
+        """The trigger row's columns a :class:`WatchRow` is made of (:meth:`_row`'s order)."""
+        trigger = self._trigger
+        queue = getattr(trigger, "queue", None)  # 3.2+
+        return (
+            trigger.id,
+            trigger.created_date,
+            trigger.classpath,
+            trigger.encrypted_kwargs,
+            queue if queue is not None else self._sa.null(),
+        )
 
     def _row(
         self,
