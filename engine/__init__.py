@@ -83,6 +83,8 @@ from ._taskstate_values import (
 from ._trigger import (
     BaseTaskEndEvent,
     BaseTrigger,
+    SourcedEvent,
+    SourcePosition,
     TaskFailedEvent,
     TaskFailureEvent,
     TaskSkippedEvent,
@@ -127,6 +129,8 @@ __all__ = [
     "SerializableTrigger",
     "SerializedTrigger",
     "Skipped",
+    "SourcePosition",
+    "SourcedEvent",
     "StartTriggerArgs",
     "Succeeded",
     "SupervisorError",

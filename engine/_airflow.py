@@ -413,12 +413,17 @@ class AirflowTrigger(BaseTrigger):
             await events.aclose()
 
     def _events(self) -> AsyncGenerator[Any, None]:
-        """The Airflow trigger's events: its ``run()``, or, for an event trigger that shares
-        its stream with siblings (``shared_stream_key``, Airflow 3.3), its
+        """The Airflow trigger's events: its ``run()``; the ``run()`` of its deferline form
+        for a class that offers one (``deferline_trigger()``, as the classes of
+        ``deferline.engine.triggers.airflow`` do); or, for an event trigger that shares its
+        stream with siblings (``shared_stream_key``, Airflow 3.3), its
         ``filter_shared_stream`` over the one stream of its key in this process, as
         Airflow's triggerer runs it (ack mode, ``create_shared_stream_producer``, is not
         shared here: such a trigger runs on its own)."""
         trigger = self.airflow_trigger
+        native = getattr(trigger, "deferline_trigger", None)
+        if callable(native):  # an Airflow face of a deferline trigger: its deferline form
+            return native().run()  # type: ignore[no-any-return]
         key = _shared_stream_key(trigger)
         if key is None:
             return trigger.run()  # type: ignore[no-any-return]

@@ -321,6 +321,9 @@ class CoroutineRunner:
                 run, f"{_classpath(run.trigger)} yielded an event that cannot be serialized: {exc}"
             )
             return False
+        source = getattr(event, "source", None)
+        if source is not None:
+            outcome = outcome._replace(source=source)
         if final:
             self._move(run, _FINISHING)
         if logger.isEnabledFor(logging.DEBUG):

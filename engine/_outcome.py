@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal, NamedTuple
 
+from ._trigger import SourcePosition
+
 __all__ = ["OutcomeStatus", "TriggerOutcome"]
 
 OutcomeStatus = Literal["fired", "failed", "timed_out"]
@@ -34,3 +36,6 @@ class TriggerOutcome(NamedTuple):
     context: object = None
     """Whatever the caller passed to ``add(..., context=...)``."""
     final: bool = True
+    source: SourcePosition | None = None
+    """The Kafka record the event was read from (a :class:`SourcedEvent`), committed by whoever
+    publishes the event."""

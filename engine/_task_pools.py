@@ -122,6 +122,7 @@ class PoolBook:
                     or view.record.state != "scheduled"
                     or view.record.next_method is not None
                     or view.record.try_number != entry[3]
+                    or view.record.updated_at != entry[1]  # scheduled again since: its new place
                     or view.target is None
                     or view.target.pool != pool
                 ):

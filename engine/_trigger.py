@@ -18,6 +18,8 @@ from deferline.schemas import make_event_id
 __all__ = [
     "BaseTaskEndEvent",
     "BaseTrigger",
+    "SourcePosition",
+    "SourcedEvent",
     "TaskFailedEvent",
     "TaskFailureEvent",
     "TaskSkippedEvent",
@@ -54,6 +56,42 @@ class TriggerEvent:
 
     def __repr__(self) -> str:
         return f"TriggerEvent<{self.payload!r}>"
+
+
+class SourcePosition(NamedTuple):
+    """Where an event came from: one record of a Kafka topic on the triggerer's own cluster,
+    read by the consumer group ``group``.
+
+    Whoever publishes the event also commits ``offset + 1`` for ``group``: in the event's
+    transaction where the triggerer writes in transactions, right after the event is acked
+    where it does not. A trigger that starts reading from the group's committed offsets then
+    neither skips a record whose event was lost nor, with transactions, reads one again whose
+    event was published.
+    """
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+
+
+class SourcedEvent(TriggerEvent):
+    """An event read from a record of a Kafka topic (:class:`SourcePosition`).
+
+    A standing watch's sourced event is named after its record (partition and offset), not
+    after the run that read it, so the same record read again after a restart is the same
+    event: its consumer drops the repeat by id.
+    """
+
+    __slots__ = ("source",)
+
+    def __init__(self, payload: Any, *, source: SourcePosition) -> None:
+        super().__init__(payload)
+        self.source = source
+
+    def __repr__(self) -> str:
+        s = self.source
+        return f"SourcedEvent<{s.topic}/{s.partition}@{s.offset}: {self.payload!r}>"
 
 
 class BaseTaskEndEvent(TriggerEvent):

@@ -9,7 +9,7 @@ fails is started again under a new run id. The cause says where it stands (``act
 from __future__ import annotations
 
 import orjson
-from deferline.schemas import DeadLetter, WatchEvent
+from deferline.schemas import DeadLetter, WatchEvent, source_record
 
 from ._fold import TriggerHistory, _later
 from ._records import ReplayRecord, _short_run
@@ -74,7 +74,11 @@ def _watched(case: _Case, history: TriggerHistory) -> Verdict:
     assets = case.facts.get("assets")
     if assets:
         what += f" (assets: {', '.join(assets)})"
-    counts = f"{_plural(len(tally.runs), 'run')} and {_plural(tally.events, 'event')} read{where}"
+    sourced = [run for run in tally.runs if source_record(run, 1) is not None]
+    runs = _plural(len(tally.runs) - len(sourced), "run")
+    if sourced:
+        runs += f" and {_plural(len(sourced), 'partition')} of the topic it reads"
+    counts = f"{runs}, {_plural(tally.events, 'event')} read{where}"
     summary = f"{what}, not a deferral (no task waits on it): {state}; {counts}"
     if last_text:
         summary += f"; last event: {last_text}"
@@ -109,6 +113,9 @@ def _last_event(case: _Case, events: list[ReplayRecord]) -> str:
         if last.traceback:
             case.facts["traceback"] = last.traceback
         return f"run {_short_run(last.run)} failed {at}{on}: {last.error or 'no error text'}"
+    record = source_record(last.run, last.seq)
+    if record is not None:
+        return f"the event of record {record[0]}@{record[1]} fired {at}{on}"
     return f"event {last.seq} of run {_short_run(last.run)} fired {at}{on}"
 
 

@@ -15,6 +15,7 @@ from deferline.topics import (
     parse_role_principals,
     run_closing,
     topic_specs,
+    trigger_logs_spec,
 )
 
 from ._options import connection_options, layout_options
@@ -56,6 +57,12 @@ def topics() -> None:
     "(e.g. worker=User:deferline-worker), for these queues. Repeatable. Needs a principal "
     "that may alter ACLs.",
 )
+@click.option(
+    "--trigger-logs",
+    is_flag=True,
+    help="Also create trigger.logs, where triggerers run with --trigger-logs ship the log "
+    "lines of their triggers for the Airflow bridge (they create it themselves when they may).",
+)
 @layout_options
 @connection_options
 def ensure(
@@ -63,10 +70,13 @@ def ensure(
     queues: tuple[str, ...],
     worker_queues: tuple[str, ...],
     acls: tuple[str, ...],
+    trigger_logs: bool,
 ) -> None:
     """Create the missing topics (idempotent) and check defer/resume co-partitioning."""
     try:
         specs = topic_specs(settings, queues, worker_queues)
+        if trigger_logs:
+            specs.append(trigger_logs_spec(settings))
         principals = parse_role_principals(acls)
     except (InvalidQueueName, ValueError) as exc:
         raise click.BadParameter(str(exc)) from exc

@@ -48,6 +48,8 @@ from ._models import (
     make_event_id,
     make_trigger_id,
     make_watch_event_id,
+    source_record,
+    source_run,
     ti_key_of,
     utcnow,
 )
@@ -103,6 +105,8 @@ __all__ = [
     "record_json_schemas",
     "rendered_json_schemas",
     "seal",
+    "source_record",
+    "source_run",
     "ti_key_of",
     "to_tagged",
     "utcnow",

@@ -358,6 +358,21 @@ def make_watch_event_id(trigger_id: str, run: str, seq: int) -> str:
     return f"{trigger_id}:{run}:{seq}"
 
 
+def source_run(partition: int) -> str:
+    """The ``run`` of a watch event read from a Kafka record of ``partition``; its ``seq`` is
+    the record's offset + 1, so the same record read again is the same event id."""
+    return f"partition-{partition}"
+
+
+def source_record(run: str, seq: int) -> tuple[int, int] | None:
+    """(partition, offset) of the Kafka record a watch event was read from, or None when the
+    event is numbered within a run of its trigger instead."""
+    partition = run.removeprefix("partition-")
+    if partition == run or not partition.isdigit():
+        return None
+    return int(partition), seq - 1
+
+
 class WatchEvent(_Record):
     """One event of a standing watch (or the failure of one of its runs); value of the
     resume topic, keyed by ``trigger_id``. The watch goes on either way."""

@@ -62,6 +62,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from deferline.topics import (
+    ROLES,
     BrokerError,
     BrokerSecurity,
     KRaftBroker,
@@ -170,7 +171,7 @@ class BrokerPool:
 
 # The principals of the secured broker: the admin (a super user), one per role, and one that
 # authenticates but has no ACLs at all.
-SECURED_USERS = ("admin", "worker", "triggerer", "scheduler", "client", "replay", "noacl")
+SECURED_USERS = ("admin", *ROLES, "noacl")
 
 
 class SecuredKafka:

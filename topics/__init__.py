@@ -32,7 +32,7 @@ from ._log_identity import read_log_identity
 from ._names import TopicNames, validate_queue_name
 from ._partitioner import Murmur2Partitioner, murmur2, partition_for
 from ._process import free_port
-from ._settings import Settings
+from ._settings import Settings, home_settings, use_home_settings
 from ._specs import TopicSpec, topic_specs, trigger_logs_spec
 from ._tansu import TansuBroker
 from ._tls import ThrowawayTLS
@@ -84,6 +84,7 @@ __all__ = [
     "ensure_topics",
     "fetch_kafka_jars",
     "free_port",
+    "home_settings",
     "known_position",
     # Clients
     "make_admin",
@@ -103,5 +104,6 @@ __all__ = [
     "trace_send",
     "tracing_on",
     "trigger_logs_spec",
+    "use_home_settings",
     "validate_queue_name",
 ]

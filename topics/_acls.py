@@ -30,7 +30,7 @@ from ._settings import Settings
 
 logger = logging.getLogger(__name__)
 
-Role = Literal["worker", "triggerer", "scheduler", "client", "replay"]
+Role = Literal["worker", "triggerer", "scheduler", "client", "bridge", "replay"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
 ResourceType = Literal["TOPIC", "GROUP", "TRANSACTIONAL_ID", "CLUSTER"]
@@ -133,6 +133,7 @@ def acl_bindings(
     # scheduler does (deferline.runners.triggerer's transactional_id).
     triggerer_txns = [f"{g}.{p}" for g in triggerer_groups for p in range(settings.partitions)]
     worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
+    logs = names.trigger_logs
     scheduler = SchedulerResources.for_prefix(prefix, settings.partitions)
     pools = names.scheduler_pools
     all_topics = [
@@ -159,7 +160,7 @@ def acl_bindings(
         # scans its resume topic on recovery, dead-letters bad requests. Never writes tasks.
         "triggerer": [
             ("TOPIC", [*defer, *resume], "READ"),
-            ("TOPIC", [*resume, names.task_events, *defer, *resumes, names.dead], "WRITE"),
+            ("TOPIC", [*resume, names.task_events, *defer, *resumes, names.dead, logs], "WRITE"),
             ("GROUP", triggerer_groups, "READ"),
             ("TRANSACTIONAL_ID", triggerer_txns, "WRITE"),
             ("TRANSACTIONAL_ID", triggerer_txns, "DESCRIBE"),
@@ -177,6 +178,14 @@ def acl_bindings(
         "client": [
             ("TOPIC", [names.tasks], "READ"),
             ("TOPIC", [names.tasks, *defer], "WRITE"),
+        ],
+        # The Airflow bridge: publishes Airflow's trigger rows (defer: requests, cancels,
+        # tombstones of watches), reads their events and the triggers' log lines, dead-letters
+        # unreadable events. Never writes events, task state or RunTasks.
+        "bridge": [
+            ("TOPIC", [*resume, logs], "READ"),
+            ("TOPIC", [*defer, names.dead], "WRITE"),
+            ("GROUP", [f"{prefix}bridge"], "READ"),
         ],
         # replay: reads everything, writes nothing; sees topic configs and group positions.
         "replay": [

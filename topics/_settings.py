@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -124,3 +125,18 @@ class Settings(BaseSettings):
                 "sasl_password (DEFERLINE_SASL_USERNAME / DEFERLINE_SASL_PASSWORD)"
             )
         return self
+
+
+_HOME: ContextVar[Settings | None] = ContextVar("deferline_home_settings", default=None)
+
+
+def use_home_settings(settings: Settings) -> None:
+    """Make ``settings`` what :func:`home_settings` returns in this context and the tasks it
+    starts from now on (a triggerer sets its own, for the triggers it runs)."""
+    _HOME.set(settings)
+
+
+def home_settings() -> Settings:
+    """The settings of the deferline process this code runs in: its triggerer's cluster
+    for a trigger; outside one, ``Settings()`` (``DEFERLINE_*`` environment variables)."""
+    return _HOME.get() or Settings()

@@ -6,6 +6,7 @@ Their classpaths are ``deferline.engine.triggers.<Name>``, inside the default al
 from ._file import FileTrigger
 from ._http import HttpTrigger
 from ._kafka import KafkaMessageTrigger
+from ._kafka_watch import KafkaWatchTrigger
 from ._temporal import DateTimeTrigger, TimeDeltaTrigger
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "FileTrigger",
     "HttpTrigger",
     "KafkaMessageTrigger",
+    "KafkaWatchTrigger",
     "TimeDeltaTrigger",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -29,6 +30,86 @@ def json_contains(actual: Any, expected: Any) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool):
         return actual is expected  # JSON true is not 1
     return bool(actual == expected)
+
+
+class MessageConditions:
+    """What a message must be for a Kafka trigger to take it, each condition optional:
+    ``match`` (a JSON object its value contains), ``key`` (its key) and ``value_regex``
+    (found in its text). Checked when built, so a bad argument fails where the trigger is made.
+    """
+
+    __slots__ = ("_regex", "key", "match", "value_regex")
+
+    def __init__(
+        self, match: Mapping[str, Any] | None, key: str | None, value_regex: str | None
+    ) -> None:
+        if match is not None and not isinstance(match, Mapping):
+            raise TypeError("match must be a JSON object (a mapping), e.g. {'status': 'done'}")
+        self.match = dict(match) if match is not None else None
+        self.key = text(key, "key", optional=True)
+        self.value_regex = text(value_regex, "value_regex", optional=True)
+        try:
+            self._regex = re.compile(self.value_regex) if self.value_regex else None
+        except re.error as exc:
+            raise ValueError(f"value_regex is not a valid regular expression: {exc}") from exc
+
+    def __call__(self, key: bytes | None, value: bytes | None) -> bool:
+        """Whether a message with this key and value meets every condition."""
+        if self.key is not None and (key is None or key != self.key.encode()):
+            return False
+        regex = self._regex
+        if regex is not None and (
+            value is None or not regex.search(value.decode("utf-8", errors="replace"))
+        ):
+            return False
+        if self.match is not None:
+            try:
+                document = orjson.loads(value) if value is not None else None
+            except orjson.JSONDecodeError:
+                return False
+            if not json_contains(document, self.match):
+                return False
+        return True
+
+
+def topic_name(topic: object) -> str:
+    """``topic``, checked to be a legal Kafka topic name."""
+    name: str = text(topic, "topic")  # type: ignore[assignment]
+    if not _TOPIC.match(name):
+        raise ValueError(f"topic {topic!r} is not a legal Kafka topic name")
+    return name
+
+
+def consumer_config_of(
+    config: Mapping[str, Any] | None, *, forbidden: frozenset[str]
+) -> dict[str, Any] | None:
+    """Extra ``AIOKafkaConsumer`` arguments, checked: none of ``forbidden`` (the trigger's own)."""
+    if config is not None and (
+        not isinstance(config, Mapping) or not all(isinstance(k, str) for k in config)
+    ):
+        raise TypeError("consumer_config must be a mapping of AIOKafkaConsumer arguments")
+    clash = forbidden & set(config or ())
+    if clash:
+        raise ValueError(f"consumer_config must not set {', '.join(sorted(clash))}")
+    return dict(config) if config else None
+
+
+async def topic_partitions(
+    consumer: Any, topic: str, poll_timeout: float, log: logging.Logger
+) -> list[Any]:
+    """Every partition of ``topic``, once it exists (asked every ``poll_timeout`` seconds)."""
+    from aiokafka import TopicPartition
+
+    while True:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            # A consumer without subscriptions tracks no topic metadata: ask the cluster.
+            cluster = await consumer._client.fetch_all_metadata()
+            partitions = cluster.partitions_for_topic(topic)
+        if partitions:
+            return [TopicPartition(topic, p) for p in sorted(partitions)]
+        log.debug("topic %s not found yet; waiting", topic)
+        await asyncio.sleep(poll_timeout)
 
 
 def decode_value(raw: bytes | None) -> Any:
@@ -58,9 +139,9 @@ class KafkaMessageTrigger(BaseTrigger):
     was created, which is serialized, so a copy of the trigger started elsewhere after a
     rebalance looks at the same messages and fires the same event), or ``"earliest"`` /
     ``"latest"``. The trigger reads every partition with manual assignment and commits
-    nothing. The connection is the triggerer's own cluster (``DEFERLINE_*`` settings)
-    unless ``bootstrap_servers`` is given; ``consumer_config`` passes extra
-    ``AIOKafkaConsumer`` arguments (security settings, for example).
+    nothing. The connection is the triggerer's own cluster (:func:`deferline.topics.home_settings`)
+    unless ``bootstrap_servers`` is given; ``consumer_config`` passes extra ``AIOKafkaConsumer``
+    arguments (security settings, for example).
 
     Payload: ``{"topic", "partition", "offset", "timestamp", "key", "value"}`` with the
     value decoded as JSON when it parses, else as text.
@@ -79,18 +160,10 @@ class KafkaMessageTrigger(BaseTrigger):
         poll_timeout: float = 1.0,
     ) -> None:
         super().__init__()
-        self.topic: str = text(topic, "topic")  # type: ignore[assignment]
-        if not _TOPIC.match(self.topic):
-            raise ValueError(f"topic {topic!r} is not a legal Kafka topic name")
-        if match is not None and not isinstance(match, Mapping):
-            raise TypeError("match must be a JSON object (a mapping), e.g. {'status': 'done'}")
-        self.match = dict(match) if match is not None else None
-        self.key = text(key, "key", optional=True)
-        self.value_regex = text(value_regex, "value_regex", optional=True)
-        try:
-            self._regex = re.compile(self.value_regex) if self.value_regex else None
-        except re.error as exc:
-            raise ValueError(f"value_regex is not a valid regular expression: {exc}") from exc
+        self.topic = topic_name(topic)
+        self.conditions = MessageConditions(match, key, value_regex)
+        self.match, self.key = self.conditions.match, self.conditions.key
+        self.value_regex = self.conditions.value_regex
         if since is None:
             since = dt.datetime.now(dt.UTC)
         if isinstance(since, str) and since in _POSITIONS:
@@ -105,15 +178,9 @@ class KafkaMessageTrigger(BaseTrigger):
         if bootstrap_servers is not None and not servers_ok:
             raise TypeError("bootstrap_servers must be 'host:port[,host:port]' or a list of them")
         self.bootstrap_servers = bootstrap_servers
-        if consumer_config is not None and (
-            not isinstance(consumer_config, Mapping)
-            or not all(isinstance(k, str) for k in consumer_config)
-        ):
-            raise TypeError("consumer_config must be a mapping of AIOKafkaConsumer arguments")
-        forbidden = {"group_id", "enable_auto_commit"} & set(consumer_config or ())
-        if forbidden:
-            raise ValueError(f"consumer_config must not set {', '.join(sorted(forbidden))}")
-        self.consumer_config = dict(consumer_config) if consumer_config else None
+        self.consumer_config = consumer_config_of(
+            consumer_config, forbidden=frozenset({"group_id", "enable_auto_commit"})
+        )
         self.poll_timeout = positive_seconds(poll_timeout, "poll_timeout")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -139,20 +206,7 @@ class KafkaMessageTrigger(BaseTrigger):
             and timestamp_ms < int(self.since.timestamp() * 1000)
         ):
             return False
-        if self.key is not None and (key is None or key != self.key.encode()):
-            return False
-        if self._regex is not None and (
-            value is None or not self._regex.search(value.decode("utf-8", errors="replace"))
-        ):
-            return False
-        if self.match is not None:
-            try:
-                document = orjson.loads(value) if value is not None else None
-            except orjson.JSONDecodeError:
-                return False
-            if not json_contains(document, self.match):
-                return False
-        return True
+        return self.conditions(key, value)
 
     def _make_consumer(self) -> Any:
         """An unstarted aiokafka consumer without a group (overridable in tests)."""
@@ -164,28 +218,16 @@ class KafkaMessageTrigger(BaseTrigger):
             **(self.consumer_config or {}),
         }
         if self.bootstrap_servers is None:
-            from deferline.topics import Settings, make_consumer
+            from deferline.topics import home_settings, make_consumer
 
-            return make_consumer(Settings(), **overrides)
+            return make_consumer(home_settings(), **overrides)
         from aiokafka import AIOKafkaConsumer
 
         return AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, **overrides)
 
     async def _assign(self, consumer: Any) -> None:
         """Assign every partition of the topic and seek to where reading starts."""
-        from aiokafka import TopicPartition
-
-        while True:
-            partitions = consumer.partitions_for_topic(self.topic)
-            if not partitions:
-                # A consumer without subscriptions tracks no topic metadata: ask the cluster.
-                cluster = await consumer._client.fetch_all_metadata()
-                partitions = cluster.partitions_for_topic(self.topic)
-            if partitions:
-                break
-            self.log.debug("topic %s not found yet; waiting", self.topic)
-            await asyncio.sleep(self.poll_timeout)
-        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        tps = await topic_partitions(consumer, self.topic, self.poll_timeout, self.log)
         consumer.assign(tps)
         if self.since == "earliest":
             await consumer.seek_to_beginning(*tps)

@@ -24,6 +24,12 @@ all at once or not at all. A crash between them leaves nothing half written, and
 old owner is fenced by the new owner's producer (same transactional id): its transaction
 is refused (``ProducerFenced``), its emissions are dropped, and ``on_fenced`` tells the
 lane, whose partition it no longer is.
+
+**Source offsets.** An emission read from a Kafka record (``source``, a standing watch's
+:class:`~deferline.engine.SourcePosition`) commits the record's offset for its consumer group:
+inside the transaction (``send_offsets_to_transaction``), or, without one, through
+``source_offsets`` once every record of the emission is acked. Its trigger reads from those
+offsets when it starts again, so a record is read again only if its event may not be out.
 """
 
 from __future__ import annotations
@@ -32,11 +38,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
+from aiokafka import TopicPartition
 from aiokafka.errors import (
     InvalidProducerEpoch,
     InvalidTopicError,
@@ -45,6 +52,7 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     RecordTooLargeError,
 )
+from deferline.engine import SourcePosition
 from deferline.topics import trace_send
 
 __all__ = ["Ack", "Emission", "Emitter", "Send", "TransactionalProducer"]
@@ -94,6 +102,17 @@ class TransactionalProducer(Producer, Protocol):
 
     async def abort_transaction(self) -> None: ...
 
+    async def send_offsets_to_transaction(
+        self, offsets: dict[TopicPartition, int], group_id: str
+    ) -> None: ...
+
+
+class SourceCommits(Protocol):
+    """Where the source offsets of emissions outside transactions go once they are acked
+    (:class:`~._source_offsets.SourceOffsets`)."""
+
+    def acked(self, source: SourcePosition) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Ack:
@@ -135,6 +154,8 @@ class Emission:
     owner: str | None = None
     """The transactional id of the defer partition it belongs to (its records and tombstone
     then commit in one transaction, see :meth:`Emitter.open`); None: the two stages."""
+    source: SourcePosition | None = None
+    """The Kafka record it was read from: its offset is committed with it."""
     attempts: int = field(default=0)
 
 
@@ -166,6 +187,8 @@ class Emitter:
             ``on_pressure(False)`` follows once half of them are done. ``None``: unbounded.
         on_pressure: called with ``True`` when the backlog reaches ``max_backlog`` and with
             ``False`` when it has drained to half of it (on the loop, must not block).
+        source_offsets: where the source offsets of emissions outside transactions are
+            committed once they are acked (None: nowhere, their records are read again).
     """
 
     def __init__(
@@ -177,6 +200,7 @@ class Emitter:
         give_up_after: int = 3,
         max_backlog: int | None = None,
         on_pressure: Callable[[bool], None] | None = None,
+        source_offsets: SourceCommits | None = None,
     ) -> None:
         if max_backlog is not None and max_backlog < 1:
             raise ValueError(f"max_backlog must be at least 1, got {max_backlog}")
@@ -184,6 +208,7 @@ class Emitter:
         self._max_backlog = max_backlog
         self._low_water = 0 if max_backlog is None else max_backlog // 2
         self._on_pressure = on_pressure
+        self._source_offsets = source_offsets
         self._full = False
         self.peak_backlog = 0
         """The largest backlog seen (the bound's effect, for tests and metrics)."""
@@ -351,6 +376,9 @@ class Emitter:
             self._idle.set()
 
     def _finish(self, emission: Emission) -> None:
+        source = emission.source
+        if source is not None and emission.owner is None and self._source_offsets is not None:
+            self._source_offsets.acked(source)  # in a transaction, committed with it
         if emission.on_done is not None:
             try:
                 emission.on_done()
@@ -502,8 +530,9 @@ class Emitter:
             batch = owner.inflight = self._take(owner.queue, owner.ready)
             sends = [send for emission in batch for send in emission.sends]
             tombstones = [e.tombstone for e in batch if e.tombstone is not None]
+            offsets = source_offsets(e.source for e in batch if e.source is not None)
             try:
-                results = await self._in_transaction(owner.producer, [*sends, *tombstones])
+                results = await self._in_transaction(owner.producer, [*sends, *tombstones], offsets)
             except _FENCED as exc:
                 self._fenced(owner, exc)
                 return
@@ -541,11 +570,15 @@ class Emitter:
                 owner.ready.set()
 
     async def _in_transaction(
-        self, producer: TransactionalProducer, sends: list[Send]
+        self,
+        producer: TransactionalProducer,
+        sends: list[Send],
+        offsets: dict[str, dict[TopicPartition, int]],
     ) -> list[Any]:
-        """Send ``sends`` in one transaction: their acks once it is committed; else (aborted)
-        an exception for each record that failed, or for every record when the commit did.
-        Raises the fencing error when another producer holds the transactional id."""
+        """Send ``sends`` and commit ``offsets`` (per consumer group) in one transaction:
+        their acks once it is committed; else (aborted) an exception for each record that
+        failed, or for every record when the offsets or the commit did. Raises the fencing
+        error when another producer holds the transactional id."""
         try:
             await producer.begin_transaction()
         except _FENCED:
@@ -556,6 +589,8 @@ class Emitter:
         error = next((r for r in results if isinstance(r, BaseException)), None)
         if error is None:
             try:
+                for group, group_offsets in offsets.items():
+                    await producer.send_offsets_to_transaction(group_offsets, group)
                 await producer.commit_transaction()
                 return results
             except _FENCED:
@@ -617,6 +652,18 @@ class Emitter:
             extra={"error": repr(error), "attempts": emission.attempts},
         )
         return True
+
+
+def source_offsets(sources: Iterable[SourcePosition]) -> dict[str, dict[TopicPartition, int]]:
+    """The offsets to commit per consumer group for records ``sources``: each partition's
+    highest offset + 1."""
+    offsets: dict[str, dict[TopicPartition, int]] = {}
+    for source in sources:
+        group = offsets.setdefault(source.group, {})
+        tp = TopicPartition(source.topic, source.partition)
+        if source.offset + 1 > group.get(tp, -1):
+            group[tp] = source.offset + 1
+    return offsets
 
 
 def _outcome(future: asyncio.Future[Any]) -> Any:

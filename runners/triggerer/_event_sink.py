@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deferline.engine import TriggerOutcome
+from deferline.engine import SourcePosition, TriggerOutcome
 from deferline.schemas import (
     DeadLetter,
     DeferRequest,
@@ -257,10 +257,12 @@ class EventSink:
         *,
         tombstone: bool = False,
         letter: DeadLetter | None = None,
+        source: SourcePosition | None = None,
     ) -> None:
         """Queue an event of a standing watch: on the resume topic only, no tasks.events copy
         (no task waits on it), and no tombstone unless the watch ends with it (``tombstone``:
-        a ``once`` watch's last event, or a watch that cannot run, with its ``letter``)."""
+        a ``once`` watch's last event, or a watch that cannot run, with its ``letter``);
+        the offset of the record it was read from (``source``) committed with it."""
         queued = _QueuedWatchEvent(self, part, key, record, tombstone)
         dead = () if letter is None else (Send(self._names.dead, letter.key, encode(letter), None),)
         self._emitter.submit(
@@ -270,6 +272,7 @@ class EventSink:
                 on_acked=queued.acked,
                 on_failed=queued.failed,
                 owner=part.owner,
+                source=source,
             )
         )
 

@@ -40,6 +40,7 @@ from deferline.topics import (
     stop_client,
     topic_specs,
     trigger_logs_spec,
+    use_home_settings,
     validate_queue_name,
 )
 from prometheus_client import CollectorRegistry
@@ -70,6 +71,7 @@ from ._lane import (
     TriggerRef,
 )
 from ._metrics import TriggererMetrics
+from ._source_offsets import SourceOffsets
 from ._transactions import PartitionProducers
 from ._trigger_logs import TriggerLogShipper
 
@@ -230,6 +232,7 @@ class Triggerer(Lifecycle):
         self._producer: Any = None
         self._supervisor: TriggerSupervisor | None = None
         self._emitter: Emitter | None = None
+        self._source_offsets = SourceOffsets(self.settings)
         self._log_shipper: TriggerLogShipper | None = None
         self._store: CheckpointStore | None = None
         self._server: MetricsServer | None = None
@@ -272,6 +275,7 @@ class Triggerer(Lifecycle):
         self._started = True
         options = self.options
         settings = self.settings
+        use_home_settings(settings)  # the cluster of the triggers that read Kafka
         if settings.airflow_services:
             # Process-wide, as Airflow's SUPERVISOR_COMMS is.
             use_airflow_services(
@@ -317,6 +321,7 @@ class Triggerer(Lifecycle):
             self._producer,
             max_backlog=options.max_unsent,
             on_pressure=self._supervisor.hold_timers,
+            source_offsets=self._source_offsets,
         )
         await self._emitter.start()
         producers = PartitionProducers(
@@ -439,6 +444,7 @@ class Triggerer(Lifecycle):
                 await self._reaper
         if self._emitter is not None:
             await self._emitter.stop(self.options.flush_timeout)
+        await self._source_offsets.close()  # the acked events' offsets, as far as it can
         if self._log_shipper is not None:  # the triggers are stopped: their last lines
             await self._log_shipper.stop()
         if self._producer is not None:  # stop() flushes; bounded, since the broker may be gone

@@ -11,7 +11,10 @@ backoff (:func:`restart_delay`), counted in ``deferline_triggerer_watch_runs_tot
 Ownership follows the partition: a run's events are published while its partition emits,
 held while it is quiesced (published if it is kept), and dropped (counted) if it is lost;
 the new owner starts a run of its own, which reads its source from where the source stands.
-The run ids are new at every start, so two runs never share an event id.
+The run ids are new at every start, so two runs never share an event id. An event read from
+a Kafka record (:class:`~deferline.engine.SourcedEvent`) is named after the record instead
+(run ``partition-<n>``, seq its offset + 1): read again after a restart, it is the same event,
+and its record's offset is committed with it (:class:`~._emitter.Emitter`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from deferline.engine import BaseTrigger, TriggerOutcome, TriggerSupervisor
-from deferline.schemas import KwargsCipher, WatchEvent, WatchRequest, make_watch_event_id
+from deferline.schemas import (
+    KwargsCipher,
+    WatchEvent,
+    WatchRequest,
+    make_watch_event_id,
+    source_run,
+)
 
 from ..member import PartitionPhase
 from ._event_sink import EventSink
@@ -121,10 +130,13 @@ class Watches:
     def outcome(self, ref: WatchRef, outcome: TriggerOutcome) -> None:
         """An event or the failure of a run: numbered, then published, held or dropped by
         its partition's phase; a run that ended is started again later."""
-        ref.seq += 1
-        numbered = outcome._replace(
-            event_id=make_watch_event_id(outcome.trigger_id, ref.run, ref.seq)
-        )
+        source = outcome.source
+        if source is None:
+            ref.seq += 1
+            run, seq = ref.run, ref.seq
+        else:  # named after its record: the same record read again is the same event
+            run, seq = source_run(source.partition), source.offset + 1
+        numbered = outcome._replace(event_id=make_watch_event_id(outcome.trigger_id, run, seq))
         book = ref.part.book
         if book.emitting:
             self.publish(ref, numbered)
@@ -144,11 +156,12 @@ class Watches:
         if ends:
             part.book.claim(ref.key)  # the tombstone read back is this lane's own
             part.table.note_emitting(ref.key)
+        _, run, seq = outcome.event_id.rsplit(":", 2)
         record = WatchEvent(
             event_id=outcome.event_id,
             trigger_id=outcome.trigger_id,
-            run=ref.run,
-            seq=int(outcome.event_id.rsplit(":", 1)[1]),
+            run=run,
+            seq=int(seq),
             status="failed" if failed else "fired",
             payload=None if failed else outcome.payload,
             error=(outcome.error or "the watch's run timed out") if failed else None,
@@ -158,7 +171,7 @@ class Watches:
             partition=part.number,
             queue=self._queue,
         )
-        self._sink.watch_event(part, ref.key, record, tombstone=ends)
+        self._sink.watch_event(part, ref.key, record, tombstone=ends, source=outcome.source)
 
     def _dropped(self, ref: WatchRef) -> None:
         self._metrics.watch_events_dropped.labels(queue=self._label).inc()

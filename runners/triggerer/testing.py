@@ -7,7 +7,7 @@ from ._checkpoint import (
     RocksCheckpointStore,
 )
 from ._checkpointer import Checkpointer
-from ._emitter import Emission, Emitter, Send
+from ._emitter import Emission, Emitter, Send, source_offsets
 from ._events import EventEncoder, encode_event, request_fields
 from ._input import BadRecord, CancelTrigger, StartTrigger, interpret
 from ._lane import RebalanceSummary, TriggerLane, TriggerRef
@@ -57,6 +57,7 @@ __all__ = [
     "normalise_queues",
     "request_fields",
     "restart_delay",
+    "source_offsets",
     "start_folded",
     "transactional_id",
     "trigger_log_batches",

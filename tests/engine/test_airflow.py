@@ -490,6 +490,32 @@ def test_a_watchers_trigger_gets_the_assets_it_watches_as_airflow_gives_them() -
     assert not hasattr(ours, "asset_state_store")
 
 
+@pytest.mark.skipif(airflow_line() < 3, reason="asset watchers are Airflow 3's")
+async def test_the_airflow_face_of_the_kafka_watch_runs_its_deferline_form_here() -> None:
+    """``deferline.engine.triggers.airflow.KafkaWatchTrigger``: an ``AssetWatcher`` takes it;
+    its row's classpath loads under the default prefix, and deferline's adapter has its
+    deferline form to run (which commits no offset itself)."""
+    from deferline.engine.triggers import KafkaWatchTrigger as Native
+    from deferline.engine.triggers.airflow import KafkaWatchTrigger
+
+    sdk = importlib.import_module("airflow.sdk")
+    face = KafkaWatchTrigger("orders", "orders-watch", {"kind": "order"}, start="latest")
+    sdk.AssetWatcher(name="orders_watcher", trigger=face)
+    classpath, kwargs = face.serialize()
+    assert classpath == "deferline.engine.triggers.airflow.KafkaWatchTrigger"
+    assert (
+        kwargs == Native("orders", "orders-watch", {"kind": "order"}, start="latest").serialize()[1]
+    )
+    with pytest.raises(ValueError, match="start must be"):
+        KafkaWatchTrigger("orders", "g", start="middle")  # where the DAG is parsed
+    loaded = load_trigger(classpath, kwargs, allowed_prefixes=["deferline.engine.triggers"])
+    loaded.trigger_id = "w-1"
+    native = loaded.airflow_trigger.deferline_trigger()  # type: ignore[attr-defined]
+    assert isinstance(native, Native)
+    assert native.trigger_id == "w-1"
+    assert not native.commits_offsets, "deferline's triggerer commits them with the events"
+
+
 def test_a_callback_trigger_imports_only_a_callback_under_an_allowed_prefix() -> None:
     """Airflow's CallbackTrigger imports and awaits ``callback_path``: that path must lie
     under an allowed prefix too, or whoever writes the topic could run any function."""

@@ -21,15 +21,20 @@ one outside them (never imported: ``failed``, saying why).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
+import uuid
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
 from deferline.schemas import WatchEvent, decode
 from deferline.topics import Settings, TopicNames
 
@@ -38,7 +43,7 @@ from tests.airflow_line import airflow_version
 
 from ._airflow_deployment import AirflowDeployment
 from ._airflow_processes import Processes, run_id_of, trigger_dag
-from ._triggerer_help import FAILOVER_FLAGS
+from ._triggerer_help import FAILOVER_FLAGS, produce
 from ._util import KafkaClients
 
 pytestmark = [
@@ -58,14 +63,24 @@ def inbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory: pytest.TempPathFactory, inbox: Path) -> Iterator[AirflowDeployment]:
+def orders_topic() -> str:
+    """The topic the Kafka watcher of ``kafka_watched`` reads (one per module run)."""
+    return f"orders-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def airflow(
+    tmp_path_factory: pytest.TempPathFactory, inbox: Path, orders_topic: str
+) -> Iterator[AirflowDeployment]:
     af = AirflowDeployment(
         tmp_path_factory.mktemp("airflow"),
         extra_env={
             "WATCH_INBOX": str(inbox),
+            "WATCH_TOPIC": orders_topic,
             "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(HEALTH_THRESHOLD_S),
             "DEFERLINE_ALLOWED_TRIGGER_PREFIXES": (
-                "airflow.providers.standard.triggers,airflow.triggers.callback,deadline_callbacks"
+                "airflow.providers.standard.triggers,airflow.triggers.callback,"
+                "deadline_callbacks,deferline.engine.triggers"
             ),
             "DEFERLINE_COPY_EVENTS_TO_TASKS": "false",
         },
@@ -180,8 +195,11 @@ async def test_each_file_is_one_asset_event_and_one_run_through_kills_and_a_repl
     events = await watch_events(kafka_clients, resume)
     assert [e.status for e in events] == ["fired"] * 5
     assert len({e.event_id for e in events}) == 5
-    applied = af.query("SELECT event_id FROM deferline_watch_event")
-    assert sorted(str(e) for (e,) in applied) == sorted(e.event_id for e in events)
+    mine = {e.trigger_id for e in events}
+    applied = [str(e) for (e,) in af.query("SELECT event_id FROM deferline_watch_event")]
+    assert sorted(e for e in applied if e.split(":")[0] in mine) == sorted(
+        e.event_id for e in events
+    )
     extras = af.query(
         "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
         "WHERE a.name = 'watched_inbox'"
@@ -264,3 +282,89 @@ def _plain(value: Any) -> Any:
             return _plain(value["__var"])
         return {key: _plain(item) for key, item in value.items()}
     return value
+
+
+async def test_a_kafka_topic_watcher_makes_each_message_one_asset_event_through_a_restart(
+    airflow: AirflowDeployment,
+    processes: Processes,
+    settings: Settings,
+    kafka_clients: KafkaClients,
+    orders_topic: str,
+) -> None:
+    """1,000 orders on a 3-partition topic watched by deferline's ``KafkaWatchTrigger``: the
+    triggerer running the watch SIGKILLed halfway and another started; every order is one
+    asset event, none applied twice (each event named after its record, its offset
+    committed with it)."""
+    af = airflow
+    admin = await kafka_clients.admin()
+    with contextlib.suppress(TopicAlreadyExistsError):  # a run of another test asked first
+        await admin.create_topics([NewTopic(orders_topic, num_partitions=3, replication_factor=1)])
+    [(row,)] = af.wait_for(
+        "SELECT t.id FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id "
+        "WHERE w.name = 'orders_watcher'"
+    )
+    producer = await kafka_clients.producer()
+
+    async def orders(numbers: range) -> None:
+        records = [(str(n).encode(), orjson.dumps({"kind": "order", "n": n})) for n in numbers]
+        await produce(producer, orders_topic, records)
+
+    def asset_events() -> list[dict[str, Any]]:
+        rows = af.query(
+            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+            "WHERE a.name = 'kafka_orders'"
+        )
+        return [json.loads(str(extra))["payload"] for (extra,) in rows]
+
+    def count() -> int:
+        return len(asset_events())
+
+    processes.bridge("bridge")
+    triggerers = {name: processes.triggerer(name, *FAILOVER_FLAGS) for name in ("t1", "t2")}
+    await orders(range(500))
+    await until(
+        partial(asyncio.to_thread, lambda: count() >= 100),
+        within=120,
+        interval=0.3,
+        what=lambda: f"asset events coming (now {count()})",
+    )
+    watching = f"airflow-{row}-"
+    resume = TopicNames(settings.topic_prefix).resume()
+
+    async def mine() -> list[WatchEvent]:
+        return [
+            e
+            for e in await watch_events(kafka_clients, resume)
+            if e.trigger_id.startswith(watching)
+        ]
+
+    owner = triggerers[str((await mine())[-1].member)]  # the member running the watch now
+    owner.proc.send_signal(signal.SIGKILL)
+    processes.triggerer("t3", *FAILOVER_FLAGS)  # the restart
+    await orders(range(500, 1000))
+    await until(
+        partial(asyncio.to_thread, lambda: count() >= 1000),
+        within=240,
+        interval=0.5,
+        what=lambda: f"1,000 asset events (now {count()})",
+    )
+
+    # Everything on the resume topic applied or skipped: still 1,000.
+    ids = {e.event_id for e in await mine()}
+
+    def recorded() -> set[str]:
+        rows = af.query("SELECT event_id FROM deferline_watch_event")
+        return {str(e) for (e,) in rows if str(e).startswith(watching)}
+
+    await until(
+        partial(asyncio.to_thread, lambda: recorded() >= ids),
+        within=60,
+        interval=0.5,
+        what="every event on the topic applied",
+    )
+    payloads = asset_events()
+    assert len(payloads) == 1000
+    assert sorted(p["value"]["n"] for p in payloads) == list(range(1000))
+    assert len({(p["partition"], p["offset"]) for p in payloads}) == 1000
+    assert len(ids) == 1000, "one event id per record, however often it was read"
+    assert sorted(processes.dead()) == [str(owner.log_path)], "only the one the test killed"

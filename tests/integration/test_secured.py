@@ -126,6 +126,10 @@ def test_each_role_can_write_only_its_own_topics(secured_kafka: SecuredKafka, pr
         assert await _write_refused(secured_kafka, "worker", prefix, names.resumes())
         assert await _write_refused(secured_kafka, "client", prefix, names.resume())
         assert await _write_refused(secured_kafka, "client", prefix, names.task_events)
+        # The Airflow bridge publishes requests; it writes no event and no task state.
+        assert not await _write_refused(secured_kafka, "bridge", prefix, names.defer())
+        for topic in (names.resume(), names.task_events, names.tasks, names.work()):
+            assert await _write_refused(secured_kafka, "bridge", prefix, topic), topic
         # replay is read-only.
         for topic in (names.tasks, names.resume(), names.task_events, names.work(), names.dead):
             assert await _write_refused(secured_kafka, "replay", prefix, topic), topic

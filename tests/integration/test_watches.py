@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from functools import partial
 from pathlib import Path
 
+import orjson
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
 from deferline.runners.triggerer import Triggerer, TriggererOptions
 from deferline.schemas import DeadLetter, WatchEvent, WatchRequest, encode, make_watch_event_id
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
@@ -213,3 +217,98 @@ async def test_a_watch_moves_to_another_member_when_its_owner_is_killed(
     assert [e.member for e in events] == [owner.member, survivor.member, survivor.member]
     assert len({e.event_id for e in events}) == 3
     assert events[1].run != events[0].run
+
+
+@pytest.mark.brokers_differ(
+    "on Apache Kafka a record's offset is committed in its event's transaction (no record "
+    "read twice); on Tansu after the event is acked (a record read again is the same event)"
+)
+async def test_a_kafka_topic_watch_reads_every_record_through_its_owners_kill(
+    settings: Settings,
+    kafka_clients: KafkaClients,
+    tmp_path: Path,
+    broker_backend: str,
+) -> None:
+    """600 messages on a 3-partition topic, the watch's owner SIGKILLed after the first
+    300 started coming out: one event per message, each named after its record; the
+    group's offsets end at the topic's end."""
+    names = TopicNames(settings.topic_prefix)
+    source, group = f"{settings.topic_prefix}orders", f"{settings.topic_prefix}orders-watch"
+    await ensure_topics(settings, topic_specs(settings))
+    admin = await kafka_clients.admin()
+    await admin.create_topics([NewTopic(source, num_partitions=3, replication_factor=1)])
+    watch = WatchRequest(
+        trigger_id="orders-watch",
+        classpath="deferline.engine.triggers.KafkaWatchTrigger",
+        kwargs={"topic": source, "group": group, "match": {"kind": "order"}},
+    )
+    producer = await kafka_clients.producer()
+
+    async def orders(numbers: range) -> None:
+        records = [(str(n).encode(), orjson.dumps({"kind": "order", "n": n})) for n in numbers]
+        noise = [(b"x", orjson.dumps({"kind": "noise"}))] * 10  # matched by none
+        await produce(producer, source, records + noise)
+
+    def numbers(reader: TopicReader) -> list[int]:
+        events = watch_events(reader)
+        failed = [e for e in events if e.status != "fired"]
+        assert not failed, f"a run failed: {failed[0].error}"
+        return [e.payload["value"]["n"] for e in events]
+
+    async with TopicReader(settings, names.resume()) as resume:
+        members = [
+            TriggererProcess(settings, name, tmp_path, *FAILOVER_FLAGS) for name in ("k1", "k2")
+        ]
+        try:
+            await until(
+                lambda: all(m.find("partitions assigned") for m in members),
+                within=60,
+                what="both members assigned",
+            )
+            await publish(kafka_clients, settings, watch)
+            await orders(range(300))
+            await until(lambda: len(numbers(resume)) >= 50, within=60, what="events coming out")
+            owner = next(m for m in members if m.member == watch_events(resume)[0].member)
+            owner.kill()
+            await orders(range(300, 600))
+            await until(
+                lambda: set(numbers(resume)) == set(range(600)),
+                within=90,
+                what=lambda: f"every order's event ({len(set(numbers(resume)))} of 600)",
+            )
+            last = {
+                TopicPartition(source, e.payload["partition"]): e.payload["offset"] + 1
+                for e in sorted(watch_events(resume), key=lambda e: e.payload["offset"])
+            }
+            await until(
+                partial(_committed_are, kafka_clients, group, last),
+                within=30,
+                what="the group's offsets past each partition's last order",
+            )
+        finally:
+            for member in members:
+                member.close()
+    events = watch_events(resume)
+    by_id: dict[str, list[WatchEvent]] = {}
+    for event in events:
+        by_id.setdefault(event.event_id, []).append(event)
+    assert len(by_id) == 600
+    for event_id, same in by_id.items():
+        first = same[0]
+        assert (first.run, first.seq) == (
+            f"partition-{first.payload['partition']}",
+            first.payload["offset"] + 1,
+        ), event_id
+        assert all(e.payload == first.payload for e in same), "one record, one event"
+    if broker_backend != "tansu":
+        assert len(events) == 600, "a record whose event was committed is not read again"
+
+
+async def _committed_are(
+    clients: KafkaClients, group: str, wanted: dict[TopicPartition, int]
+) -> bool:
+    """Whether the group's committed offsets are ``wanted`` (the noise after a partition's
+    last order is committed with no event, so never)."""
+    admin = await clients.admin()
+    offsets = await admin.list_consumer_group_offsets(group, partitions=list(wanted))
+    return {tp: offsets[tp].offset for tp in wanted if tp in offsets} == wanted

@@ -152,7 +152,7 @@ def test_a_watch_over_two_runs_is_a_standing_watch_not_a_stuck_deferral():
     assert summary.startswith(f"a standing watch of {WATCHER} (assets: inbox, outbox)")
     assert "not a deferral" in summary
     assert "still active" in summary
-    assert "2 runs and 5 events read" in summary
+    assert "2 runs, 5 events read" in summary
     assert "last event: event 2 of run 77c0de5a… fired at" in summary
     assert "on triggerer-b" in summary
     assert [e.kind for e in verdict.evidence] == ["watch_request", "watch_event", "watch_event"]
@@ -222,7 +222,7 @@ def test_a_tombstoned_watch_reads_as_ended():
     assert verdict.since == at(70)
     assert "ended, its WatchRequest was tombstoned at" in verdict.summary
     assert "still active" not in verdict.summary
-    assert "2 runs and 5 events read" in verdict.summary
+    assert "2 runs, 5 events read" in verdict.summary
     assert verdict.evidence[-1].kind == "tombstone"
 
 

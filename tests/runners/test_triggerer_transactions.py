@@ -8,8 +8,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
-from deferline.runners.triggerer.testing import Emission, Emitter, Send
+from deferline.engine import SourcePosition
+from deferline.runners.triggerer.testing import Emission, Emitter, Send, source_offsets
 
 from tests.fakes import FakeKafka, FakeProducer, FakeTransactionalProducer
 
@@ -169,3 +171,56 @@ async def test_a_partition_opened_twice_is_refused() -> None:
         emitter.open("t.0", await transactional(kafka), on_fenced=lambda tid: None)
         with pytest.raises(ValueError, match=r"t\.0 is already open"):
             emitter.open("t.0", await transactional(kafka), on_fenced=lambda tid: None)
+
+
+def sourced(key: bytes, offset: int, owner: str | None = "t.0") -> Emission:
+    return Emission(
+        sends=[Send("resume", key, b"event", 0)],
+        owner=owner,
+        source=SourcePosition("orders-watch", "orders", 1, offset),
+    )
+
+
+async def test_a_sourced_events_offset_commits_in_its_transaction_and_not_when_aborted() -> None:
+    kafka = FakeKafka(partitions=8)
+    producer = await transactional(kafka)
+    producer.fail_sends["resume"] = [KafkaTimeoutError()]  # the first transaction aborts
+    async with Emitter(FakeProducer(kafka), retry_backoff=0.01) as emitter:
+        emitter.open("t.0", producer, on_fenced=lambda tid: None)
+        emitter.submit(sourced(b"a", 7))
+        emitter.submit(sourced(b"b", 9))
+        assert await emitter.flush(5)
+    assert producer.aborts == 1
+    assert kafka.offset_commits("orders-watch") == [{TopicPartition("orders", 1): 10}]
+    assert [r.key for r in committed(kafka)] == [b"a", b"b"]
+
+
+async def test_outside_transactions_a_sourced_offset_is_handed_over_once_acked() -> None:
+    kafka = FakeKafka(partitions=8)
+    acked: list[SourcePosition] = []
+
+    class Sources:
+        def acked(self, source: SourcePosition) -> None:
+            assert [r.key for r in kafka.records()] == [b"a"], "after its event"
+            acked.append(source)
+
+    async with Emitter(FakeProducer(kafka), source_offsets=Sources()) as emitter:
+        emitter.submit(sourced(b"a", 7, owner=None))
+        assert await emitter.flush(5)
+    assert acked == [SourcePosition("orders-watch", "orders", 1, 7)]
+    assert kafka.offset_commits("orders-watch") == []
+
+
+def test_source_offsets_are_each_partitions_highest_plus_one_per_group() -> None:
+    offsets = source_offsets(
+        [
+            SourcePosition("g", "t", 0, 4),
+            SourcePosition("g", "t", 0, 2),
+            SourcePosition("g", "t", 1, 0),
+            SourcePosition("h", "t", 0, 8),
+        ]
+    )
+    assert offsets == {
+        "g": {TopicPartition("t", 0): 5, TopicPartition("t", 1): 1},
+        "h": {TopicPartition("t", 0): 9},
+    }

@@ -37,11 +37,23 @@ def writes(role: str, **queues: object) -> set[str]:
     return {name for kind, name, op in grants(role, **queues) if kind == "TOPIC" and op == "WRITE"}
 
 
-def test_only_workers_the_scheduler_clients_and_triggerers_may_write_a_defer_topic() -> None:
+def test_only_workers_the_scheduler_clients_bridges_and_triggerers_may_write_a_defer_topic() -> (
+    None
+):
     # Triggerers write the tombstones of finished triggers there; replay never writes.
     writers = {role for role in ROLES if NAMES.defer() in writes(role)}
-    assert writers == {"worker", "scheduler", "client", "triggerer"}
+    assert writers == {"worker", "scheduler", "client", "bridge", "triggerer"}
     assert NAMES.tasks not in writes("triggerer")
+
+
+def test_the_bridge_publishes_requests_and_reads_events_and_log_lines_only() -> None:
+    assert writes("bridge", queues=["fast"]) == {NAMES.defer(), NAMES.defer("fast"), NAMES.dead}
+    assert grants("bridge") >= {
+        ("TOPIC", NAMES.resume(), "READ"),
+        ("TOPIC", NAMES.trigger_logs, "READ"),
+        ("GROUP", "p.bridge", "READ"),
+    }
+    assert NAMES.trigger_logs in writes("triggerer")
 
 
 def test_a_worker_never_writes_events_or_run_tasks() -> None:
