@@ -346,6 +346,26 @@ async def bench_latency(
     print(f"\n== latency: {count} due-now requests, one at a time, {rate:.0f}/s {' '.join(flags)}")
     settings = fresh_settings(bootstrap, 12)
     await ensure_topics(settings, topic_specs(settings))
+    async with aiohttp.ClientSession() as session:
+        member = Member(settings, "lat", workdir, *flags)
+        try:
+            await wait_for(session, member, "deferline_triggerer_assigned_partitions", 12)
+            await asyncio.sleep(1.0)
+            latencies = await probe_latency(settings, count, rate)
+        finally:
+            member.stop()
+    p50, p99 = latency_quantiles(latencies)
+    print(
+        f"produce -> event read back: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max "
+        f"{latencies[-1] * 1000:.1f} ms, mean {statistics.mean(latencies) * 1000:.1f} ms "
+        "(includes the reader's own fetch wait of 5 ms)"
+    )
+    return {"latency_p50_ms": p50, "latency_p99_ms": p99}
+
+
+async def probe_latency(settings: Settings, count: int, rate: float) -> list[float]:
+    """Publish ``count`` due-now DeferRequests one at a time, ``rate`` a second, to a running
+    triggerer; each one's seconds from its send to its event read back, sorted."""
     names = TopicNames(settings.topic_prefix)
     producer = make_producer(settings, linger_ms=0)
     await producer.start()
@@ -353,44 +373,37 @@ async def bench_latency(
     await consumer.start()
     sent_at: dict[str, float] = {}
     latencies: list[float] = []
-    async with aiohttp.ClientSession() as session:
-        member = Member(settings, "lat", workdir, *flags)
-        try:
-            await wait_for(session, member, "deferline_triggerer_assigned_partitions", 12)
-            await asyncio.sleep(1.0)
+    try:
 
-            async def read() -> None:
-                while len(latencies) < count:
-                    batches = await consumer.getmany(timeout_ms=100)
-                    now = time.perf_counter()
-                    for records in batches.values():
-                        for record in records:
-                            event = decode(record.value)
-                            assert isinstance(event, TriggerEventRecord)
+        async def read() -> None:
+            while len(latencies) < count:
+                batches = await consumer.getmany(timeout_ms=100)
+                now = time.perf_counter()
+                for records in batches.values():
+                    for record in records:
+                        event = decode(record.value)
+                        if isinstance(event, TriggerEventRecord) and event.trigger_id in sent_at:
                             latencies.append(now - sent_at[event.trigger_id])
 
-            reader = asyncio.create_task(read())
-            for i in range(count):
-                r = request(i, utcnow(), "lat")
-                sent_at[r.trigger_id] = time.perf_counter()
-                await (
-                    await producer.send(names.defer(), key=r.trigger_id.encode(), value=encode(r))
-                )
-                await asyncio.sleep(1 / rate)
-            await asyncio.wait_for(reader, 60)
-        finally:
-            member.stop()
-            await consumer.stop()
-            await producer.stop()
-    latencies.sort()
-    p50 = latencies[len(latencies) // 2] * 1000
-    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    print(
-        f"produce -> event read back: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max "
-        f"{latencies[-1] * 1000:.1f} ms, mean {statistics.mean(latencies) * 1000:.1f} ms "
-        "(includes the reader's own fetch wait of 5 ms)"
+        reader = asyncio.create_task(read())
+        for i in range(count):
+            r = request(i, utcnow(), "lat")
+            sent_at[r.trigger_id] = time.perf_counter()
+            await (await producer.send(names.defer(), key=r.trigger_id.encode(), value=encode(r)))
+            await asyncio.sleep(1 / rate)
+        await asyncio.wait_for(reader, 60)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    return sorted(latencies)
+
+
+def latency_quantiles(latencies: Sequence[float]) -> tuple[float, float]:
+    """p50 and p99 of sorted latencies in seconds, in milliseconds."""
+    return (
+        latencies[len(latencies) // 2] * 1000,
+        latencies[int(len(latencies) * 0.99) - 1] * 1000,
     )
-    return {"latency_p50_ms": p50, "latency_p99_ms": p99}
 
 
 # -- failover: SIGKILL and graceful stop -> triggers running on the survivor ------------------

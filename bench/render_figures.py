@@ -42,6 +42,10 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Airflow trigger classes", ("airflow_triggers.",)),
     ("Airflow bridge", ("bridge.", "writeback.")),
     ("Airflow services", ("services.",)),
+    (
+        "Standing watches, asset watchers and trigger logs",
+        ("watches.", "asset_watchers.", "trigger_logs.", "trigger_log_load."),
+    ),
     ("Console", ("console.",)),
     ("Tracing", ("tracing.",)),
     ("Kafka clients", ("clients.",)),
