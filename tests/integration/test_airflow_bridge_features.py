@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
-from deferline.schemas import DeferRequest, decode_as
+from deferline.schemas import DeferRequest, WatchRequest, decode, decode_as
 from deferline.topics import Settings, TopicNames
 
 from tests._until import until
@@ -96,7 +96,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowDeploym
     try:
         af.start()
         af.wait_for(
-            "SELECT count(*) FROM dag WHERE dag_id LIKE 'features_%' HAVING count(*) = 4",
+            "SELECT count(*) FROM dag WHERE dag_id LIKE 'features_%' HAVING count(*) = 5",
             within=240,
         )
         yield af
@@ -339,7 +339,52 @@ async def test_a_bridge_of_a_team_claims_that_teams_rows_only(
     assert set(await defer_requests(kafka_clients, defer, run_id)) == {"no_team"}
     assert xcom(af, team_dag, run_id, "in_team_x", "return_value") == "fired for in_team_x"
     assert xcom(af, global_dag, run_id, "no_team", "return_value") == "fired for no_team"
+
+    # The team's asset watcher row carries the team and no queue: as with `airflow triggerer`,
+    # only a bridge of the team without --queues claims it, and publishes it on its prefix.
+    [(watcher_team, watcher_queue)] = af.wait_for(
+        "SELECT t.team_name, t.queue FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id "
+        "WHERE w.name = 'team_x_watcher'"
+    )
+    assert (watcher_team, watcher_queue) == (TEAM, None)
+    watchers_prefix = f"{TEAM}-watchers."
+    processes.bridge("bridge-team-watchers", "--team", TEAM, under=watchers_prefix)
+    watchers_defer = TopicNames(processes.prefix(watchers_prefix)).defer()
+
+    async def published() -> list[WatchRequest]:
+        return [
+            r
+            for r in await watch_requests(kafka_clients, watchers_defer)
+            if r.classpath.endswith("FileDeleteTrigger")
+        ]
+
+    await until(published, within=120, what="the team's watcher published by the team's bridge")
+    for other in (team_defer, defer):
+        assert not await watch_requests(kafka_clients, other), f"no watch on {other}"
     assert processes.dead() == []
+
+
+async def watch_requests(clients: KafkaClients, topic: str) -> list[WatchRequest]:
+    """The WatchRequests on ``topic`` now (read from its start to its end offsets)."""
+    consumer = await clients.consumer()
+    await consumer._client.force_metadata_update()
+    partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    found: list[WatchRequest] = []
+    if not partitions:  # the topic not made yet
+        await consumer.stop()
+        return found
+    consumer.assign(partitions)
+    await consumer.seek_to_beginning(*partitions)
+    ends = await consumer.end_offsets(partitions)
+    while any([await consumer.position(tp) < end for tp, end in ends.items()]):
+        batches = await consumer.getmany(*partitions, timeout_ms=500)
+        for message in (m for ms in batches.values() for m in ms):
+            if message.value is not None:
+                record = decode(message.value)
+                if isinstance(record, WatchRequest):
+                    found.append(record)
+    await consumer.stop()
+    return found
 
 
 async def test_a_bridge_refuses_what_airflow_triggerer_refuses(airflow: AirflowDeployment) -> None:
