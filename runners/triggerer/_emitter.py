@@ -28,8 +28,9 @@ lane, whose partition it no longer is.
 **Source offsets.** An emission read from a Kafka record (``source``, a standing watch's
 :class:`~deferline.engine.SourcePosition`) commits the record's offset for its consumer group:
 inside the transaction (``send_offsets_to_transaction``), or, without one, through
-``source_offsets`` once every record of the emission is acked. Its trigger reads from those
-offsets when it starts again, so a record is read again only if its event may not be out.
+``source_offsets`` once the emission and every earlier one of its source partition are done.
+Its trigger reads from those offsets when it starts again, so a record is read again only if
+its event may not be out.
 """
 
 from __future__ import annotations
@@ -108,10 +109,12 @@ class TransactionalProducer(Producer, Protocol):
 
 
 class SourceCommits(Protocol):
-    """Where the source offsets of emissions outside transactions go once they are acked
-    (:class:`~._source_offsets.SourceOffsets`)."""
+    """Where the source offsets of emissions outside transactions go: each one submitted,
+    then done (acked, or given up) (:class:`~._source_offsets.SourceOffsets`)."""
 
-    def acked(self, source: SourcePosition) -> None: ...
+    def submitted(self, source: SourcePosition) -> None: ...
+
+    def done(self, source: SourcePosition) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +251,8 @@ class Emitter:
         if bound is not None and not self._full and self._outstanding >= bound:
             self._set_full(True)
         self._idle.clear()
+        if emission.source is not None and emission.owner is None and self._source_offsets:
+            self._source_offsets.submitted(emission.source)
         if emission.owner is not None:
             owner = self._owners.get(emission.owner)
             if owner is None or owner.fenced:  # gone: its next owner runs the trigger again
@@ -375,10 +380,16 @@ class Emitter:
         if self._outstanding == 0:
             self._idle.set()
 
-    def _finish(self, emission: Emission) -> None:
+    def _source_done(self, emission: Emission) -> None:
+        """An emission outside transactions left the emitter: its source offset may be
+        committed once every earlier one of its partition is done too (in a transaction it
+        is committed with the records)."""
         source = emission.source
         if source is not None and emission.owner is None and self._source_offsets is not None:
-            self._source_offsets.acked(source)  # in a transaction, committed with it
+            self._source_offsets.done(source)
+
+    def _finish(self, emission: Emission) -> None:
+        self._source_done(emission)
         if emission.on_done is not None:
             try:
                 emission.on_done()
@@ -643,6 +654,7 @@ class Emitter:
                     emission.on_failed(error)
                 except Exception:
                     logger.exception("emission failure callback failed")
+            self._source_done(emission)  # its replacement (on_failed) stands for it
             self._done()
             return False
         level = logging.WARNING if emission.attempts < 5 else logging.ERROR

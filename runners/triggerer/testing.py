@@ -18,6 +18,7 @@ from ._partition_book import PartitionBook, Verdict
 from ._partition_table import ActiveTriggerTable, TableChanges
 from ._rebuild import RebuildReader, start_folded
 from ._rebuild_plan import RebuildPlan, Span
+from ._source_offsets import SourceOffsets
 from ._transactions import transactional_id
 from ._trigger_logs import TriggerLogCapture
 from ._trigger_logs import batches as trigger_log_batches
@@ -44,6 +45,7 @@ __all__ = [
     "RebuildReader",
     "RocksCheckpointStore",
     "Send",
+    "SourceOffsets",
     "Span",
     "StartTrigger",
     "TableChanges",

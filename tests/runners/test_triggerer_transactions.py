@@ -195,19 +195,22 @@ async def test_a_sourced_events_offset_commits_in_its_transaction_and_not_when_a
     assert [r.key for r in committed(kafka)] == [b"a", b"b"]
 
 
-async def test_outside_transactions_a_sourced_offset_is_handed_over_once_acked() -> None:
+async def test_outside_transactions_a_sourced_offset_is_done_once_acked() -> None:
     kafka = FakeKafka(partitions=8)
-    acked: list[SourcePosition] = []
+    seen: list[tuple[str, int]] = []
 
     class Sources:
-        def acked(self, source: SourcePosition) -> None:
+        def submitted(self, source: SourcePosition) -> None:
+            seen.append(("submitted", source.offset))
+
+        def done(self, source: SourcePosition) -> None:
             assert [r.key for r in kafka.records()] == [b"a"], "after its event"
-            acked.append(source)
+            seen.append(("done", source.offset))
 
     async with Emitter(FakeProducer(kafka), source_offsets=Sources()) as emitter:
         emitter.submit(sourced(b"a", 7, owner=None))
         assert await emitter.flush(5)
-    assert acked == [SourcePosition("orders-watch", "orders", 1, 7)]
+    assert seen == [("submitted", 7), ("done", 7)]
     assert kafka.offset_commits("orders-watch") == []
 
 
