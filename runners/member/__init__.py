@@ -1,10 +1,12 @@
 """What every member of a partitioned consumer group shares, triggerer or scheduler: the
-sticky assignor, a partition's lifecycle, what an assignment changes, how long a fetch may
-wait on the broker, and the local database a partition's checkpoint lives in."""
+sticky assignor, the rebalance listener that drives a role's partition processor, a
+partition's lifecycle, what an assignment changes, how long a fetch may wait on the broker,
+and the local database a partition's checkpoint lives in."""
 
 from ._assignment import AssignmentDiff, diff_assignment
 from ._fetch_wait import LONG_POLL_MS, SHORT_WAIT_MS, answers_fetches_early, choose_fetch_wait
 from ._lifecycle import MOVES, IllegalPartitionMove, PartitionPhase, moved
+from ._listener import MemberListener, PartitionProcessor
 from ._partition_db import (
     ROW_PREFIX,
     MemoryPartitionDatabase,
@@ -20,9 +22,11 @@ __all__ = [
     "SHORT_WAIT_MS",
     "AssignmentDiff",
     "IllegalPartitionMove",
+    "MemberListener",
     "MemoryPartitionDatabase",
     "PartitionDatabase",
     "PartitionPhase",
+    "PartitionProcessor",
     "RocksPartitionDatabase",
     "StickyAssignor",
     "answers_fetches_early",

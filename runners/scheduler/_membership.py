@@ -1,8 +1,9 @@
 """The scheduler's part in its consumer group: rebalances, taking partitions over, letting
 them go.
 
-:class:`Membership` is the rebalance listener (``on_partitions_revoked`` /
-``on_partitions_assigned``). It moves each partition through :class:`~._ownership.Ownership`
+:class:`Membership` is the scheduler's partition processor (driven by the member core's
+:class:`~deferline.runners.member.MemberListener`: ``quiesce`` at a revocation, ``assign``
+with each generation's partitions). It moves each partition through :class:`~._ownership.Ownership`
 (the one state machine of a partition's lifecycle), adds and drops the partitions'
 writers (:class:`~._writers.PartitionWriters`), takes new partitions over in the background
 (:meth:`Membership._acquire`: fence the previous owner, fold the partition to its end, join
@@ -10,9 +11,8 @@ it to the table, publish what it calls for, read its events), releases partition
 writing, and drops those whose producer was fenced.
 
 It owns the acquisition in progress and the reader acquisitions fold with, whether it is
-closing, the takeover figures, and the generations noted in the sticky assignor. The
-clients it uses (the group member, the tasks reader, the pools channel) are
-:class:`~._clients.SchedulerClients`'.
+closing, and the takeover figures. The clients it uses (the group member, the tasks reader,
+the pools channel) are :class:`~._clients.SchedulerClients`'.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from deferline.schemas import DeadLetter
 from deferline.topics import Settings, TopicNames, start_client, stop_client
 
-from .._aiokafka import client_of, group_generation, request_rejoin
+from .._aiokafka import client_of, request_rejoin
 from .._local_state import CheckpointError
-from ..member import PartitionPhase, StickyAssignor
+from ..member import PartitionPhase
 from ._admission import LEDGER_PARTITION
 from ._checkpoint import Checkpoints
 from ._checkpointer import Checkpointer
@@ -49,8 +49,9 @@ logger = logging.getLogger(__name__)
 TAKEOVER_FETCH_WAIT_MS = 20
 
 
-class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Rebalances and partition takeover.
+class Membership:
+    """Rebalances and partition takeover: the scheduler's
+    :class:`~deferline.runners.member.PartitionProcessor`.
 
     Args:
         settings: connection and topic layout.
@@ -63,7 +64,6 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         checkpoints: the local checkpoints, if any.
         checkpointer: checkpoints at a revocation.
         clients: the group member, the tasks reader and the pools channel, once connected.
-        assignor: the sticky assignor; told each generation.
         standby: the standby tables of the partitions not owned, if kept.
         max_records: most records folded per fetch.
         dead: the dead letter of an unreadable record.
@@ -85,7 +85,6 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         checkpoints: Checkpoints | None,
         checkpointer: Checkpointer,
         clients: SchedulerClients,
-        assignor: StickyAssignor,
         standby: Standby | None,
         max_records: int,
         dead: Callable[[object, str], DeadLetter],
@@ -104,7 +103,6 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.checkpoints = checkpoints
         self.checkpointer = checkpointer
         self.clients = clients
-        self.assignor = assignor
         self.standby = standby
         self.max_records = max_records
         self.takeovers = 0  # partitions acquired
@@ -133,9 +131,10 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     # -- rebalances -------------------------------------------------------------------------
 
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def quiesce(self, partitions: frozenset[int]) -> None:
         """Stop writing for every partition (before anything awaits), abandon an acquisition
-        in progress, let the batches in flight settle, commit, checkpoint."""
+        in progress, let the batches in flight settle, commit, checkpoint. (Every one: which
+        stay is the next assignment's to say, whichever were revoked.)"""
         if self._closing:
             return
         acquisition = self._acquisition
@@ -160,16 +159,18 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         if self.clients.reader is not None:
             await self.checkpointer.now(self.clients.reader)
 
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+    def quiesce_cut_short(self, partitions: frozenset[int]) -> None:
+        """Never called: the scheduler's revocation is not bounded (its listener has no
+        ``within``)."""
+
+    async def assign(self, generation: int, partitions: frozenset[int]) -> None:
         """Kept partitions write again at once, gone ones are dropped, new ones are taken
         over in the background (paused until then)."""
         events = self.clients.events
         if events is None or self._closing:
             return
-        generation = group_generation(events)
-        self.assignor.note_generation(generation)
         self.rebalances += 1
-        mine = {tp.partition for tp in assigned if tp.topic == self.names.task_events}
+        mine = set(partitions)
         async with self.writers.lock:
             change = self.ownership.assign(mine)
             for p in change.kept:

@@ -75,7 +75,7 @@ from deferline.topics import (
 from prometheus_client import CollectorRegistry
 
 from .._metrics import MetricsServer
-from ..member import PartitionPhase, StickyAssignor
+from ..member import MemberListener, PartitionPhase, StickyAssignor
 from ._admission import LedgerPoolAdmission
 from ._checkpoint import Checkpoints
 from ._checkpointer import Checkpointer
@@ -200,7 +200,7 @@ class Scheduler(Lifecycle):
             interval=orphan_check_interval,
             finished_retention=finished_retention,
         )
-        assignor = StickyAssignor()
+        self._assignor = assignor = StickyAssignor()
         self.clients = SchedulerClients(
             settings,
             group_id=self.group_id,
@@ -235,7 +235,6 @@ class Scheduler(Lifecycle):
             checkpoints=self.checkpoints,
             checkpointer=self.checkpointer,
             clients=self.clients,
-            assignor=assignor,
             standby=self.standby,
             max_records=max_records,
             dead=self._dead,
@@ -500,7 +499,13 @@ class Scheduler(Lifecycle):
                     )
                     await self.standby.warm(everything, later=restorable)
                     group.create_task(self.standby.run(), name="scheduler-standby")
-                events.subscribe([self.names.task_events], listener=self.membership)
+                listener = MemberListener(
+                    self.membership,
+                    consumer=events,
+                    topic=self.names.task_events,
+                    assignor=self._assignor,
+                )
+                events.subscribe([self.names.task_events], listener=listener)
                 group.create_task(self.intake.run(events), name="scheduler-events")
                 group.create_task(self._tasks_loop(reader), name="scheduler-tasks")
                 group.create_task(

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 from deferline.engine import TriggerOutcome, TriggerSupervisor
@@ -68,13 +68,12 @@ from deferline.topics import (
 )
 
 from .._aiokafka import (
-    group_generation,
     join_once,
     leave_from_generation_zero,
     request_rejoin,
     set_fetch_wait,
 )
-from ..member import SHORT_WAIT_MS, StickyAssignor, diff_assignment
+from ..member import SHORT_WAIT_MS, MemberListener, StickyAssignor, diff_assignment
 from ._backpressure import FetchGate
 from ._checkpoint import CheckpointStore
 from ._checkpointer import Checkpointer
@@ -294,7 +293,15 @@ class TriggerLane:
         await start_client(self._consumer, grace=5.0, name="lane consumer")
         leave_from_generation_zero(self._consumer)
         join_once(self._consumer)
-        self._consumer.subscribe([self.defer_topic], listener=_Listener(self, rebalance_ms / 2000))
+        listener = MemberListener(
+            self,
+            consumer=self._consumer,
+            topic=self.defer_topic,
+            assignor=self._assignor,
+            within=rebalance_ms / 2000,
+            log=self._log,
+        )
+        self._consumer.subscribe([self.defer_topic], listener=listener)
         logger.info(
             "triggerer lane joining group",
             extra=self._log(
@@ -405,7 +412,7 @@ class TriggerLane:
 
     # -- rebalances -----------------------------------------------------------------------------
 
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def quiesce(self, partitions: frozenset[int]) -> None:
         """Quiesce the revoked partitions: stop emitting, flush, checkpoint and commit.
 
         Nothing is cancelled: the next assignment tells which partitions stay here. Every
@@ -416,7 +423,7 @@ class TriggerLane:
         await self._cancel_rebuild()
         self._rebalances.revoked()
         now = time.monotonic()
-        parts = self._owned_among(revoked)
+        parts = self._owned_among(partitions)
         quiet = [p for p in parts if p.ready]
         for part in quiet:
             part.book.quiesce(now)
@@ -435,7 +442,7 @@ class TriggerLane:
             ),
         )
 
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+    async def assign(self, generation: int, partitions: frozenset[int]) -> None:
         """Resume kept partitions, cancel lost ones, rebuild new ones in the background.
 
         aiokafka sends no heartbeats while this callback runs, so the long parts (reading
@@ -449,10 +456,7 @@ class TriggerLane:
             # it over once this member has left.
             return
         now = time.monotonic()
-        generation = group_generation(consumer)
-        self._assignor.note_generation(generation)
-        mine = {tp.partition for tp in assigned if tp.topic == self.defer_topic}
-        change = diff_assignment(self._parts, mine)
+        change = diff_assignment(self._parts, partitions)
         kept = [self._parts[n] for n in change.kept]
         lost = [self._parts[n] for n in change.released]
         new = [TopicPartition(self.defer_topic, n) for n in change.acquired]
@@ -511,18 +515,14 @@ class TriggerLane:
         self.bootstrapped.clear()
         self._rebuild = asyncio.create_task(self._rebuild_guarded(parts), name="rebuild")
 
-    def lose_unready(self, revoked: set[TopicPartition]) -> None:
+    def quiesce_cut_short(self, partitions: frozenset[int]) -> None:
         """After a revocation cut short: the revoked partitions that were not ready (their
         rebuild or release interrupted) are lost here, so the next assignment rebuilds them
         rather than keep them half-built. Ready ones stay: kept, they resume; else lost."""
-        self._lose([p for p in self._owned_among(revoked) if not p.ready])
+        self._lose([p for p in self._owned_among(partitions) if not p.ready])
 
-    def _owned_among(self, partitions: Iterable[TopicPartition]) -> list[OwnedPartition]:
-        return [
-            part
-            for tp in partitions
-            if tp.topic == self.defer_topic and (part := self._parts.get(tp.partition)) is not None
-        ]
+    def _owned_among(self, partitions: Iterable[int]) -> list[OwnedPartition]:
+        return [part for n in partitions if (part := self._parts.get(n)) is not None]
 
     def _lose(self, parts: list[OwnedPartition]) -> int:
         """``parts`` are gone now; their triggers are cancelled in the background, without
@@ -771,33 +771,3 @@ class TriggerLane:
     def owned(self) -> list[int]:
         """Numbers of the owned partitions."""
         return sorted(self._parts)
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Rebalance callbacks of one lane, as aiokafka's listener object.
-
-    aiokafka rejoins only once the revocation callback returns, and the whole group waits
-    for that rejoin (up to the rebalance timeout, then without this member): so the
-    quiesce is bounded by ``within`` seconds. Cut short, it has already stopped emitting
-    for the revoked partitions (its first step); what it did not flush, checkpoint or
-    commit the next owner redoes from the topics.
-    """
-
-    def __init__(self, lane: TriggerLane, within: float) -> None:
-        self._lane = lane
-        self._within = within
-
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        revoked = set(revoked)
-        try:
-            await asyncio.wait_for(self._lane.on_partitions_revoked(revoked), self._within)
-        except TimeoutError:
-            logger.error(
-                "revocation not quiesced within %.0f s; rejoining the group anyway",
-                self._within,
-                extra=self._lane._log(),
-            )
-            self._lane.lose_unready(revoked)
-
-    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        await self._lane.on_partitions_assigned(set(assigned))

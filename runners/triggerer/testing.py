@@ -11,7 +11,6 @@ from ._emitter import Emission, Emitter, Send, source_offsets
 from ._events import EventEncoder, encode_event, request_fields
 from ._input import BadRecord, CancelTrigger, StartTrigger, interpret
 from ._lane import RebalanceSummary, TriggerLane, TriggerRef
-from ._lane import _Listener as Listener
 from ._lane_types import LaneOptions, OwnedPartition
 from ._metrics import TriggererMetrics
 from ._partition_book import PartitionBook, Verdict
@@ -36,7 +35,6 @@ __all__ = [
     "Emitter",
     "EventEncoder",
     "LaneOptions",
-    "Listener",
     "MemoryCheckpointStore",
     "OwnedPartition",
     "PartitionBook",

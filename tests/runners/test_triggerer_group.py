@@ -1,20 +1,17 @@
-"""A lane in its consumer group: one JoinGroup per join (aiokafka corrected), a bounded quiesce."""
+"""A lane in its consumer group: one JoinGroup per join (aiokafka corrected)."""
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
-import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import UnknownMemberIdError
 from aiokafka.protocol.group import JoinGroupRequest
 from deferline.runners.member import StickyAssignor
 from deferline.runners.testing import join_once
-from deferline.runners.triggerer.testing import Listener, TriggerLane
 
 
 class _Subscription:
@@ -95,38 +92,3 @@ async def test_other_requests_go_out_unchanged() -> None:
 
     assert coordinator.sent == [request]
     assert answer.error_code == UnknownMemberIdError.errno
-
-
-class _StuckLane:
-    """A lane whose quiesce never ends (e.g. awaiting something that cannot finish)."""
-
-    def __init__(self) -> None:
-        self.dropped: list[set[TopicPartition]] = []
-        self.cancelled = False
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled = True
-            raise
-
-    def lose_unready(self, revoked: set[TopicPartition]) -> None:
-        self.dropped.append(revoked)
-
-    def _log(self) -> dict[str, Any]:
-        return {}
-
-
-async def test_a_revocation_that_does_not_end_is_cut_short_so_the_member_rejoins(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    lane = _StuckLane()
-    listener = Listener(cast(TriggerLane, lane), within=0.05)
-    revoked = {TopicPartition("deferline.defer", 3)}
-
-    await listener.on_partitions_revoked(revoked)
-
-    assert lane.cancelled
-    assert lane.dropped == [revoked]
-    assert "not quiesced within" in caplog.text

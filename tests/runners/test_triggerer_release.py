@@ -110,7 +110,7 @@ async def test_an_outcome_of_a_partition_lost_and_won_back_is_not_emitted() -> N
     new owner's rebuild runs the trigger again, so the old copy's outcome is dropped."""
     emitter = FiringEmitter()
     lane, old_ref = make_lane(emitter)
-    await lane.on_partitions_revoked({TopicPartition(lane.defer_topic, 0)})
+    await lane.quiesce(frozenset({0}))
     lane._lose([lane._parts[0]])  # the assignment said: lost
     await lane._await_losing()
     won_back = OwnedPartition(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from aiokafka import TopicPartition
 from deferline.engine import TriggerSupervisor
 from deferline.runners.triggerer.testing import (
     LaneOptions,
@@ -52,7 +51,7 @@ async def test_an_assignment_arriving_during_release_starts_no_rebuild() -> None
     await lane.release_all()
     consumer = lane._consumer
     assert isinstance(consumer, FakeConsumer)
-    await lane.on_partitions_assigned({TopicPartition(lane.defer_topic, 3)})
+    await lane.assign(2, frozenset({3}))
     assert lane._rebuild is None, "a rebuild was started while shutting down"
     assert lane.owned == []
     assert journal == []

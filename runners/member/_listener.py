@@ -1,0 +1,93 @@
+"""How a member hears of the group's moves: one rebalance listener for every role.
+
+aiokafka calls a listener's two callbacks around each rebalance. What is the same for a
+triggerer lane and a scheduler lives here: which of the revoked or assigned partitions are of
+the member's topic, the generation the member joined (noted for the sticky assignor's next
+join), and a bound on the revocation. What each role does with its partitions is its
+:class:`PartitionProcessor`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+from .._aiokafka import group_generation
+from ._sticky_assignor import StickyAssignor
+
+__all__ = ["MemberListener", "PartitionProcessor"]
+
+logger = logging.getLogger(__name__)
+
+
+class PartitionProcessor(Protocol):
+    """What a member does with the partitions of its topic as the group moves them."""
+
+    async def quiesce(self, partitions: frozenset[int]) -> None:
+        """The group is rebalancing and these partitions were this member's: stop writing for
+        them and settle what is in flight (the next assignment says which stay)."""
+
+    def quiesce_cut_short(self, partitions: frozenset[int]) -> None:
+        """:meth:`quiesce` did not end in time and was cancelled (the member rejoins now)."""
+
+    async def assign(self, generation: int, partitions: frozenset[int]) -> None:
+        """The member's partitions in generation ``generation``: keep, release, acquire."""
+
+
+class MemberListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """The rebalance callbacks of one member's consumer, driving its processor.
+
+    Args:
+        processor: what the member does with its partitions.
+        consumer: the member's group consumer (its generation is read at each assignment).
+        topic: the member's topic (others of the consumer's are not the processor's).
+        assignor: told each generation the member joins (the sticky assignor's user data).
+        within: seconds a revocation may take; past it the quiesce is cancelled and the
+            member rejoins (aiokafka rejoins only once the callback returns, and the whole
+            group waits for that rejoin). None: no bound.
+        log: the fields of the member's log lines.
+    """
+
+    def __init__(
+        self,
+        processor: PartitionProcessor,
+        *,
+        consumer: AIOKafkaConsumer,
+        topic: str,
+        assignor: StickyAssignor,
+        within: float | None = None,
+        log: Callable[[], dict[str, Any]] = dict,
+    ) -> None:
+        self._processor = processor
+        self._consumer = consumer
+        self._topic = topic
+        self._assignor = assignor
+        self._within = within
+        self._log = log
+
+    def _mine(self, partitions: Iterable[TopicPartition]) -> frozenset[int]:
+        return frozenset(tp.partition for tp in partitions if tp.topic == self._topic)
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        mine = self._mine(revoked)
+        if self._within is None:
+            await self._processor.quiesce(mine)
+            return
+        try:
+            await asyncio.wait_for(self._processor.quiesce(mine), self._within)
+        except TimeoutError:
+            logger.error(
+                "revocation not quiesced within %.0f s; rejoining the group anyway",
+                self._within,
+                extra=self._log(),
+            )
+            self._processor.quiesce_cut_short(mine)
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        generation = group_generation(self._consumer)
+        self._assignor.note_generation(generation)
+        await self._processor.assign(generation, self._mine(assigned))

@@ -1,0 +1,72 @@
+"""The member core's rebalance listener: what it hands a role's partition processor."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from deferline.runners.member import MemberListener, StickyAssignor
+
+TOPIC = "deferline.defer"
+
+
+class _Processor:
+    """Records what it is told; its quiesce never ends when ``stuck``."""
+
+    def __init__(self, *, stuck: bool = False) -> None:
+        self.stuck = stuck
+        self.calls: list[tuple[str, Any]] = []
+        self.cancelled = False
+
+    async def quiesce(self, partitions: frozenset[int]) -> None:
+        self.calls.append(("quiesce", partitions))
+        if self.stuck:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+
+    def quiesce_cut_short(self, partitions: frozenset[int]) -> None:
+        self.calls.append(("cut short", partitions))
+
+    async def assign(self, generation: int, partitions: frozenset[int]) -> None:
+        self.calls.append(("assign", (generation, partitions)))
+
+
+def listener(processor: _Processor, assignor: StickyAssignor, **options: Any) -> MemberListener:
+    consumer = SimpleNamespace(_coordinator=SimpleNamespace(generation=7))
+    return MemberListener(
+        processor,
+        consumer=cast(AIOKafkaConsumer, consumer),
+        topic=TOPIC,
+        assignor=assignor,
+        **options,
+    )
+
+
+async def test_the_processor_gets_its_topics_partitions_and_the_generation() -> None:
+    processor, assignor = _Processor(), StickyAssignor()
+    member = listener(processor, assignor)
+    other = TopicPartition("another.topic", 1)
+    await member.on_partitions_revoked({TopicPartition(TOPIC, 0), other})
+    await member.on_partitions_assigned({TopicPartition(TOPIC, 2), TopicPartition(TOPIC, 5), other})
+    assert processor.calls == [
+        ("quiesce", frozenset({0})),
+        ("assign", (7, frozenset({2, 5}))),
+    ]
+    assert assignor.generation == 7, "noted for the sticky assignor's next join"
+
+
+async def test_a_revocation_that_does_not_end_is_cut_short_so_the_member_rejoins(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    processor = _Processor(stuck=True)
+    member = listener(processor, StickyAssignor(), within=0.05)
+    await member.on_partitions_revoked({TopicPartition(TOPIC, 3)})
+    assert processor.cancelled
+    assert processor.calls == [("quiesce", frozenset({3})), ("cut short", frozenset({3}))]
+    assert "not quiesced within" in caplog.text
