@@ -10,18 +10,43 @@ internal against the installed aiokafka.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.client import AIOKafkaClient, CoordinationType
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    IllegalGenerationError,
+    KafkaError,
+    UnknownMemberIdError,
+    for_code,
+)
+from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
+from aiokafka.protocol.types import (
+    Boolean,
+    CompactArray,
+    CompactString,
+    Int16,
+    Int32,
+    Int64,
+    Schema,
+    TaggedFields,
+)
 from deferline.schemas import DeferlineError
 
 __all__ = [
     "AiokafkaInternalsError",
+    "FencedByGroup",
+    "GroupMetadata",
+    "UnstableOffsets",
     "client_of",
+    "commit_offsets_with_generation",
+    "fetch_stable_offsets",
     "group_generation",
+    "group_metadata",
     "join_once",
     "leave_from_generation_zero",
     "request_rejoin",
@@ -135,3 +160,306 @@ def join_once(consumer: AIOKafkaConsumer) -> None:
         return await original(request)
 
     coordinator._send_req = send
+
+
+# -- KIP-447: offsets committed in a transaction with the group's generation ----------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMetadata:
+    """A consumer's place in its group, which a transaction's offset commit carries (KIP-447):
+    the group coordinator refuses the commit of a member no longer in the current generation,
+    so a zombie's transaction fails and is aborted."""
+
+    group_id: str
+    generation: int
+    member_id: str
+    group_instance_id: str | None = None
+
+
+def group_metadata(consumer: AIOKafkaConsumer) -> GroupMetadata:
+    """The consumer's group, generation, member id and static instance id, as it joined last."""
+    coordinator = _internal(consumer, "_coordinator")
+    return GroupMetadata(
+        group_id=str(_internal(coordinator, "group_id")),
+        generation=int(_internal(coordinator, "generation")),
+        member_id=str(_internal(coordinator, "member_id")),
+        group_instance_id=_internal(coordinator, "_group_instance_id"),
+    )
+
+
+class FencedByGroup(DeferlineError):
+    """The group coordinator refused a transaction's offsets: the member is no longer in the
+    generation it committed for (a rebalance went on without it). Abort the transaction."""
+
+
+class UnstableOffsets(DeferlineError):
+    """Offsets of the group are pending in an open transaction (``require_stable``): ask again
+    once it has ended."""
+
+
+# Error codes aiokafka 0.14 has no class for.
+_FENCED_INSTANCE_ID = 82
+_UNSTABLE_OFFSET_COMMIT = 88
+_FENCING = frozenset(
+    {IllegalGenerationError.errno, UnknownMemberIdError.errno, _FENCED_INSTANCE_ID}
+)
+
+
+class _TxnOffsetCommitResponse_v3(Response):  # type: ignore[misc]  # aiokafka is untyped here
+    API_KEY = 28
+    API_VERSION = 3
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "topics",
+            CompactArray(
+                ("name", CompactString("utf-8")),
+                (
+                    "partitions",
+                    CompactArray(
+                        ("partition", Int32), ("error_code", Int16), ("tags", TaggedFields)
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class _TxnOffsetCommitRequest_v3(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
+    FLEXIBLE_VERSION = True
+    API_KEY = 28
+    API_VERSION = 3
+    RESPONSE_TYPE = _TxnOffsetCommitResponse_v3
+    SCHEMA = Schema(
+        ("transactional_id", CompactString("utf-8")),
+        ("group_id", CompactString("utf-8")),
+        ("producer_id", Int64),
+        ("producer_epoch", Int16),
+        ("generation_id", Int32),
+        ("member_id", CompactString("utf-8")),
+        ("group_instance_id", CompactString("utf-8")),
+        (
+            "topics",
+            CompactArray(
+                ("name", CompactString("utf-8")),
+                (
+                    "partitions",
+                    CompactArray(
+                        ("partition", Int32),
+                        ("committed_offset", Int64),
+                        ("committed_leader_epoch", Int32),
+                        ("committed_metadata", CompactString("utf-8")),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class _GenerationTxnOffsetCommit(Request[_TxnOffsetCommitRequest_v3]):  # type: ignore[misc]
+    """TxnOffsetCommit v3 with the group metadata; a broker without it (no KIP-447, before
+    Kafka 2.5) cannot take it (IncompatibleBrokerVersion)."""
+
+    API_KEY = 28
+
+    def __init__(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        member: GroupMetadata,
+        offsets: Mapping[TopicPartition, Any],
+    ) -> None:
+        self._fields = (transactional_id, member.group_id, producer_id, producer_epoch)
+        self._member = member
+        by_topic: dict[str, list[tuple[int, int, int, str, dict[int, bytes]]]] = {}
+        for tp, offset in sorted(offsets.items()):
+            by_topic.setdefault(tp.topic, []).append(
+                (tp.partition, offset.offset, -1, offset.metadata, {})
+            )
+        self._topics: list[tuple[str, list[Any], dict[int, bytes]]] = [
+            (topic, partitions, {}) for topic, partitions in by_topic.items()
+        ]
+
+    def build(
+        self, request_struct_class: type[_TxnOffsetCommitRequest_v3]
+    ) -> _TxnOffsetCommitRequest_v3:
+        member = self._member
+        return request_struct_class(
+            *self._fields,
+            member.generation,
+            member.member_id,
+            member.group_instance_id,
+            self._topics,
+            {},
+        )
+
+
+def commit_offsets_with_generation(
+    producer: AIOKafkaProducer, member: Callable[[], GroupMetadata]
+) -> None:
+    """Make the transactional ``producer`` commit offsets (``send_offsets_to_transaction``)
+    with TxnOffsetCommit v3, carrying ``member()`` (read at each commit) instead of aiokafka's
+    v0, which carries no generation (KIP-447).
+
+    A commit the coordinator refuses for the generation (ILLEGAL_GENERATION,
+    UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID) fails the transaction: ``send_offsets_to_transaction``
+    raises :class:`FencedByGroup`, and the transaction can only be aborted. Other answers are
+    handled as aiokafka handles v0's. Call once, before the producer's first transaction.
+    """
+    sender = _internal(producer, "_sender")
+    txn_manager = _internal(sender, "_txn_manager")
+    find_coordinator = _internal(sender, "_find_coordinator")
+    _internal(sender, "_do_txn_offset_commit")
+    base: Any = _internal(_sender_module(), "TxnOffsetCommitHandler")
+
+    class _Handler(base):  # type: ignore[misc]
+        def create_request(self) -> _GenerationTxnOffsetCommit:
+            return _GenerationTxnOffsetCommit(
+                txn_manager.transactional_id,
+                txn_manager.producer_id,
+                txn_manager.producer_epoch,
+                self._metadata,
+                self._offsets,
+            )
+
+        def handle_response(self, resp: Any) -> Any:
+            fenced = [
+                (topic, partition, code)
+                for topic, partitions, _ in resp.topics
+                for partition, code, _ in partitions
+                if code in _FENCING
+            ]
+            if fenced:
+                topic, partition, code = fenced[0]
+                txn_manager.error_transaction(
+                    FencedByGroup(
+                        f"the group coordinator refused the offsets of {topic}[{partition}] "
+                        f"for generation {self._metadata.generation} (error {code}): this "
+                        "member is no longer in the group's current generation"
+                    )
+                )
+                return None
+            resp.errors = [
+                (topic, [(partition, code) for partition, code, _ in partitions])
+                for topic, partitions, _ in resp.topics
+            ]
+            return super().handle_response(resp)
+
+    async def commit(offsets: Mapping[TopicPartition, Any], group_id: str) -> None:
+        if not offsets:
+            return
+        try:
+            node_id = await find_coordinator(CoordinationType.GROUP, group_id)
+        except GroupAuthorizationFailedError as exc:
+            txn_manager.error_transaction(exc)
+            return
+        handler = _Handler(sender, offsets, group_id)
+        handler._metadata = member()
+        await handler.do(node_id)
+
+    sender._do_txn_offset_commit = commit
+
+
+def _sender_module() -> Any:
+    import aiokafka.producer.sender as module
+
+    return module
+
+
+class _OffsetFetchResponse_v7(Response):  # type: ignore[misc]  # aiokafka is untyped here
+    API_KEY = 9
+    API_VERSION = 7
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "topics",
+            CompactArray(
+                ("name", CompactString("utf-8")),
+                (
+                    "partitions",
+                    CompactArray(
+                        ("partition", Int32),
+                        ("committed_offset", Int64),
+                        ("committed_leader_epoch", Int32),
+                        ("metadata", CompactString("utf-8")),
+                        ("error_code", Int16),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("error_code", Int16),
+        ("tags", TaggedFields),
+    )
+
+
+class _OffsetFetchRequest_v7(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped here
+    FLEXIBLE_VERSION = True
+    API_KEY = 9
+    API_VERSION = 7
+    RESPONSE_TYPE = _OffsetFetchResponse_v7
+    SCHEMA = Schema(
+        ("group_id", CompactString("utf-8")),
+        (
+            "topics",
+            CompactArray(
+                ("name", CompactString("utf-8")),
+                ("partitions", CompactArray(Int32)),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("require_stable", Boolean),
+        ("tags", TaggedFields),
+    )
+
+
+class _StableOffsetFetch(Request[_OffsetFetchRequest_v7]):  # type: ignore[misc]
+    """OffsetFetch v7 with ``require_stable`` (KIP-447; Kafka 2.5+)."""
+
+    API_KEY = 9
+
+    def __init__(self, group_id: str, partitions: Sequence[TopicPartition]) -> None:
+        self._group_id = group_id
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        self._topics: list[tuple[str, list[int], dict[int, bytes]]] = [
+            (topic, sorted(ps), {}) for topic, ps in sorted(by_topic.items())
+        ]
+
+    def build(self, request_struct_class: type[_OffsetFetchRequest_v7]) -> _OffsetFetchRequest_v7:
+        return request_struct_class(self._group_id, self._topics, True, {})
+
+
+async def fetch_stable_offsets(
+    client: AIOKafkaClient, group_id: str, partitions: Sequence[TopicPartition]
+) -> dict[TopicPartition, int | None]:
+    """The committed offsets of ``group_id`` for ``partitions`` (None: none committed), never
+    one an open transaction is still committing: :class:`UnstableOffsets` then (KIP-447's
+    ``require_stable``; a new owner asks again rather than read past a zombie's offsets)."""
+    node_id = await client.coordinator_lookup(CoordinationType.GROUP, group_id)
+    response = await client.send(node_id, _StableOffsetFetch(group_id, partitions))
+    if response.error_code == _UNSTABLE_OFFSET_COMMIT:
+        raise UnstableOffsets(f"offsets of group {group_id} are pending in a transaction")
+    if response.error_code:
+        raise for_code(response.error_code)(f"OffsetFetch of group {group_id}")
+    found: dict[TopicPartition, int | None] = dict.fromkeys(partitions)
+    for topic, topic_partitions, _ in response.topics:
+        for partition, offset, _epoch, _metadata, code, _ in topic_partitions:
+            if code == _UNSTABLE_OFFSET_COMMIT:
+                raise UnstableOffsets(
+                    f"the offset of {topic}[{partition}] for group {group_id} is pending in a "
+                    "transaction"
+                )
+            if code:
+                raise for_code(code)(f"OffsetFetch of {topic}[{partition}]")
+            found[TopicPartition(topic, partition)] = None if offset < 0 else offset
+    return found

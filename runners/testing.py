@@ -2,12 +2,20 @@
 
 from ._aiokafka import (
     AiokafkaInternalsError,
+    FencedByGroup,
+    GroupMetadata,
+    UnstableOffsets,
     client_of,
+    commit_offsets_with_generation,
+    fetch_stable_offsets,
     group_generation,
+    group_metadata,
     join_once,
     leave_from_generation_zero,
     set_fetch_wait,
 )
+from ._aiokafka import _GenerationTxnOffsetCommit as GenerationTxnOffsetCommit
+from ._aiokafka import _StableOffsetFetch as StableOffsetFetch
 from ._broker_cmd import broker
 from ._local_state import CheckpointError, CheckpointInUse
 from ._logging import JsonFormatter, TextFormatter
@@ -23,14 +31,22 @@ __all__ = [
     "CheckpointInUse",
     "ClusterOutageTooLong",
     "ClusterWatch",
+    "FencedByGroup",
+    "GenerationTxnOffsetCommit",
+    "GroupMetadata",
     "JsonFormatter",
     "MetricsServer",
+    "StableOffsetFetch",
     "TextFormatter",
+    "UnstableOffsets",
     "as_json",
     "broker",
     "client_of",
+    "commit_offsets_with_generation",
     "connection_options",
+    "fetch_stable_offsets",
     "group_generation",
+    "group_metadata",
     "is_cluster_loss",
     "join_once",
     "layout_options",

@@ -12,14 +12,18 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.client import AIOKafkaClient
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.protocol.group import JoinGroupRequest
 from deferline.runners.testing import (
     AiokafkaInternalsError,
+    GenerationTxnOffsetCommit,
+    GroupMetadata,
+    StableOffsetFetch,
     client_of,
+    commit_offsets_with_generation,
     group_generation,
     join_once,
     leave_from_generation_zero,
@@ -100,3 +104,43 @@ def test_a_missing_internal_fails_loudly(adjust: Any) -> None:
     args = (20,) if adjust is set_fetch_wait else ()
     with pytest.raises(AiokafkaInternalsError, match="aiokafka changed"):
         adjust(consumer, *args)
+
+
+def test_the_coordinator_keeps_group_and_instance_ids() -> None:
+    for attribute in ("group_id", "_group_instance_id"):
+        assert _assigned_in_init(GroupCoordinator, attribute), attribute
+
+
+async def test_a_transactional_producer_commits_offsets_through_its_sender() -> None:
+    """What ``commit_offsets_with_generation`` replaces and reads: the sender's offset-commit
+    step, its transaction manager and coordinator lookup, aiokafka's v0 handler to extend."""
+    from aiokafka.producer import sender
+
+    producer = AIOKafkaProducer(bootstrap_servers="unused:9092", transactional_id="t")
+    try:
+        commit_offsets_with_generation(producer, lambda: GroupMetadata("g", 3, "m"))
+        assert producer._sender._do_txn_offset_commit.__name__ == "commit"
+        for name in ("transactional_id", "producer_id", "producer_epoch", "error_transaction"):
+            assert hasattr(producer._sender._txn_manager, name), name
+        handler = sender.TxnOffsetCommitHandler
+        assert {"create_request", "handle_response"} <= set(vars(handler)), "overridden"
+        assert "self._offsets = offsets" in inspect.getsource(handler.__init__)
+    finally:
+        await producer.stop()
+
+
+def test_the_kip447_requests_encode_as_their_versions() -> None:
+    """TxnOffsetCommit v3 and OffsetFetch v7: flexible, the versions KIP-447 added the group
+    metadata and ``require_stable`` in."""
+    from aiokafka.structs import OffsetAndMetadata
+
+    tp = TopicPartition("t", 1)
+    commit = GenerationTxnOffsetCommit(
+        "txn", 7, 2, GroupMetadata("g", 3, "m", "i"), {tp: OffsetAndMetadata(5, "")}
+    ).prepare({28: (0, 4)})
+    assert (commit.API_VERSION, commit.FLEXIBLE_VERSION) == (3, True)
+    assert commit.to_object()["generation_id"] == 3
+    fetch = StableOffsetFetch("g", [tp]).prepare({9: (0, 9)})
+    assert (fetch.API_VERSION, fetch.to_object()["require_stable"]) == (7, True)
+    assert isinstance(commit.encode(), bytes)
+    assert isinstance(fetch.encode(), bytes)

@@ -1,0 +1,122 @@
+"""The KIP-447 requests of ``runners/_aiokafka.py``, one contract test each, on Apache Kafka:
+TxnOffsetCommit v3 carrying the group's generation, OffsetFetch v7 with ``require_stable``.
+(Tansu has no transactions: these are Kafka's.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import NewTopic
+from aiokafka.client import AIOKafkaClient
+from deferline.runners.testing import (
+    FencedByGroup,
+    UnstableOffsets,
+    commit_offsets_with_generation,
+    fetch_stable_offsets,
+    group_metadata,
+)
+from deferline.topics import Settings, make_producer, start_client, stop_client
+
+from tests._until import until
+from tests.integration._util import KafkaClients
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka_only, pytest.mark.timeout(120)]
+
+
+async def _member(clients: KafkaClients, topic: str, group: str) -> AIOKafkaConsumer:
+    """A consumer of ``group`` subscribed to ``topic``, once it has its partitions."""
+    consumer = await clients.consumer(group_id=group, enable_auto_commit=False)
+    consumer.subscribe([topic])
+
+    async def assigned() -> bool:
+        await consumer.getmany(timeout_ms=100)
+        return bool(consumer.assignment())
+
+    await until(assigned, within=60, what="the member's assignment")
+    return consumer
+
+
+async def _stable(
+    client: AIOKafkaClient, group: str, partitions: list[TopicPartition]
+) -> dict[TopicPartition, int | None]:
+    """The group's offsets once no transaction is committing them (the markers of one that
+    just committed are still being written: asked again until then)."""
+    found: dict[TopicPartition, int | None] = {}
+
+    async def stable() -> bool:
+        try:
+            found.update(await fetch_stable_offsets(client, group, partitions))
+        except UnstableOffsets:
+            return False
+        return True
+
+    await until(stable, within=30, interval=0.05, what="stable offsets")
+    return found
+
+
+async def _setup(settings: Settings, clients: KafkaClients) -> tuple[str, str, TopicPartition]:
+    topic, group = f"{settings.topic_prefix}in", f"{settings.topic_prefix}g"
+    admin = await clients.admin()
+    await admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
+    return topic, group, TopicPartition(topic, 0)
+
+
+async def test_a_transactions_offsets_carry_the_generation_and_a_stale_one_is_refused(
+    settings: Settings, kafka_clients: KafkaClients
+) -> None:
+    topic, group, tp = await _setup(settings, kafka_clients)
+    consumer = await _member(kafka_clients, topic, group)
+    current = group_metadata(consumer)
+    assert current.generation >= 1
+    assert current.member_id
+    stale = dataclasses.replace(current, generation=current.generation - 1)
+    member = [current]
+    producer = make_producer(settings, transactional_id=f"{group}.t", enable_idempotence=True)
+    commit_offsets_with_generation(producer, lambda: member[0])
+    await start_client(producer, grace=5.0, name="test producer")
+    try:
+        # In the current generation: committed with the transaction.
+        await producer.begin_transaction()
+        await producer.send_offsets_to_transaction({tp: 5}, group)
+        await producer.commit_transaction()
+        assert await _stable(producer.client, group, [tp]) == {tp: 5}
+
+        # A zombie's (an older generation): refused, the transaction aborted, nothing moved.
+        member[0] = stale
+        await producer.begin_transaction()
+        with pytest.raises(FencedByGroup, match="no longer in the group's current generation"):
+            await producer.send_offsets_to_transaction({tp: 9}, group)
+        await producer.abort_transaction()
+        assert await _stable(producer.client, group, [tp]) == {tp: 5}
+    finally:
+        await stop_client(producer, grace=5.0, name="test producer")
+
+
+async def test_offsets_pending_in_an_open_transaction_are_not_read_as_committed(
+    settings: Settings, kafka_clients: KafkaClients
+) -> None:
+    topic, group, tp = await _setup(settings, kafka_clients)
+    consumer = await _member(kafka_clients, topic, group)
+    member = group_metadata(consumer)
+    producer = make_producer(settings, transactional_id=f"{group}.t", enable_idempotence=True)
+    commit_offsets_with_generation(producer, lambda: member)
+    await start_client(producer, grace=5.0, name="test producer")
+    try:
+        other = TopicPartition(topic, 1)
+        assert await fetch_stable_offsets(producer.client, group, [tp, other]) == {
+            tp: None,
+            other: None,
+        }
+        await producer.begin_transaction()
+        await producer.send_offsets_to_transaction({tp: 3}, group)
+        with pytest.raises(UnstableOffsets):  # a new owner would wait, not read past it
+            await fetch_stable_offsets(producer.client, group, [tp])
+        await producer.commit_transaction()
+        assert await _stable(producer.client, group, [tp, other]) == {
+            tp: 3,
+            other: None,
+        }
+    finally:
+        await stop_client(producer, grace=5.0, name="test producer")
