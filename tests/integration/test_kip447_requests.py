@@ -4,14 +4,17 @@ TxnOffsetCommit v3 carrying the group's generation, OffsetFetch v7 with ``requir
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator, Callable
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewTopic
 from aiokafka.client import AIOKafkaClient
 from deferline.runners.testing import (
     FencedByGroup,
+    GroupMetadata,
     UnstableOffsets,
     commit_offsets_with_generation,
     fetch_stable_offsets,
@@ -56,6 +59,20 @@ async def _stable(
     return found
 
 
+@contextlib.asynccontextmanager
+async def _transactional(
+    settings: Settings, group: str, member: Callable[[], GroupMetadata]
+) -> AsyncIterator[AIOKafkaProducer]:
+    """A started transactional producer committing offsets with ``member()``'s generation."""
+    producer = make_producer(settings, transactional_id=f"{group}.t", enable_idempotence=True)
+    commit_offsets_with_generation(producer, member)
+    await start_client(producer, grace=5.0, name="test producer")
+    try:
+        yield producer
+    finally:
+        await stop_client(producer, grace=5.0, name="test producer")
+
+
 async def _setup(settings: Settings, clients: KafkaClients) -> tuple[str, str, TopicPartition]:
     topic, group = f"{settings.topic_prefix}in", f"{settings.topic_prefix}g"
     admin = await clients.admin()
@@ -73,10 +90,7 @@ async def test_a_transactions_offsets_carry_the_generation_and_a_stale_one_is_re
     assert current.member_id
     stale = dataclasses.replace(current, generation=current.generation - 1)
     member = [current]
-    producer = make_producer(settings, transactional_id=f"{group}.t", enable_idempotence=True)
-    commit_offsets_with_generation(producer, lambda: member[0])
-    await start_client(producer, grace=5.0, name="test producer")
-    try:
+    async with _transactional(settings, group, lambda: member[0]) as producer:
         # In the current generation: committed with the transaction.
         await producer.begin_transaction()
         await producer.send_offsets_to_transaction({tp: 5}, group)
@@ -90,8 +104,6 @@ async def test_a_transactions_offsets_carry_the_generation_and_a_stale_one_is_re
             await producer.send_offsets_to_transaction({tp: 9}, group)
         await producer.abort_transaction()
         assert await _stable(producer.client, group, [tp]) == {tp: 5}
-    finally:
-        await stop_client(producer, grace=5.0, name="test producer")
 
 
 async def test_offsets_pending_in_an_open_transaction_are_not_read_as_committed(
@@ -100,10 +112,7 @@ async def test_offsets_pending_in_an_open_transaction_are_not_read_as_committed(
     topic, group, tp = await _setup(settings, kafka_clients)
     consumer = await _member(kafka_clients, topic, group)
     member = group_metadata(consumer)
-    producer = make_producer(settings, transactional_id=f"{group}.t", enable_idempotence=True)
-    commit_offsets_with_generation(producer, lambda: member)
-    await start_client(producer, grace=5.0, name="test producer")
-    try:
+    async with _transactional(settings, group, lambda: member) as producer:
         other = TopicPartition(topic, 1)
         assert await fetch_stable_offsets(producer.client, group, [tp, other]) == {
             tp: None,
@@ -118,5 +127,3 @@ async def test_offsets_pending_in_an_open_transaction_are_not_read_as_committed(
             tp: 3,
             other: None,
         }
-    finally:
-        await stop_client(producer, grace=5.0, name="test producer")
