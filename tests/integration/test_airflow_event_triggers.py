@@ -117,8 +117,19 @@ async def drop_and_see(af: AirflowDeployment, inbox: Path, number: int) -> None:
     assert not (inbox / "flag").exists()
 
 
-async def watch_events(clients: KafkaClients, topic: str) -> list[WatchEvent]:
-    """The WatchEvents on ``topic`` now (read from its start to its end)."""
+def watcher_prefix(af: AirflowDeployment, name: str) -> str:
+    """The start of the trigger ids the bridge gives the row of asset watcher ``name``
+    (``airflow-<row id>-``): the module's other watchers publish on the same topics."""
+    [(row,)] = af.wait_for(
+        "SELECT t.id FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id WHERE w.name = ?",
+        name,
+    )
+    return f"airflow-{row}-"
+
+
+async def watch_events(clients: KafkaClients, topic: str, of: str = "") -> list[WatchEvent]:
+    """The WatchEvents on ``topic`` now (read from its start to its end), of the trigger ids
+    starting with ``of``."""
     consumer = await clients.consumer()
     await consumer._client.force_metadata_update()
     partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
@@ -130,7 +141,7 @@ async def watch_events(clients: KafkaClients, topic: str) -> list[WatchEvent]:
         batches = await consumer.getmany(*partitions, timeout_ms=500)
         for message in (m for ms in batches.values() for m in ms):
             record = decode(message.value) if message.value is not None else None
-            if isinstance(record, WatchEvent):
+            if isinstance(record, WatchEvent) and record.trigger_id.startswith(of):
                 found.append(record)
     await consumer.stop()
     return found
@@ -145,6 +156,7 @@ async def test_each_file_is_one_asset_event_and_one_run_through_kills_and_a_repl
 ) -> None:
     af = airflow
     resume = TopicNames(settings.topic_prefix).resume()
+    inbox_watch = watcher_prefix(af, "inbox_watcher")
     first = processes.bridge("bridge-1")
     triggerers = [processes.triggerer(name, *FAILOVER_FLAGS) for name in ("t1", "t2")]
     await until(
@@ -166,7 +178,10 @@ async def test_each_file_is_one_asset_event_and_one_run_through_kills_and_a_repl
     (inbox / ".flag").write_text("4")
     (inbox / ".flag").rename(inbox / "flag")
     await until(
-        lambda: _count(kafka_clients, resume, 4), within=120, interval=0.5, what="event 4 out"
+        lambda: _count(kafka_clients, resume, 4, inbox_watch),
+        within=120,
+        interval=0.5,
+        what="event 4 out",
     )
     assert counts(af) == (3, 3), "the frozen bridge applied nothing"
     first.proc.send_signal(signal.SIGKILL)
@@ -192,7 +207,7 @@ async def test_each_file_is_one_asset_event_and_one_run_through_kills_and_a_repl
     )
     assert counts(af) == (5, 5)
 
-    events = await watch_events(kafka_clients, resume)
+    events = await watch_events(kafka_clients, resume, inbox_watch)
     assert [e.status for e in events] == ["fired"] * 5
     assert len({e.event_id for e in events}) == 5
     mine = {e.trigger_id for e in events}
@@ -211,9 +226,9 @@ async def test_each_file_is_one_asset_event_and_one_run_through_kills_and_a_repl
     )
 
 
-def _count(clients: KafkaClients, topic: str, wanted: int) -> object:
+def _count(clients: KafkaClients, topic: str, wanted: int, of: str) -> object:
     async def check() -> bool:
-        return len(await watch_events(clients, topic)) >= wanted
+        return len(await watch_events(clients, topic, of)) >= wanted
 
     return check()
 
@@ -299,10 +314,7 @@ async def test_a_kafka_topic_watcher_makes_each_message_one_asset_event_through_
     admin = await kafka_clients.admin()
     with contextlib.suppress(TopicAlreadyExistsError):  # a run of another test asked first
         await admin.create_topics([NewTopic(orders_topic, num_partitions=3, replication_factor=1)])
-    [(row,)] = af.wait_for(
-        "SELECT t.id FROM trigger t JOIN asset_watcher w ON w.trigger_id = t.id "
-        "WHERE w.name = 'orders_watcher'"
-    )
+    watching = watcher_prefix(af, "orders_watcher")
     producer = await kafka_clients.producer()
 
     async def orders(numbers: range) -> None:
@@ -328,15 +340,10 @@ async def test_a_kafka_topic_watcher_makes_each_message_one_asset_event_through_
         interval=0.3,
         what=lambda: f"asset events coming (now {count()})",
     )
-    watching = f"airflow-{row}-"
     resume = TopicNames(settings.topic_prefix).resume()
 
     async def mine() -> list[WatchEvent]:
-        return [
-            e
-            for e in await watch_events(kafka_clients, resume)
-            if e.trigger_id.startswith(watching)
-        ]
+        return await watch_events(kafka_clients, resume, watching)
 
     owner = triggerers[str((await mine())[-1].member)]  # the member running the watch now
     owner.proc.send_signal(signal.SIGKILL)
