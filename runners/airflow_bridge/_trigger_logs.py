@@ -19,6 +19,7 @@ file of its new job id.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import logging
 import os
@@ -133,7 +134,7 @@ def upload_to_remote(relative_path: str) -> bool:
     does when a trigger ends; False when no remote handler is configured (or Airflow 2.10,
     whose triggerer uploads through its logging handlers)."""
     try:
-        sdk_log: Any = __import__("airflow.sdk.log", fromlist=["load_remote_log_handler"])
+        sdk_log: Any = importlib.import_module("airflow.sdk.log")
     except ImportError:
         return False
     handler = sdk_log.load_remote_log_handler()

@@ -6,10 +6,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from deferline.engine import BaseTrigger, TriggerSupervisor
+from deferline.engine import TriggerSupervisor
 from deferline.schemas import (
     DeadLetter,
-    KwargsCipher,
     TaskKey,
     TriggerEventRecord,
     WatchEvent,
@@ -18,7 +17,7 @@ from deferline.schemas import (
 )
 
 from ._event_sink import EventSink
-from ._input import BadRecord, CancelTrigger, StartTrigger, StartWatch, interpret
+from ._input import BadRecord, CancelTrigger, RecordReader, StartTrigger, StartWatch
 from ._lane_types import OutcomeRoute, OwnedPartition, StopTrigger, TriggerRef
 from ._metrics import TriggererMetrics
 from ._rebuild_plan import Record
@@ -44,8 +43,7 @@ class RecordDispatcher:
         supervisor: TriggerSupervisor,
         sink: EventSink,
         watches: Watches,
-        cipher: KwargsCipher | None,
-        allowed: tuple[str, ...],
+        read: RecordReader,
         cancel: StopTrigger,
         metrics: TriggererMetrics,
         log: Callable[..., dict[str, Any]],
@@ -54,8 +52,7 @@ class RecordDispatcher:
         self._supervisor = supervisor
         self._sink = sink
         self._watches = watches
-        self._cipher = cipher
-        self._allowed = allowed
+        self._read = read
         self._cancel = cancel
         self._metrics = metrics
         self._log = log
@@ -63,9 +60,6 @@ class RecordDispatcher:
         self._defer_topic = defer_topic
         self._member = route.member
         self._queue = queue
-        self._classes: dict[str, type[BaseTrigger]] = {}
-        """Trigger classes resolved under ``allowed``, by classpath (a rebuild resolves the
-        same few classpaths for every record)."""
         self.deferrals = metrics.deferrals.labels(queue=self._label)
 
     def apply_live(self, part: OwnedPartition, records: Sequence[Record]) -> None:
@@ -107,9 +101,7 @@ class RecordDispatcher:
 
         True when it is a deferral, for the caller's count (one counter update per batch).
         """
-        decision = interpret(
-            key, value, allowed_prefixes=self._allowed, cipher=self._cipher, classes=self._classes
-        )
+        decision = self._read(key, value)
         if isinstance(decision, StartTrigger):
             assert key is not None
             request = decision.request

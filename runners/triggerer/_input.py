@@ -116,6 +116,22 @@ def _bad(error: BaseException | str, error_type: str | None, value: bytes | None
     )
 
 
+class RecordReader:
+    """Decides what one lane's defer-topic records call for, under its allowed prefixes and
+    kwargs cipher. Owns the cache of the trigger classes it resolved (a rebuild resolves the
+    same few classpaths for every record), shared by everything of the lane that reads."""
+
+    def __init__(self, *, allowed_prefixes: Sequence[str], cipher: KwargsCipher | None) -> None:
+        self._allowed = tuple(allowed_prefixes)
+        self._cipher = cipher
+        self._classes: dict[str, type[BaseTrigger]] = {}
+
+    def __call__(self, key: bytes | None, value: bytes) -> Decision:
+        return interpret(
+            key, value, allowed_prefixes=self._allowed, cipher=self._cipher, classes=self._classes
+        )
+
+
 def interpret(
     key: bytes | None,
     value: bytes,

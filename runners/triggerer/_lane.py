@@ -81,6 +81,7 @@ from ._commit_tracker import CommitTracker
 from ._dispatcher import RecordDispatcher
 from ._emitter import Emitter
 from ._event_sink import EventSink
+from ._input import RecordReader
 from ._lane_types import (
     BootstrapError,
     LaneOptions,
@@ -201,12 +202,12 @@ class TriggerLane:
         )
         self.route = OutcomeRoute(member=self.member, deliver=self.handle_outcome)
         """Where the outcomes of this lane's triggers go (carried by each TriggerRef)."""
+        read = RecordReader(allowed_prefixes=settings.allowed_trigger_prefixes, cipher=cipher)
         self._watches = Watches(
             route=self.route,
             supervisor=supervisor,
             sink=self._sink,
-            cipher=cipher,
-            allowed=tuple(settings.allowed_trigger_prefixes),
+            read=read,
             queue=queue,
             metrics=metrics,
             log=self._log,
@@ -219,8 +220,7 @@ class TriggerLane:
             supervisor=supervisor,
             sink=self._sink,
             watches=self._watches,
-            cipher=cipher,
-            allowed=tuple(settings.allowed_trigger_prefixes),
+            read=read,
             cancel=cancel,
             metrics=metrics,
             log=self._log,

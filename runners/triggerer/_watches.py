@@ -27,7 +27,6 @@ from typing import Any, Final
 
 from deferline.engine import BaseTrigger, TriggerOutcome, TriggerSupervisor
 from deferline.schemas import (
-    KwargsCipher,
     WatchEvent,
     WatchRequest,
     make_watch_event_id,
@@ -36,7 +35,7 @@ from deferline.schemas import (
 
 from ..member import PartitionPhase
 from ._event_sink import EventSink
-from ._input import StartWatch, interpret
+from ._input import RecordReader, StartWatch
 from ._lane_types import OutcomeRoute, OwnedPartition, WatchRef
 from ._metrics import TriggererMetrics
 
@@ -76,8 +75,7 @@ class Watches:
         route: OutcomeRoute,
         supervisor: TriggerSupervisor,
         sink: EventSink,
-        cipher: KwargsCipher | None,
-        allowed: tuple[str, ...],
+        read: RecordReader,
         queue: str | None,
         metrics: TriggererMetrics,
         log: Callable[..., dict[str, Any]],
@@ -85,9 +83,7 @@ class Watches:
         self._route = route
         self._supervisor = supervisor
         self._sink = sink
-        self._cipher = cipher
-        self._allowed = allowed
-        self._classes: dict[str, type[BaseTrigger]] = {}
+        self._read = read
         self._queue = queue
         self._label = queue or "default"
         self._metrics = metrics
@@ -212,13 +208,7 @@ class Watches:
             loop = asyncio.get_running_loop()
             self._restarts[tid] = loop.call_later(RESTART_AFTER_END, self._restart, ref, failures)
             return
-        decision = interpret(
-            ref.key,
-            entry.value,
-            allowed_prefixes=self._allowed,
-            cipher=self._cipher,
-            classes=self._classes,
-        )
+        decision = self._read(ref.key, entry.value)
         if isinstance(decision, StartWatch):
             reason = "failed" if failures else "ended"
             self.start(
