@@ -23,7 +23,9 @@ from aiokafka.errors import (
     UnknownMemberIdError,
     for_code,
 )
+from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.commit import OffsetCommitRequest
 from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
 from aiokafka.protocol.types import (
     Boolean,
@@ -42,7 +44,9 @@ __all__ = [
     "FencedByGroup",
     "GroupMetadata",
     "UnstableOffsets",
+    "admin_client",
     "client_of",
+    "commit_offsets_as_no_member",
     "commit_offsets_with_generation",
     "fetch_stable_offsets",
     "group_generation",
@@ -317,7 +321,7 @@ def commit_offsets_with_generation(
     txn_manager = _internal(sender, "_txn_manager")
     find_coordinator = _internal(sender, "_find_coordinator")
     _internal(sender, "_do_txn_offset_commit")
-    base: Any = _internal(_sender_module(), "TxnOffsetCommitHandler")
+    base: Any = _internal(aiokafka_sender, "TxnOffsetCommitHandler")
 
     class _Handler(base):  # type: ignore[misc]
         def create_request(self) -> _GenerationTxnOffsetCommit:
@@ -365,12 +369,6 @@ def commit_offsets_with_generation(
         await handler.do(node_id)
 
     sender._do_txn_offset_commit = commit
-
-
-def _sender_module() -> Any:
-    import aiokafka.producer.sender as module
-
-    return module
 
 
 class _OffsetFetchResponse_v7(Response):  # type: ignore[misc]  # aiokafka is untyped here
@@ -437,6 +435,36 @@ class _StableOffsetFetch(Request[_OffsetFetchRequest_v7]):  # type: ignore[misc]
 
     def build(self, request_struct_class: type[_OffsetFetchRequest_v7]) -> _OffsetFetchRequest_v7:
         return request_struct_class(self._group_id, self._topics, True, {})
+
+
+def admin_client(admin: Any) -> AIOKafkaClient:
+    """The network client of an admin client (its requests aiokafka's admin API lacks)."""
+    client: AIOKafkaClient = _internal(admin, "_client")
+    return client
+
+
+async def commit_offsets_as_no_member(
+    client: AIOKafkaClient, group_id: str, offsets: Mapping[TopicPartition, int]
+) -> None:
+    """Commit ``offsets`` for ``group_id`` as a member of no generation (OffsetCommit with
+    generation -1 and no member id): what a reader with manual assignment commits, without
+    a consumer assigned those partitions. Raises the first partition's error."""
+    topics: dict[str, list[tuple[int, int, str]]] = {}
+    for tp, offset in sorted(offsets.items()):
+        topics.setdefault(tp.topic, []).append((tp.partition, offset, ""))
+    node_id = await client.coordinator_lookup(CoordinationType.GROUP, group_id)
+    request = OffsetCommitRequest(
+        group_id,
+        OffsetCommitRequest.DEFAULT_GENERATION_ID,
+        "",
+        OffsetCommitRequest.DEFAULT_RETENTION_TIME,
+        list(topics.items()),
+    )
+    response = await client.send(node_id, request)
+    for topic, partitions in response.topics:
+        for partition, code in partitions:
+            if code:
+                raise for_code(code)(f"OffsetCommit of {topic}[{partition}] for group {group_id}")
 
 
 async def fetch_stable_offsets(

@@ -162,8 +162,6 @@ class KafkaMessageTrigger(BaseTrigger):
         super().__init__()
         self.topic = topic_name(topic)
         self.conditions = MessageConditions(match, key, value_regex)
-        self.match, self.key = self.conditions.match, self.conditions.key
-        self.value_regex = self.conditions.value_regex
         if since is None:
             since = dt.datetime.now(dt.UTC)
         if isinstance(since, str) and since in _POSITIONS:
@@ -188,9 +186,9 @@ class KafkaMessageTrigger(BaseTrigger):
             "deferline.engine.triggers.KafkaMessageTrigger",
             {
                 "topic": self.topic,
-                "match": self.match,
-                "key": self.key,
-                "value_regex": self.value_regex,
+                "match": self.conditions.match,
+                "key": self.conditions.key,
+                "value_regex": self.conditions.value_regex,
                 "since": self.since,
                 "bootstrap_servers": self.bootstrap_servers,
                 "consumer_config": self.consumer_config,

@@ -380,16 +380,16 @@ class Emitter:
         if self._outstanding == 0:
             self._idle.set()
 
-    def _source_done(self, emission: Emission) -> None:
-        """An emission outside transactions left the emitter: its source offset may be
-        committed once every earlier one of its partition is done too (in a transaction it
-        is committed with the records)."""
-        source = emission.source
-        if source is not None and emission.owner is None and self._source_offsets is not None:
+    def _source_done(self, emission: Emission, source: SourcePosition) -> None:
+        """An emission read from ``source`` left the emitter: outside transactions, its source
+        offset may be committed once every earlier one of its partition is done too (in a
+        transaction it is committed with the records)."""
+        if emission.owner is None and self._source_offsets is not None:
             self._source_offsets.done(source)
 
     def _finish(self, emission: Emission) -> None:
-        self._source_done(emission)
+        if emission.source is not None:
+            self._source_done(emission, emission.source)
         if emission.on_done is not None:
             try:
                 emission.on_done()
@@ -654,7 +654,8 @@ class Emitter:
                     emission.on_failed(error)
                 except Exception:
                     logger.exception("emission failure callback failed")
-            self._source_done(emission)  # its replacement (on_failed) stands for it
+            if emission.source is not None:  # its replacement (on_failed) stands for it
+                self._source_done(emission, emission.source)
             self._done()
             return False
         level = logging.WARNING if emission.attempts < 5 else logging.ERROR

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import for_code
-from aiokafka.protocol.commit import OffsetCommitRequest
 from deferline.engine import SourcePosition
 from deferline.topics import Settings, make_admin
+
+from .._aiokafka import admin_client, commit_offsets_as_no_member
 
 __all__ = ["SourceOffsets"]
 
@@ -114,22 +114,7 @@ class SourceOffsets:
             admin = make_admin(self._settings)
             await admin.start()
             self._admin = admin
-        topics: dict[str, list[tuple[int, int, str]]] = {}
-        for tp, offset in sorted(offsets.items()):
-            topics.setdefault(tp.topic, []).append((tp.partition, offset, ""))
-        coordinator = await self._admin.find_coordinator(group)
-        request = OffsetCommitRequest(
-            group,
-            OffsetCommitRequest.DEFAULT_GENERATION_ID,
-            "",
-            OffsetCommitRequest.DEFAULT_RETENTION_TIME,
-            list(topics.items()),
-        )
-        response = await self._admin._send_request(request, coordinator)
-        for _topic, partitions in response.topics:
-            for _partition, error_code in partitions:
-                if error_code:
-                    raise for_code(error_code)(f"OffsetCommit for group {group}")
+        await commit_offsets_as_no_member(admin_client(self._admin), group, offsets)
 
     async def close(self, within: float = 5.0) -> None:
         """Commit what is pending (bounded by ``within`` seconds) and close."""

@@ -22,6 +22,7 @@ from deferline.runners.testing import (
     GenerationTxnOffsetCommit,
     GroupMetadata,
     StableOffsetFetch,
+    admin_client,
     client_of,
     commit_offsets_with_generation,
     group_generation,
@@ -144,3 +145,14 @@ def test_the_kip447_requests_encode_as_their_versions() -> None:
     assert (fetch.API_VERSION, fetch.to_object()["require_stable"]) == (7, True)
     assert isinstance(commit.encode(), bytes)
     assert isinstance(fetch.encode(), bytes)
+
+
+async def test_an_admin_client_holds_its_network_client_as_client() -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers="unused:9092")
+    try:
+        assert isinstance(admin_client(admin), AIOKafkaClient)
+        assert callable(AIOKafkaClient.coordinator_lookup)
+    finally:
+        await admin.close()
