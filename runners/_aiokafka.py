@@ -24,6 +24,7 @@ from aiokafka.errors import (
     for_code,
 )
 from aiokafka.producer import sender as aiokafka_sender
+from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.commit import OffsetCommitRequest
 from aiokafka.protocol.group import JoinGroupRequest, LeaveGroupRequest
@@ -202,6 +203,8 @@ class UnstableOffsets(DeferlineError):
     once it has ended."""
 
 
+_ABORTABLE_ERROR = TransactionState.ABORTABLE_ERROR
+
 # Error codes aiokafka 0.14 has no class for.
 _FENCED_INSTANCE_ID = 82
 _UNSTABLE_OFFSET_COMMIT = 88
@@ -305,6 +308,24 @@ class _GenerationTxnOffsetCommit(Request[_TxnOffsetCommitRequest_v3]):  # type: 
         )
 
 
+def _refuse_transaction(txn_manager: Any, error: BaseException) -> None:
+    """Fail the open transaction so that it can only be aborted, as aiokafka's
+    ``error_transaction`` does, but keep what the transaction touched.
+
+    ``error_transaction`` forgets the partitions and the group the transaction added; its
+    abort then counts as empty and sends no EndTxn, so the broker's transaction stays open
+    and the producer's next transaction, begun on the client alone, writes into it: its
+    commit commits the refused records too. Kept, the abort sends EndTxn(ABORT)."""
+    _internal(txn_manager, "_transition_to")(_ABORTABLE_ERROR)
+    pending = _internal(txn_manager, "_pending_txn_offsets")
+    for _, _, waiting in pending:
+        waiting.set_exception(error)
+    pending.clear()
+    waiter = _internal(txn_manager, "_transaction_waiter")
+    waiter.set_exception(error)  # a commit now raises it; only an abort goes on
+    waiter.exception()  # retrieved: the abort replaces the waiter, which nobody awaits
+
+
 def commit_offsets_with_generation(
     producer: AIOKafkaProducer, member: Callable[[], GroupMetadata]
 ) -> None:
@@ -314,7 +335,8 @@ def commit_offsets_with_generation(
 
     A commit the coordinator refuses for the generation (ILLEGAL_GENERATION,
     UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID) fails the transaction: ``send_offsets_to_transaction``
-    raises :class:`FencedByGroup`, and the transaction can only be aborted. Other answers are
+    raises :class:`FencedByGroup`, and the transaction can only be aborted (which reaches
+    the broker: see :func:`_refuse_transaction`). Other answers are
     handled as aiokafka handles v0's. Call once, before the producer's first transaction.
     """
     sender = _internal(producer, "_sender")
@@ -342,12 +364,13 @@ def commit_offsets_with_generation(
             ]
             if fenced:
                 topic, partition, code = fenced[0]
-                txn_manager.error_transaction(
+                _refuse_transaction(
+                    txn_manager,
                     FencedByGroup(
                         f"the group coordinator refused the offsets of {topic}[{partition}] "
                         f"for generation {self._metadata.generation} (error {code}): this "
                         "member is no longer in the group's current generation"
-                    )
+                    ),
                 )
                 return None
             resp.errors = [
@@ -362,7 +385,7 @@ def commit_offsets_with_generation(
         try:
             node_id = await find_coordinator(CoordinationType.GROUP, group_id)
         except GroupAuthorizationFailedError as exc:
-            txn_manager.error_transaction(exc)
+            _refuse_transaction(txn_manager, exc)
             return
         handler = _Handler(sender, offsets, group_id)
         handler._metadata = member()

@@ -560,6 +560,8 @@ class FakeTransactionalProducer(FakeProducer):
             ``committing`` is set once a commit has begun.
         fail_commits: errors the next commits fail with, one each (the transaction stays
             open, to be aborted).
+        fail_offsets: errors the next offset commits fail with, one each, as the group
+            coordinator refuses a zombie's (the transaction stays open, to be aborted).
     """
 
     def __init__(self, kafka: FakeKafka, transactional_id: str, **options: Any) -> None:
@@ -569,6 +571,7 @@ class FakeTransactionalProducer(FakeProducer):
         self.commit_gate: asyncio.Event | None = None
         self.committing = asyncio.Event()
         self.fail_commits: list[BaseException] = []
+        self.fail_offsets: list[BaseException] = []
         self._epoch: int | None = None
         self._open: _Transaction | None = None
 
@@ -606,6 +609,8 @@ class FakeTransactionalProducer(FakeProducer):
             raise IllegalOperation("Not in the middle of a transaction")
         if not group_id or not isinstance(group_id, str):
             raise ValueError(group_id)
+        if self.fail_offsets:
+            raise self.fail_offsets.pop(0)
         self._open.offsets.setdefault(group_id, {}).update(
             {tp: _offset_of(offset) for tp, offset in offsets.items()}
         )

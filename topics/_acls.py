@@ -7,10 +7,12 @@ enforces it. A triggerer writes only tombstones there (the defer topic is a tabl
 finished trigger's entry is deleted by its owner), but Kafka cannot grant Write for
 tombstones alone; a triggerer's principal runs the triggers anyway.
 
-Every binding is LITERAL (exact topic, group or transactional id names) and built from the
+Every binding names an exact topic, group or transactional id (LITERAL), built from the
 same TopicNames/topic_specs the processes use, so a new queue needs ``topics ensure --acls``
-again with that queue. :func:`acl_bindings` is the single list; ``topics ensure --acls``,
-the docs' ``kafka-acls`` commands and the tests all come from it.
+again with that queue. One kind is PREFIXED: the scheduler's transactional ids, one per
+member process (``<group>.member.<name>``), whose names are not known in advance.
+:func:`acl_bindings` is the single list; ``topics ensure --acls``, the docs' ``kafka-acls``
+commands and the tests all come from it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ Role = Literal["worker", "triggerer", "scheduler", "client", "bridge", "replay"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
 ResourceType = Literal["TOPIC", "GROUP", "TRANSACTIONAL_ID", "CLUSTER"]
+PatternType = Literal["LITERAL", "PREFIXED"]
 Operation = Literal["READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS", "IDEMPOTENT_WRITE"]
 
 # Kafka's wire codes (org.apache.kafka.common.resource / acl).
@@ -45,7 +48,7 @@ _OPERATION_CODES = {
     "DESCRIBE_CONFIGS": 10,
     "IDEMPOTENT_WRITE": 12,
 }
-_LITERAL = 3
+_PATTERN_CODES = {"LITERAL": 3, "PREFIXED": 4}
 _ALLOW = 3
 _CLI_OPERATION = {
     "READ": "Read",
@@ -64,6 +67,7 @@ class AclBinding:
     resource_type: ResourceType
     resource_name: str
     operation: Operation
+    pattern: PatternType = "LITERAL"
 
     def kafka_acls_command(self, bootstrap: str = "$BOOTSTRAP") -> str:
         """The equivalent ``kafka-acls.sh`` command line."""
@@ -73,10 +77,11 @@ class AclBinding:
             "TRANSACTIONAL_ID": f"--transactional-id {self.resource_name}",
             "CLUSTER": "--cluster",
         }[self.resource_type]
+        pattern = " --resource-pattern-type prefixed" if self.pattern == "PREFIXED" else ""
         return (
             f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties "
             f"--add --allow-principal {self.principal} "
-            f"--operation {_CLI_OPERATION[self.operation]} {target}"
+            f"--operation {_CLI_OPERATION[self.operation]} {target}{pattern}"
         )
 
 
@@ -84,19 +89,19 @@ class AclBinding:
 class SchedulerResources:
     """The scheduler's group and transactional ids, named in one place.
 
-    Every scheduler is a member of the group; on Apache Kafka the owner of task partition
-    ``p`` writes through the transactional id ``<group>.<p>`` (which fences the partition's
-    previous owner, and commits its event offsets in its transactions). Both follow the
-    topic prefix.
+    Every scheduler is a member of the group; on Apache Kafka each writes through a
+    transactional id of its own, ``<group>.member.<name>`` (its static instance id, or a
+    name drawn at start; see deferline.runners.member.MemberProducer): the ids begin with
+    ``transactional_id_prefix``. Both follow the topic prefix.
     """
 
     group: str
-    transactional_ids: tuple[str, ...]
+    transactional_id_prefix: str
 
     @classmethod
-    def for_prefix(cls, prefix: str, partitions: int) -> SchedulerResources:
+    def for_prefix(cls, prefix: str) -> SchedulerResources:
         group = f"{prefix}scheduler"
-        return cls(group=group, transactional_ids=tuple(f"{group}.{p}" for p in range(partitions)))
+        return cls(group=group, transactional_id_prefix=f"{group}.member.")
 
 
 def principal(name: str) -> str:
@@ -134,7 +139,7 @@ def acl_bindings(
     triggerer_txns = [f"{g}.{p}" for g in triggerer_groups for p in range(settings.partitions)]
     worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
     logs = names.trigger_logs
-    scheduler = SchedulerResources.for_prefix(prefix, settings.partitions)
+    scheduler = SchedulerResources.for_prefix(prefix)
     pools = names.scheduler_pools
     all_topics = [
         *defer,
@@ -171,8 +176,6 @@ def acl_bindings(
             ("TOPIC", [names.task_events, names.tasks, pools], "READ"),
             ("TOPIC", [names.tasks, *work, *resumes, *defer, names.dead, pools], "WRITE"),
             ("GROUP", [scheduler.group], "READ"),
-            ("TRANSACTIONAL_ID", scheduler.transactional_ids, "WRITE"),
-            ("TRANSACTIONAL_ID", scheduler.transactional_ids, "DESCRIBE"),
         ],
         # submit / tasks / clear: task state, and defer for start-from-trigger and cancels.
         "client": [
@@ -194,6 +197,12 @@ def acl_bindings(
             ("GROUP", [*triggerer_groups, scheduler.group, *worker_groups], "DESCRIBE"),
         ],
     }
+    prefixed: dict[Role, list[tuple[ResourceType, str, Operation]]] = {
+        "scheduler": [
+            ("TRANSACTIONAL_ID", scheduler.transactional_id_prefix, "WRITE"),
+            ("TRANSACTIONAL_ID", scheduler.transactional_id_prefix, "DESCRIBE"),
+        ],
+    }
     bindings: list[AclBinding] = []
     for role, who in principals.items():
         if role not in grants:
@@ -201,6 +210,10 @@ def acl_bindings(
         for resource_type, resources, operation in grants[role]:
             for resource in dict.fromkeys(resources):
                 bindings.append(AclBinding(principal(who), resource_type, resource, operation))
+        for resource_type, start, operation in prefixed.get(role, []):
+            bindings.append(
+                AclBinding(principal(who), resource_type, start, operation, pattern="PREFIXED")
+            )
     return list(dict.fromkeys(bindings))
 
 
@@ -212,12 +225,14 @@ class _CreateAcls(CreateAclsRequest):  # type: ignore[misc]  # aiokafka is untyp
 
     def build(self, request_struct_class: type[CreateAclsRequestStruct]) -> CreateAclsRequestStruct:
         with_pattern = request_struct_class.API_VERSION >= 1
+        if not with_pattern and any(b.pattern != "LITERAL" for b in self._bindings):
+            raise BrokerError("the broker takes no prefixed ACLs (CreateAcls v1, Kafka 2.0+)")
         return request_struct_class(
             [
                 (
                     _RESOURCE_CODES[b.resource_type],
                     b.resource_name,
-                    *((_LITERAL,) if with_pattern else ()),
+                    *((_PATTERN_CODES[b.pattern],) if with_pattern else ()),
                     b.principal,
                     "*",
                     _OPERATION_CODES[b.operation],

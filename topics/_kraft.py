@@ -287,7 +287,9 @@ async def _wait_admin_ready(
 
 # What every single-node broker shares: data, internal topics with one replica, quick groups
 # (no wait for a first join; sessions down to 1 s, where Kafka's default floor is 6 s, so a
-# local failover takes as long as the session a member asks for).
+# local failover takes as long as the session a member asks for; an open transaction of a
+# member that died is aborted within a second of its timeout, where Kafka looks every 10 s:
+# a scheduler's partitions wait that long for it, see deferline.runners.member's producer).
 # ``log.index.size.max.bytes``: each segment's offset and time indexes are sparse files of
 # this size, mapped into memory. Where the disk's readahead is large (8 MB on some VMs), the
 # first touch of an index page reads a readahead window of holes, which the kernel zeroes:
@@ -306,6 +308,7 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 log.cleaner.backoff.ms=500
 log.index.size.max.bytes=262144
 """

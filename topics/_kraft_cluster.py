@@ -250,6 +250,7 @@ share.coordinator.state.topic.replication.factor={replicas}
 share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 log.cleaner.backoff.ms=500
 log.index.size.max.bytes=262144
 num.network.threads=2

@@ -1,7 +1,7 @@
 """What every member of a partitioned consumer group shares, triggerer or scheduler: the
 sticky assignor, the rebalance listener that drives a role's partition processor, a
 partition's lifecycle, what an assignment changes, how long a fetch may wait on the broker,
-and the local database a partition's checkpoint lives in."""
+the local database a partition's checkpoint lives in, and the member's one producer."""
 
 from ._assignment import AssignmentDiff, diff_assignment
 from ._fetch_wait import LONG_POLL_MS, SHORT_WAIT_MS, answers_fetches_early, choose_fetch_wait
@@ -13,6 +13,7 @@ from ._partition_db import (
     PartitionDatabase,
     RocksPartitionDatabase,
 )
+from ._producer import MemberFenced, MemberProducer, MemberProducerError, Outgoing
 from ._sticky_assignor import StickyAssignor
 
 __all__ = [
@@ -22,8 +23,12 @@ __all__ = [
     "SHORT_WAIT_MS",
     "AssignmentDiff",
     "IllegalPartitionMove",
+    "MemberFenced",
     "MemberListener",
+    "MemberProducer",
+    "MemberProducerError",
     "MemoryPartitionDatabase",
+    "Outgoing",
     "PartitionDatabase",
     "PartitionPhase",
     "PartitionProcessor",

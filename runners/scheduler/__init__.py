@@ -2,13 +2,12 @@
 
 from ._cli import scheduler_command
 from ._pools import PoolChannel, PoolRecord
-from ._scheduler import Scheduler, SchedulerError, SchedulerFenced
+from ._scheduler import Scheduler, SchedulerError
 
 __all__ = [
     "PoolChannel",
     "PoolRecord",
     "Scheduler",
     "SchedulerError",
-    "SchedulerFenced",
     "scheduler_command",
 ]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from deferline.engine import Emit, TaskTable
 from deferline.schemas import DeadLetter
 
-from ._publisher import Outgoing
+from ..member import Outgoing
 
 if TYPE_CHECKING:
     from ._pools import PoolChannel

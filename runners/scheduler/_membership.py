@@ -6,9 +6,9 @@ them go.
 with each generation's partitions). It moves each partition through :class:`~._ownership.Ownership`
 (the one state machine of a partition's lifecycle), adds and drops the partitions'
 writers (:class:`~._writers.PartitionWriters`), takes new partitions over in the background
-(:meth:`Membership._acquire`: fence the previous owner, fold the partition to its end, join
-it to the table, publish what it calls for, read its events), releases partitions without
-writing, and drops those whose producer was fenced.
+(:meth:`Membership._acquire`: wait for the previous owner's last transaction to end, fold
+the partition to its end, join it to the table, publish what it calls for, read its events),
+releases partitions without writing, and drops those whose batches the group fenced.
 
 It owns the acquisition in progress and the reader acquisitions fold with, whether it is
 closing, and the takeover figures. The clients it uses (the group member, the tasks reader,
@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError
 from deferline.schemas import DeadLetter
 from deferline.topics import Settings, TopicNames, start_client, stop_client
 
-from .._aiokafka import client_of, request_rejoin
+from .._aiokafka import client_of, group_metadata, request_rejoin
 from .._local_state import CheckpointError
 from ..member import PartitionPhase
 from ._admission import LEDGER_PARTITION
@@ -60,7 +60,7 @@ class Membership:
         router: the task partition of each key.
         offsets: the event offsets of the owned partitions.
         ownership: each partition's stage; this object is the one that moves it.
-        writers: the owned partitions' producers, and the publish lock.
+        writers: the owned partitions' chains of batches, and the publish lock.
         checkpoints: the local checkpoints, if any.
         checkpointer: checkpoints at a revocation.
         clients: the group member, the tasks reader and the pools channel, once connected.
@@ -108,7 +108,7 @@ class Membership:
         self.takeovers = 0  # partitions acquired
         self.takeover_seconds: float | None = None  # the last acquisition's
         self.rebalances = 0
-        self.fenced = 0  # partitions dropped because another member's producer fenced ours
+        self.fenced = 0  # partitions dropped because the group fenced a round of theirs
         self.recovered_records = 0
         self._closing = False
         self._dead = dead
@@ -119,6 +119,7 @@ class Membership:
         self._acquisition: asyncio.Task[None] | None = None
         self._absorbing = False
         self._reader: AIOKafkaConsumer | None = None  # the takeover reader, once started
+        self._member_id: str | None = None  # the group's name for this member, last assigned
 
     def supervise(self, group: asyncio.TaskGroup | None) -> None:
         """Run acquisitions in ``group`` (their failure is the scheduler's); None: none."""
@@ -171,6 +172,10 @@ class Membership:
             return
         self.rebalances += 1
         mine = set(partitions)
+        member_id = group_metadata(events).member_id
+        if self._member_id is not None and member_id != self._member_id:
+            await self._lose_all(member_id)
+        self._member_id = member_id
         async with self.writers.lock:
             change = self.ownership.assign(mine)
             for p in change.kept:
@@ -204,11 +209,30 @@ class Membership:
         elif not change.acquired:
             self._running()
 
+    async def _lose_all(self, member_id: str) -> None:
+        """This scheduler joined again as a new member: the group went on without it (its
+        session expired, paused or cut off), and another may have written for any partition
+        it held. So none is kept: each is dropped without writing, and taken over afresh if
+        assigned again."""
+        async with self.writers.lock:
+            lost = self.ownership.owned()
+            for p in lost:
+                self.ownership.lose(p)
+        if not lost:
+            return
+        logger.warning(
+            "scheduler rejoined as a new member: its partitions are taken over afresh",
+            extra={"group_id": self.group_id, "member_id": member_id, "partitions": lost},
+        )
+        for p in lost:  # those assigned again are acquired, their events paused till then
+            await self.release(p)
+
     # -- takeover ---------------------------------------------------------------------------
 
     async def _acquire(self, numbers: tuple[int, ...]) -> None:
-        """Take partitions over: fence their old owner, fold them to their end, join them to
-        the table, publish what they call for, then read their events."""
+        """Take partitions over: wait until their old owner's last transaction has ended,
+        fold them to their end, join them to the table, publish what they call for, then read
+        their events."""
         began = time.monotonic()
         clients = self.clients
         reader, events, channel = clients.reader, clients.events, clients.pool_channel
@@ -216,17 +240,20 @@ class Membership:
         assert events is not None
         assert channel is not None
         parts = [self.writers[p] for p in numbers]
+        events_tps = [part.events_tp for part in parts]
+        transactional = self.writers.transactional
         try:
-            # The producers first: each fences the partition's previous owner (its open
-            # transaction is aborted), so the ends read next hold all it managed to commit.
-            await self.writers.start_publishers(parts)
-            fenced = time.monotonic()
+            if transactional:
+                # The offsets first, once no transaction holds them: the previous owner's
+                # last round has then ended (committed, or aborted by the group's fence or
+                # the broker's timeout), so the ends read next hold all it committed.
+                committed = await self.writers.producer.committed(events_tps)
+            stable = time.monotonic()
             warm = self.standby.take(numbers) if self.standby is not None else {}
             table = self.fold.table
             fold = TaskFold(table.pools, ledger=table.ledger)
             if self.checkpoints is not None:
                 fold.table.track_changes()
-            events_tps = [part.events_tp for part in parts]
             consumer = await self._takeover_reader()
             await self._track(consumer)
             try:
@@ -235,7 +262,7 @@ class Membership:
                 # order (a request behind it would wait up to fetch_wait_ms).
                 ends = await consumer.end_offsets([channel.tp, *events_tps])
                 if LEDGER_PARTITION in numbers:
-                    await channel.lead(ends[channel.tp])  # its producer fenced the previous grants
+                    await channel.lead(ends[channel.tp])  # the previous grants are decided
                 side = TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
                 await side.recover(
                     self.names.tasks,
@@ -251,7 +278,14 @@ class Membership:
                 consumer.pause(*consumer.assignment())  # (unsubscribe() can kill its fetcher)
             folded = time.monotonic()
             self.recovered_records += side.recovered_records
-            committed = {tp: await events.committed(tp) for tp in events_tps}
+            if transactional:
+                # Where the group's reading starts when nothing was committed: a round's
+                # batches carry an offset of their partition (MemberProducer).
+                unread = [tp for tp in events_tps if committed[tp] is None]
+                if unread:
+                    committed.update(await consumer.beginning_offsets(unread))
+            else:
+                committed = {tp: await events.committed(tp) for tp in events_tps}
             if channel.position < ends[channel.tp]:  # no want published twice
                 async with clients.pool_reads:
                     await channel.catch_up(clients.fetch_wait_ms, end=ends[channel.tp])
@@ -272,7 +306,10 @@ class Membership:
                     offset = committed[part.events_tp]
                     if offset is not None:
                         self.offsets.committed[part.events_tp] = offset
-                    if not self.writers.transactional:
+                    if transactional:
+                        assert offset is not None
+                        events.seek(part.events_tp, offset)  # read from the stable offset
+                    else:
                         # Events below were read before, by a predecessor that may have died
                         # between a batch's task states and its RunTasks (no transactions):
                         # folding them again re-sends the RunTask of a task still queued
@@ -291,14 +328,14 @@ class Membership:
             extra={
                 "group_id": self.group_id,
                 "partitions": list(numbers),
-                "transactional": self.writers.transactional,
+                "transactional": transactional,
                 "takeover_seconds": round(self.takeover_seconds, 3),
                 "tasks": len(self.fold.table),
                 "from_standby": side.from_standby,
                 "records_folded": side.recovered_records,
                 "phases": {
-                    "fence": round(fenced - began, 3),
-                    "fold": round(folded - fenced, 3),
+                    "stable_offsets": round(stable - began, 3),
+                    "fold": round(folded - stable, 3),
                     "catch_up": round(caught_up - folded, 3),
                     "lock": round(locked - caught_up, 3),
                     "absorb": round(resumed - locked, 3),
@@ -356,7 +393,7 @@ class Membership:
 
     async def release(self, p: int) -> None:
         """Drop partition ``p`` without writing: its tasks, offsets, reader position,
-        checkpoint database and producer; the standby folds it again from its start."""
+        checkpoint database; the standby folds it again from its start."""
         part = self.writers.pop(p)
         channel = self.clients.pool_channel
         if channel is not None:
@@ -379,7 +416,7 @@ class Membership:
         await self.writers.close(part)
 
     async def drop_fenced(self) -> None:
-        """Drop every partition whose producer was fenced, without writing, and rejoin."""
+        """Drop every partition whose last batch was fenced, without writing, and rejoin."""
         async with self.writers.lock:
             lost = self.writers.fenced()
             for p in lost:

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from deferline.engine import TaskTable
 
+    from ..member import MemberProducer
     from ._pools import PoolChannel
     from ._standby import Standby
 
@@ -35,6 +36,8 @@ class SchedulerFigures(Protocol):
     def rebalances(self) -> int: ...
     @property
     def partitions_fenced(self) -> int: ...
+    @property
+    def producer(self) -> MemberProducer: ...
     @property
     def lag(self) -> dict[str, int]: ...
     @property
@@ -159,9 +162,21 @@ class SchedulerCollector(Collector):
         )
         yield _counter(
             "deferline_scheduler_partitions_fenced",
-            "Task partitions dropped because another member's producer took their "
-            "transactional id over (this scheduler was paused past its session; Apache Kafka).",
+            "Task partitions dropped because the group refused a transaction holding their "
+            "decisions (this scheduler was paused or cut off past its session; Apache Kafka).",
             self.scheduler.partitions_fenced,
+        )
+        producer = self.scheduler.producer
+        yield _counter(
+            "deferline_scheduler_transactions",
+            "Transactions committed: one per round, holding every owned partition's batches "
+            "handed over since the round before (Apache Kafka).",
+            producer.rounds,
+        )
+        yield _counter(
+            "deferline_scheduler_transactions_fenced",
+            "Rounds the group refused, or the broker aborted after their transaction timeout.",
+            producer.fenced_rounds,
         )
         lag = GaugeMetricFamily(
             "deferline_scheduler_lag", "Records not yet read, per input.", labels=["input"]

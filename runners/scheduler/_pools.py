@@ -29,7 +29,7 @@ from deferline.topics import (
     stop_client,
 )
 
-from ._publisher import Outgoing
+from ..member import Outgoing
 from ._publishing import SchedulerError
 
 __all__ = ["PoolChannel", "PoolRecord"]

@@ -1,5 +1,5 @@
 """The scheduler's outgoing side: per owned partition, batches of decisions sent one after
-another, and the event offsets they may commit."""
+another through the member's producer, and the event offsets they may commit."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from deferline.engine import Emit
 from deferline.schemas import DeadLetter, DeferlineError
 from deferline.topics import Settings, TopicNames, ensure_topics, topic_specs
 
+from ..member import MemberProducer, Outgoing
 from ._fold import TaskFold
-from ._publisher import Outgoing, SchedulerPublisher
 from ._records import committable, waves
 
 __all__ = ["DecisionChain", "EventOffsets", "SchedulerError"]
@@ -56,8 +56,9 @@ class EventOffsets:
 
 
 class DecisionChain:
-    """Hands one task partition's batches of decisions to its publisher, each after the one
-    before it (the partitions' chains run side by side).
+    """Hands one task partition's batches of decisions to the member's producer, each after
+    the one before it (the partitions' chains run side by side, and their batches handed
+    over together share a transaction).
 
     A batch is encoded (and the task states it writes noted in the fold, to be read back
     without decoding) when it is handed over; it is sent once the batch before it is
@@ -71,7 +72,7 @@ class DecisionChain:
     def __init__(
         self,
         settings: Settings,
-        publisher: SchedulerPublisher,
+        producer: MemberProducer,
         fold: TaskFold,
         offsets: EventOffsets,
         events_tp: TopicPartition,
@@ -80,7 +81,7 @@ class DecisionChain:
     ) -> None:
         self.settings = settings
         self.names = TopicNames(settings.topic_prefix)
-        self.publisher = publisher
+        self.producer = producer
         self.fold = fold
         self.offsets = offsets
         self.events_tp = events_tp
@@ -106,14 +107,20 @@ class DecisionChain:
         task states, then RunTasks (a worker's "running" must land after "queued"). In a
         transaction the waves and the event offsets commit together; without, each wave is
         acknowledged before the next. ``extra`` records (pool admission's) go with the task
-        states. Call with the publish lock."""
+        states. In a transaction a batch with records always carries an offset of the
+        partition (its last committed one if nothing moved), so that the partition's next
+        owner, reading its offsets, waits for the transaction to end (see
+        :class:`~deferline.runners.member.MemberProducer`). Call with the publish lock."""
+        transactional = self.producer.transactional
         commit = (
             self.offsets.committable(self.fold.table.pending_refs(), self.events_tp)
-            if offsets and self.publisher.transactional
+            if offsets and transactional
             else {}
         )
         if not out and not dead and not commit and not extra:
             return None
+        if transactional and self.events_tp not in commit:
+            commit[self.events_tp] = self.offsets.committed[self.events_tp]
         queues = {e.worker_queue for e in out if e.worker_queue is not None}
         batch = waves(self.names, out, dead, written=self.fold.written)
         batch[1].extend(extra)
@@ -168,7 +175,7 @@ class DecisionChain:
             )
             self.ensured_queues.add(worker_queue)
         try:
-            await self.publisher.publish(batch, commit)
+            await self.producer.write(batch, commit)
         except KafkaError as exc:
             raise SchedulerError(f"cannot publish scheduler decisions: {exc}") from exc
         self.offsets.committed.update(commit)

@@ -26,7 +26,7 @@ from deferline.schemas import (
 )
 from deferline.topics import TopicNames
 
-from ._publisher import Outgoing
+from ..member import Outgoing
 
 __all__ = [
     "ORPHAN_EVENT",

@@ -9,17 +9,22 @@ by the triggerers' sticky assignor (a join takes about 1/N, only from existing m
 leave moves only the leaver's) with optional static membership. One scheduler alone owns
 every partition and behaves as the single scheduler always did.
 
+Every owned partition writes through the member's one producer
+(:class:`~deferline.runners.member.MemberProducer`): on Apache Kafka the batches handed over
+together, whichever partitions they are for, commit in one transaction with the event
+offsets they consumed, carrying the group's generation, so the group fences a member it
+went on without.
+
 On assignment of *p* (see :mod:`._ownership` for the lifecycle): the events partition is
-paused; *p*'s producer starts first (on Apache Kafka its transactional id
-``<group>.<p>`` fences the previous owner: see :mod:`._publisher`); *p*'s checkpoint is
-restored and the tasks partition folded to its end, into a table of its own that then joins
-the scheduler's; the decisions the state calls for are published; events of *p* are read
-from the group's committed offset. On revocation every partition stops writing before
-anything awaits, the batches in flight settle, offsets are committed (without
-transactions), the checkpoints are written; the next assignment says which partitions were
-kept (writing again at once) and which are gone (dropped without writing; their producers
-closed). A partition whose producer is fenced (this member was paused past its session) is
-dropped at once, and the member rejoins.
+paused; on Apache Kafka *p*'s committed offset is read once no transaction holds it (the
+previous owner's last round has ended); *p*'s checkpoint is restored and the tasks partition
+folded to its end, into a table of its own that then joins the scheduler's; the decisions
+the state calls for are published; events of *p* are read from the group's committed
+offset. On revocation every partition stops writing before anything awaits, the batches in
+flight settle, offsets are committed (without transactions), the checkpoints are written;
+the next assignment says which partitions were kept (writing again at once) and which are
+gone (dropped without writing). The partitions of a round the group fenced (this member was
+paused past its session) are dropped at once, and the member rejoins.
 
 Pools are exact whatever the membership: tasks of limited pools are admitted through the
 pool ledger (see :mod:`._pools`); the owner of partition 0 keeps the ledger and writes its
@@ -37,9 +42,9 @@ the task table, own writes         :class:`~._fold.TaskFold` (no I/O)
 each partition's stage             :class:`~._ownership.Ownership` (moved by Membership)
 tasks-topic positions              :class:`~._tasks_topic.TasksReader`
 event offsets (read, committed)    :class:`~._publishing.EventOffsets`
-owned partitions' producers,       :class:`~._writers.PartitionWriters`
-chains, held decisions, counts;
-the publish lock; transactional
+owned partitions' chains, held      :class:`~._writers.PartitionWriters`
+decisions, counts; publish lock
+rounds, transactions               :class:`~deferline.runners.member.MemberProducer`
 assignor, acquisition, takeover    :class:`~._membership.Membership` (the rebalance
 figures                            listener)
 consistent-point checkpoints       :class:`~._checkpointer.Checkpointer` (databases:
@@ -57,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -74,8 +80,16 @@ from deferline.topics import (
 )
 from prometheus_client import CollectorRegistry
 
+from .._aiokafka import GroupMetadata, group_metadata
 from .._metrics import MetricsServer
-from ..member import MemberListener, PartitionPhase, StickyAssignor
+from ..member import (
+    MemberFenced,
+    MemberListener,
+    MemberProducer,
+    Outgoing,
+    PartitionPhase,
+    StickyAssignor,
+)
 from ._admission import LedgerPoolAdmission
 from ._checkpoint import Checkpoints
 from ._checkpointer import Checkpointer
@@ -88,7 +102,6 @@ from ._metrics import SchedulerCollector
 from ._ownership import Ownership
 from ._phase import Phase, PhaseMachine
 from ._pools import PoolChannel
-from ._publisher import Outgoing, SchedulerFenced
 from ._publishing import EventOffsets, SchedulerError
 from ._records import dead_letter
 from ._routing import PartitionRouter
@@ -96,7 +109,7 @@ from ._standby import Standby
 from ._tasks_topic import TasksReader
 from ._writers import PartitionWriters
 
-__all__ = ["Scheduler", "SchedulerError", "SchedulerFenced"]
+__all__ = ["Scheduler", "SchedulerError"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,13 +192,20 @@ class Scheduler(Lifecycle):
         self.offsets = EventOffsets()
         self.ownership = Ownership()
         self.phase = PhaseMachine()
-        self.writers = PartitionWriters(
+        self.producer = MemberProducer(
             settings,
             group_id=self.group_id,
+            name=uuid.uuid4().hex,
+            member=self._group_member,
+            transactions=transactions,
+            transaction_timeout=session_timeout,
+        )
+        self.writers = PartitionWriters(
+            settings,
+            producer=self.producer,
             fold=self.fold,
             offsets=self.offsets,
             router=self.router,
-            transactions=transactions,
             writable=self.ownership.writable,
             pool_records=self._pool_records,
             on_fenced=self._drop_fenced,
@@ -307,7 +327,7 @@ class Scheduler(Lifecycle):
 
     @property
     def partitions_fenced(self) -> int:
-        """Partitions dropped because another member's producer fenced this one's."""
+        """Partitions dropped because the group fenced a round of theirs."""
         return self.membership.fenced
 
     @property
@@ -360,7 +380,7 @@ class Scheduler(Lifecycle):
 
     @property
     def transactional(self) -> bool:
-        """True when the scheduler writes in Kafka transactions (known once it owns one)."""
+        """True when the scheduler writes in Kafka transactions (known once started)."""
         return bool(self.writers.transactional)
 
     async def wait_ready(self) -> None:
@@ -401,6 +421,12 @@ class Scheduler(Lifecycle):
             self.writers.ensured_queues |= self._worker_queues
             if self._metrics is not None:
                 await self._metrics.start()
+            await self.producer.start()
+            if self.producer.transactional:
+                logger.info(
+                    "scheduler writes in transactions",
+                    extra={"transactional_id": self.producer.transactional_id},
+                )
             await self.clients.connect()
         except KafkaError as exc:
             await self._close()
@@ -438,7 +464,8 @@ class Scheduler(Lifecycle):
         self.membership.stop_serving()
         await self.clients.stop_member()
         await self.membership.close()
-        await self.writers.close_all()
+        self.writers.close_all()
+        await self.producer.stop()
         await self.clients.stop_readers()
         if self.standby is not None:
             await self.standby.stop()
@@ -467,7 +494,7 @@ class Scheduler(Lifecycle):
         self.membership.stop_serving()
         if acquisition is not None:
             await asyncio.wait({acquisition})
-        with contextlib.suppress(SchedulerError, SchedulerFenced):
+        with contextlib.suppress(SchedulerError, MemberFenced):
             await self.writers.settle()
         if main.done() and not main.cancelled() and main.exception() is not None:
             self.checkpointer.abandon()  # a publish may have failed halfway
@@ -562,6 +589,13 @@ class Scheduler(Lifecycle):
 
     def _pool_records(self) -> dict[int, list[Outgoing]]:
         return self.admission.records(self.table)
+
+    def _group_member(self) -> GroupMetadata:
+        """This scheduler's place in its group, which each round's offsets carry."""
+        events = self.clients.events
+        if events is None:  # not in the group: the coordinator refuses the round
+            return GroupMetadata(self.group_id, -1, "", self.group_instance_id)
+        return group_metadata(events)
 
     async def _drop_fenced(self) -> None:
         await self.membership.drop_fenced()

@@ -1,11 +1,13 @@
 """The task partitions this scheduler owns, and their writing.
 
-:class:`PartitionWriters` owns, per owned partition, an :class:`OwnedPartition` (its
-producer, its chain of batches, the decisions held while it cannot write, its event counts);
-the publish lock (a fold and the hand-over of the batches it calls for are one step); the
-batches handed over and not yet awaited; whether the producers write in transactions; the
-worker queues whose topics exist. It routes a drain's decisions to their partitions, holds
-them for a partition that may not write now, waits for batches, and settles and commits.
+:class:`PartitionWriters` owns, per owned partition, an :class:`OwnedPartition` (its chain
+of batches, the decisions held while it cannot write, its event counts); the publish lock (a
+fold and the hand-over of the batches it calls for are one step); the batches handed over
+and not yet awaited; the worker queues whose topics exist. Every chain writes through the
+member's one producer (:class:`~deferline.runners.member.MemberProducer`), which makes the
+batches of all partitions handed over together one transaction. It routes a drain's
+decisions to their partitions, holds them for a partition that may not write now, waits for
+batches, and settles and commits.
 
 Which partitions are owned, and in which stage, is :class:`~._ownership.Ownership`'s: this
 object only asks it (``writable``). A fenced batch is reported to ``on_fenced``: dropping the
@@ -25,9 +27,9 @@ from deferline.engine import Emit
 from deferline.schemas import DeadLetter
 from deferline.topics import Settings, TopicNames
 
+from ..member import MemberFenced, MemberProducer, Outgoing
 from ._admission import PartitionBatch
 from ._fold import TaskFold
-from ._publisher import Outgoing, SchedulerFenced, SchedulerPublisher
 from ._publishing import DecisionChain, EventOffsets
 from ._routing import PartitionRouter
 
@@ -41,12 +43,11 @@ BATCHES_AHEAD = 3
 
 @dataclass(eq=False)
 class OwnedPartition:
-    """A task partition this scheduler owns: its producer, its chain of batches, and the
-    decisions taken while it could not write (sent if it is kept, dropped if it goes)."""
+    """A task partition this scheduler owns: its chain of batches, and the decisions taken
+    while it could not write (sent if it is kept, dropped if it goes)."""
 
     number: int
     events_tp: TopicPartition
-    publisher: SchedulerPublisher
     chain: DecisionChain
     held: PartitionBatch = field(default_factory=PartitionBatch)
     applied: int = 0
@@ -54,17 +55,14 @@ class OwnedPartition:
 
 
 class PartitionWriters:
-    """The owned partitions' producers and chains of batches, and the publish lock.
+    """The owned partitions' chains of batches, and the publish lock.
 
     Args:
         settings: connection and topic layout.
-        group_id: the prefix of the transactional ids (``<group>.<partition>``) and the
-            group whose offsets the transactions carry.
+        producer: the member's producer, which every chain writes through.
         fold: the fold whose drains are published (its table is read at each call).
         offsets: the event offsets the batches commit.
         router: the task partition of each decision.
-        transactions: write in Kafka transactions (True), never (False), or when the broker
-            has them (None).
         writable: whether a partition's decisions may be written now (the ownership's say).
         pool_records: the pool admission records to write after a drain, by partition.
         on_fenced: called once a batch was fenced (another scheduler owns its partition).
@@ -74,23 +72,20 @@ class PartitionWriters:
         self,
         settings: Settings,
         *,
-        group_id: str,
+        producer: MemberProducer,
         fold: TaskFold,
         offsets: EventOffsets,
         router: PartitionRouter,
-        transactions: bool | None,
         writable: Callable[[int], bool],
         pool_records: Callable[[], dict[int, list[Outgoing]]],
         on_fenced: Callable[[], Awaitable[None]],
     ) -> None:
         self.settings = settings
         self.names = TopicNames(settings.topic_prefix)
-        self.group_id = group_id
+        self.producer = producer
         self.fold = fold
         self.offsets = offsets
         self.router = router
-        self.transactions = transactions
-        self.transactional: bool | None = None  # known once the first producer started
         self.ensured_queues: set[str] = set()  # worker queues whose topics exist
         self.lock = asyncio.Lock()  # the publish lock
         self._writable = writable
@@ -100,6 +95,11 @@ class PartitionWriters:
         self._handed: deque[list[asyncio.Task[None]]] = deque()
         self._published_gone = 0
         self._popped: set[OwnedPartition] = set()  # popped, their last batch not yet ended
+
+    @property
+    def transactional(self) -> bool:
+        """True when the batches commit in transactions (known once the producer started)."""
+        return bool(self.producer.transactional)
 
     # -- the partitions ---------------------------------------------------------------------
 
@@ -127,20 +127,17 @@ class PartitionWriters:
         return {p: (part.applied, part.duplicates) for p, part in sorted(self._parts.items())}
 
     def add(self, p: int) -> OwnedPartition:
-        """A partition assigned: its producer (not started) and its chain."""
+        """A partition assigned: its chain."""
         events_tp = TopicPartition(self.names.task_events, p)
-        publisher = SchedulerPublisher(
-            self.settings, transactional_id=f"{self.group_id}.{p}", group_id=self.group_id
-        )
         chain = DecisionChain(
             self.settings,
-            publisher,
+            self.producer,
             self.fold,
             self.offsets,
             events_tp,
             ensured_queues=self.ensured_queues,
         )
-        part = self._parts[p] = OwnedPartition(p, events_tp, publisher, chain)
+        part = self._parts[p] = OwnedPartition(p, events_tp, chain)
         return part
 
     def pop(self, p: int) -> OwnedPartition | None:
@@ -151,36 +148,16 @@ class PartitionWriters:
         return part
 
     async def close(self, part: OwnedPartition) -> None:
-        """Let a popped partition's batch in flight end, then stop its producer."""
+        """Let a popped partition's batch in flight end."""
         if part.chain.in_flight is not None:
             await asyncio.wait({part.chain.in_flight})
         if part in self._popped:
             self._popped.discard(part)
             self._published_gone += part.chain.published
-        await part.publisher.stop()
 
-    async def close_all(self) -> None:
-        """Stop every producer, without waiting for batches (the scheduler is closing)."""
-        for part in list(self._parts.values()):
-            await part.publisher.stop()
+    def close_all(self) -> None:
+        """Forget every partition, without waiting for batches (the scheduler is closing)."""
         self._parts.clear()
-
-    async def start_publishers(self, parts: list[OwnedPartition]) -> None:
-        """Start the producers of ``parts`` (the first alone: it tells whether the broker
-        has transactions, unless that is known). Each fences the partition's previous owner."""
-        first, *rest = parts
-        wanted = self.transactional if self.transactional is not None else self.transactions
-        await first.publisher.start(transactions=wanted)
-        if self.transactional is None:
-            self.transactional = first.publisher.transactional
-            if self.transactional:
-                logger.info(
-                    "scheduler writes in transactions",
-                    extra={"transactional_ids": f"{self.group_id}.<partition>"},
-                )
-        await asyncio.gather(
-            *(part.publisher.start(transactions=self.transactional) for part in rest)
-        )
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -229,7 +206,7 @@ class PartitionWriters:
         for batch in batches:
             try:
                 await asyncio.shield(batch)  # cancelled or not, the batch goes out
-            except SchedulerFenced:
+            except MemberFenced:
                 fenced = True
         if fenced:
             await self._on_fenced()
@@ -251,7 +228,7 @@ class PartitionWriters:
                 batch is not None
                 and batch.done()
                 and not batch.cancelled()
-                and isinstance(batch.exception(), SchedulerFenced)
+                and isinstance(batch.exception(), MemberFenced)
             ):
                 lost.append(p)
         return lost

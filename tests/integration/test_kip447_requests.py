@@ -106,6 +106,44 @@ async def test_a_transactions_offsets_carry_the_generation_and_a_stale_one_is_re
         assert await _stable(producer.client, group, [tp]) == {tp: 5}
 
 
+async def test_a_refused_transactions_records_are_aborted_not_carried_into_the_next(
+    settings: Settings, kafka_clients: KafkaClients
+) -> None:
+    """Refused offsets fail the transaction; its abort must reach the broker. (aiokafka's own
+    failure path forgets the partitions the transaction wrote and sends no EndTxn: the
+    broker's transaction stays open and the next one's commit committed the refused
+    records with its own.)"""
+    topic, group, tp = await _setup(settings, kafka_clients)
+    consumer = await _member(kafka_clients, topic, group)
+    stale = dataclasses.replace(
+        group_metadata(consumer), generation=group_metadata(consumer).generation - 1
+    )
+    member = [stale]
+    async with _transactional(settings, group, lambda: member[0]) as producer:
+        await producer.begin_transaction()
+        await producer.send(topic, b"refused", partition=0)
+        with pytest.raises(FencedByGroup):
+            await producer.send_offsets_to_transaction({tp: 1}, group)
+        await producer.abort_transaction()
+        member[0] = group_metadata(consumer)
+        await producer.begin_transaction()
+        await producer.send(topic, b"committed", partition=0)
+        await producer.send_offsets_to_transaction({tp: 2}, group)
+        await producer.commit_transaction()
+    reader = await kafka_clients.consumer(group_id=None, isolation_level="read_committed")
+    reader.assign([tp])
+    await reader.seek_to_beginning(tp)
+    seen: list[bytes] = []
+
+    async def read_past_the_commit() -> bool:
+        for records in (await reader.getmany(timeout_ms=200)).values():
+            seen.extend(r.value for r in records)
+        return b"committed" in seen
+
+    await until(read_past_the_commit, within=30, what="the committed record")
+    assert seen == [b"committed"], "the refused transaction's record stays aborted"
+
+
 async def test_offsets_pending_in_an_open_transaction_are_not_read_as_committed(
     settings: Settings, kafka_clients: KafkaClients
 ) -> None:

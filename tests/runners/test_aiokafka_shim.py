@@ -121,8 +121,11 @@ async def test_a_transactional_producer_commits_offsets_through_its_sender() -> 
     try:
         commit_offsets_with_generation(producer, lambda: GroupMetadata("g", 3, "m"))
         assert producer._sender._do_txn_offset_commit.__name__ == "commit"
-        for name in ("transactional_id", "producer_id", "producer_epoch", "error_transaction"):
-            assert hasattr(producer._sender._txn_manager, name), name
+        txn_manager = producer._sender._txn_manager
+        for name in ("transactional_id", "producer_id", "producer_epoch", "_transition_to"):
+            assert hasattr(txn_manager, name), name
+        for name in ("_pending_txn_offsets", "_transaction_waiter", "_txn_partitions"):
+            assert name in vars(txn_manager), name
         handler = sender.TxnOffsetCommitHandler
         assert {"create_request", "handle_response"} <= set(vars(handler)), "overridden"
         assert "self._offsets = offsets" in inspect.getsource(handler.__init__)

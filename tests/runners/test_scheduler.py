@@ -10,16 +10,17 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 from click.testing import CliRunner
 from deferline.engine import Emit, PoolLedger, Pools
+from deferline.runners.member import MemberFenced
 from deferline.runners.scheduler import (
     PoolChannel,
     Scheduler,
     SchedulerError,
-    SchedulerFenced,
     scheduler_command,
 )
 
 # The modules whose names the tests patch (no door can stand for those).
 from deferline.runners.scheduler.testing import BATCHES_AHEAD, Phase, parse_pools
+from deferline.runners.testing import FencedByGroup, GroupMetadata
 from deferline.schemas import (
     CancelRequest,
     DeadLetter,
@@ -55,9 +56,31 @@ def producer_of(kafka: FakeKafka | None = None, **options: Any) -> FakeProducer:
     return FakeProducer(kafka or FakeKafka(), max_batch_size=1 << 20, **options)
 
 
-def journal(scheduler: Scheduler, partition: int = 0) -> list[JournalEntry]:
-    """What the producer of ``partition``'s writer did (sends, acks, transactions)."""
-    producer = scheduler.writers[partition].publisher._producer
+class ChainWrites:
+    """What one partition's chain hands to the member's producer, as journal entries."""
+
+    def __init__(self, scheduler: Scheduler, partition: int) -> None:
+        self.producer = scheduler.producer
+        self.entries: list[JournalEntry] = []
+        scheduler.writers[partition].chain.producer = self  # type: ignore[assignment]
+
+    @property
+    def transactional(self) -> bool | None:
+        return self.producer.transactional
+
+    async def write(self, waves: Any, offsets: Any) -> None:
+        self.entries += [("send", topic, key) for wave in waves for topic, key, _ in wave]
+        await self.producer.write(waves, offsets)
+
+
+def chain_writes(scheduler: Scheduler, partition: int) -> list[JournalEntry]:
+    """The records ``partition``'s chain writes from now on (a live list)."""
+    return ChainWrites(scheduler, partition).entries
+
+
+def journal(scheduler: Scheduler) -> list[JournalEntry]:
+    """What the member's producer did (sends, acks, transactions)."""
+    producer = scheduler.producer._producer
     assert isinstance(producer, FakeProducer)
     return producer.journal
 
@@ -73,7 +96,8 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
     monkeypatch.setattr("deferline.runners.scheduler._publishing.ensure_topics", fake_ensure)
     scheduler = Scheduler(Settings(topic_prefix="p."), pools=Pools(slots={"default_pool": 1}))
     own_partition_zero(scheduler)
-    scheduler.writers[0].publisher._producer = producer_of()
+    scheduler.producer._producer = producer_of()
+    scheduler.producer.transactional = False
     scheduler.ensured = ensured  # type: ignore[attr-defined]
     return scheduler
 
@@ -163,7 +187,7 @@ async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> N
 
 async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> None:
     producer = producer_of(FakeKafka(partitions=3), max_batch_records=2)
-    sched.writers[0].publisher._producer = producer
+    sched.producer._producer = producer
     tasks = [TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(7)]
     chain = sched.writers[0].chain
     await chain.publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
@@ -230,7 +254,7 @@ async def test_nothing_goes_out_after_a_batch_that_failed(
         calls.append(len(calls))
         raise KafkaConnectionError("broker gone")
 
-    monkeypatch.setattr(sched.writers[0].publisher, "publish", refused)
+    monkeypatch.setattr(sched.producer, "write", refused)
     failed = sched.writers[0].chain.start([Emit(TaskStateRecord(task=TASK, state="queued"))])
     after = sched.writers[0].chain.start([Emit(TaskStateRecord(task=TASK, state="running"))])
     assert failed is not None
@@ -264,16 +288,12 @@ async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> N
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
     await sched.writers[0].chain.publish(admitted(sched))
     [value] = sched.fold.written
-    publisher = sched.writers[0].publisher
-    producer = publisher._producer
     await sched.membership.release(0)
     assert sched.fold.written == {}
     assert len(sched.table) == 0, "its tasks are dropped"
     assert sched.table.pool_usage()["default_pool"] == (0, 1), "and their slots freed"
-    assert publisher._producer is None
-    assert producer is not None
-    assert isinstance(producer, FakeProducer)
-    assert producer.journal[-1] == ("stop", "", None)
+    assert 0 not in sched.writers
+    assert sched.producer._producer is not None, "the member's producer stays, for the others"
     # Read back afterwards (the partition came back): decoded like any record.
     assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
     assert sched.table._views[TASK.ti_key].inflight == ()
@@ -340,6 +360,7 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     assert "deferline_scheduler_active 1.0" in text, "it owns partition 0"
     assert "deferline_scheduler_takeovers_total 0.0" in text
     assert "deferline_scheduler_partitions_fenced_total 0.0" in text
+    assert "deferline_scheduler_transactions_total 0.0" in text
     assert 'deferline_scheduler_pool_ledger_slots{pool="default_pool"} 1.0' in text
     assert "deferline_scheduler_pool_ledger_owner 0.0" in text, "it has not led yet"
     assert 'deferline_scheduler_partition_events_total{partition="0",verdict="applied"} 0.0' in text
@@ -350,14 +371,17 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
 
 
 async def transactional(sched: Scheduler) -> FakeTransactionalProducer:
-    """Partition 0's producer in transactions, started: it holds the transactional id."""
-    publisher = sched.writers[0].publisher
+    """The member's producer in transactions, started: it holds the transactional id, and
+    partition 0 has its last committed offset, as an acquisition leaves it."""
+    member = sched.producer
     producer = FakeTransactionalProducer(
-        FakeKafka(), publisher.transactional_id, max_batch_size=1 << 20
+        FakeKafka(), member.transactional_id, max_batch_size=1 << 20
     )
     await producer.start()
-    publisher._producer = producer
-    publisher.transactional = True
+    member._producer = producer
+    member.transactional = True
+    member._member = lambda: GroupMetadata("p.scheduler", 1, "member-a")  # in the group
+    sched.offsets.committed[TPS] = 0
     return producer
 
 
@@ -378,19 +402,22 @@ async def test_a_transaction_carries_the_batch_and_the_offsets_it_consumed(
     )
 
 
-async def test_a_fenced_transaction_drops_its_partition_without_writing(
+async def test_a_round_the_group_fenced_drops_its_partition_without_writing(
     sched: Scheduler,
 ) -> None:
     producer = await transactional(sched)
-    successor = FakeTransactionalProducer(producer.kafka, producer.transactional_id)
-    await successor.start()  # another scheduler acquired the partition: this one is fenced
+    # The group went on without this member (it was paused past its session): the
+    # coordinator refuses its offsets, and the round is aborted.
+    producer.fail_offsets = [FencedByGroup("generation 3 is over")]
     sched.offsets.done = {TPS: 3}
     sched.fold.task(TASK.ti_key.encode(), encode(state()), live=True)
     chain = sched.writers[0].chain
-    with pytest.raises(SchedulerFenced, match="fenced"):
+    with pytest.raises(MemberFenced, match="group went on without this member"):
         await chain.publish(sched.table.drain(), offsets=True)
-    assert sched.offsets.committed == {}, (
-        "offsets of a fenced transaction are not taken as committed"
+    assert (producer.commits, producer.aborts) == (0, 1)
+    assert producer.kafka.offset_commits("p.scheduler") == []
+    assert sched.offsets.committed == {TPS: 0}, (
+        "offsets of a fenced round are not taken as committed"
     )
     assert chain.in_flight is not None
     await sched.writers.await_batches([chain.in_flight])
@@ -400,6 +427,30 @@ async def test_a_fenced_transaction_drops_its_partition_without_writing(
     assert sched.offsets.done == {}
     text = generate_latest(sched.registry).decode()
     assert "deferline_scheduler_partitions_fenced_total 1.0" in text
+    assert "deferline_scheduler_transactions_fenced_total 1.0" in text
+
+
+async def test_batches_handed_over_together_are_one_round_each_with_its_offset(
+    sched: Scheduler,
+) -> None:
+    """Two partitions' batches in one transaction; a batch whose events moved no offset
+    carries its partition's last committed one (its next owner then waits for the round)."""
+    producer = await transactional(sched)
+    sched.router.partitions = 2
+    sched.writers.add(1)
+    sched.ownership.revoke()
+    sched.ownership.assign({0, 1})
+    sched.ownership.acquired(1)
+    other = TopicPartition(TPS.topic, 1)
+    sched.offsets.committed[other] = 4
+    sched.offsets.done = {TPS: 8}
+    keys = [TaskKey(dag_id="d", task_id=f"t{n}", run_id="r") for n in range(40)]
+    by_partition = {partition_for(k.ti_key.encode(), 2): k for k in keys}
+    out = [Emit(TaskStateRecord(task=by_partition[p], state="queued")) for p in (0, 1)]
+    await sched.writers.await_batches(sched.writers.publish(out, [], offsets=(0, 1)))
+    kinds = [kind for kind, _, _ in producer.journal if kind not in ("ack", "send")]
+    assert kinds == ["begin", "commit"], "one transaction for both partitions"
+    assert producer.kafka.offset_commits("p.scheduler") == [{TPS: 8, other: 4}]
 
 
 def test_finished_tasks_leave_memory_after_retention(sched: Scheduler) -> None:
@@ -463,7 +514,6 @@ async def test_the_fold_goes_on_while_earlier_batches_wait_for_the_broker(
 ) -> None:
     producer = await transactional(sched)
     producer.begin_gate = asyncio.Event()  # the broker still completes an earlier transaction
-    sched.writers.transactional = True
     for phase in (Phase.JOINING, Phase.RUNNING):
         sched.phase.move(phase)
     kafka = producer.kafka
@@ -506,7 +556,7 @@ async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
     assert channel is not None
     channel.partitions = 2
     sched.writers.add(1)
-    sched.writers[1].publisher._producer = producer_of()
+    logs = {p: chain_writes(sched, p) for p in (0, 1)}
     sched.ownership.revoke()
     sched.ownership.assign({0, 1})
     sched.ownership.acquired(1)
@@ -527,7 +577,6 @@ async def test_wants_go_with_their_partition_and_grants_with_partition_zero(
     )
     sched.fold.task(key, encode(scheduled), live=True)
     await sched.writers.await_batches(sched.writers.publish(sched.fold.drain(), []))
-    logs = {p: journal(sched, p) for p in (0, 1)}
     pools = "p.scheduler.pools"
     assert ("send", pools, b"want/" + key) in logs[1]
     assert ("send", pools, b"want/" + key) not in logs[0]

@@ -75,15 +75,25 @@ def test_queues_extend_the_rules_to_their_topics_and_groups() -> None:
     assert ("GROUP", "p.worker.gpu", "READ") in grants("worker", worker_queues=["gpu"])
 
 
-def test_the_scheduler_may_use_its_group_and_one_transactional_id_per_partition() -> None:
-    names = SchedulerResources.for_prefix("p.", 12)
+def test_the_scheduler_may_use_its_group_and_every_member_transactional_id() -> None:
+    names = SchedulerResources.for_prefix("p.")
     scheduler = grants("scheduler")
     assert ("GROUP", names.group, "READ") in scheduler
-    assert len(names.transactional_ids) == 12
-    for transactional_id in names.transactional_ids:
-        assert ("TRANSACTIONAL_ID", transactional_id, "WRITE") in scheduler
-        assert ("TRANSACTIONAL_ID", transactional_id, "DESCRIBE") in scheduler
-    assert ("TRANSACTIONAL_ID", "p.scheduler.11", "WRITE") in scheduler
+    assert names.transactional_id_prefix == "p.scheduler.member."
+    ids = [
+        b
+        for b in acl_bindings(SETTINGS, {"scheduler": "User:s"})
+        if b.resource_type == "TRANSACTIONAL_ID"
+    ]
+    assert {(b.resource_name, b.operation, b.pattern) for b in ids} == {
+        ("p.scheduler.member.", "WRITE", "PREFIXED"),
+        ("p.scheduler.member.", "DESCRIBE", "PREFIXED"),
+    }, "one prefixed binding covers every scheduler process's id, and nothing else"
+    assert (
+        ids[0]
+        .kafka_acls_command("b:9")
+        .endswith("--transactional-id p.scheduler.member. --resource-pattern-type prefixed")
+    )
 
 
 def test_a_triggerer_may_use_one_transactional_id_per_partition_of_each_queue() -> None:

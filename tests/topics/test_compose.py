@@ -26,8 +26,8 @@ def test_compose_runs_the_kafka_version_the_tests_use():
     assert f"apache/kafka:{KAFKA_VERSION}" in COMPOSE.read_text()
 
 
-def _secured_acls(text: str) -> set[tuple[str, str, str, str]]:
-    """(principal, resource type, name, operation) for every `acl ROLE ...` line."""
+def _secured_acls(text: str) -> set[tuple[str, str, str, str, str]]:
+    """(principal, resource type, name, operation, pattern) for every `acl ROLE ...` line."""
     kinds = {"--topic": "TOPIC", "--group": "GROUP", "--transactional-id": "TRANSACTIONAL_ID"}
     operations = {
         "Read": "READ",
@@ -41,9 +41,10 @@ def _secured_acls(text: str) -> set[tuple[str, str, str, str]]:
         words = rest.replace("$${P}", "deferline.").split()
         ops = [operations[words[i + 1]] for i, w in enumerate(words) if w == "--operation"]
         targets = [(kinds[w], words[i + 1]) for i, w in enumerate(words) if w in kinds]
+        pattern = "PREFIXED" if "--resource-pattern-type prefixed" in rest else "LITERAL"
         for op in ops:
             for kind, name in targets:
-                found.add((f"User:deferline-{role}", kind, name, op))
+                found.add((f"User:deferline-{role}", kind, name, op, pattern))
     return found
 
 
@@ -51,7 +52,7 @@ def test_secured_profile_grants_exactly_the_acls_topics_ensure_creates():
     text = COMPOSE.read_text()
     settings = Settings(bootstrap_servers="x:1", topic_prefix="deferline.")
     expected = {
-        (b.principal, b.resource_type, b.resource_name, b.operation)
+        (b.principal, b.resource_type, b.resource_name, b.operation, b.pattern)
         for b in acl_bindings(settings, {role: f"User:deferline-{role}" for role in ROLES})
     }
     assert _secured_acls(text) == expected

@@ -1,0 +1,430 @@
+"""One member's producer: every partition the member owns writes through it, and on Apache
+Kafka exactly once, in one transaction per round for all of them (KIP-447).
+
+**With transactions** (Apache Kafka 2.5+) the producer has a transactional id of the
+member's own (``<group>.member.<name>``), not one per partition. Batches handed to it
+(:meth:`MemberProducer.write`) are written in *rounds*: a round is one transaction holding
+every batch handed over since the round before, whichever partitions they are for, and
+the consumed offsets those batches carry, committed for the group with the member's
+generation and member id (TxnOffsetCommit v3). Rounds run back to back: one starts as soon
+as the one before it has ended, so under load a round is as large as the rounds' pace makes
+it, and a lone batch waits for no timer (Kafka Streams commits every 100 ms under exactly
+once; a resumed task here waits for none of that).
+
+- *A zombie is fenced by the group.* A member the group went on without (paused past its
+  session, then woken) sends offsets for a generation that is over: the coordinator refuses
+  them, the whole round is aborted (every partition's records in it), and each batch's
+  writer gets :class:`MemberFenced`.
+- *A new owner waits for the old owner's open round.* It reads a partition's committed
+  offsets with :meth:`MemberProducer.committed` (OffsetFetch ``require_stable``), which
+  waits while a transaction still holds them. So every batch must carry an offset for its
+  partition (its last committed one, if nothing moved): then no round can write a
+  partition's records without also holding its offsets until it ends.
+- *What it costs.* A member killed with a round open leaves it open until the broker times
+  it out (``transaction.timeout.ms``, set to the group's session timeout, found by the
+  broker every ``transaction.abort.timed.out.transaction.cleanup.interval.ms``): the new
+  owner of its partitions waits that long, and ``read_committed`` readers of the topics it
+  wrote see nothing past its records meanwhile. With one transactional id per partition the
+  new owner aborted it at once; the price of that was a producer, a sender and a transaction
+  per partition and round.
+
+**Without transactions** (Tansu, ``--transactions off``, brokers before 2.5) the same one
+producer writes each batch's waves in order, each acknowledged before the next; offsets are
+committed by the member's consumer, and nothing fences a zombie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    IncompatibleBrokerVersion,
+    KafkaError,
+    NotCoordinatorError,
+    ProducerFenced,
+    UnknownError,
+    UnsupportedVersionError,
+)
+from deferline.schemas import DeferlineError
+from deferline.topics import (
+    Murmur2Partitioner,
+    Settings,
+    make_producer,
+    partition_for,
+    start_client,
+    stop_client,
+    trace_send,
+    tracing_on,
+)
+
+from .._aiokafka import (
+    FencedByGroup,
+    GroupMetadata,
+    UnstableOffsets,
+    commit_offsets_with_generation,
+    fetch_stable_offsets,
+)
+
+__all__ = ["MemberFenced", "MemberProducer", "MemberProducerError", "Outgoing"]
+
+logger = logging.getLogger(__name__)
+
+Outgoing = tuple[str, bytes | None, bytes | None]  # topic, key, value (None: a tombstone)
+"""A record to write: its partition is its key's (murmur2), as every client of the topics
+computes it."""
+
+_NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
+_NO_MEMBER = GroupMetadata(group_id="", generation=-1, member_id="")
+_STABLE_POLL = 0.02  # seconds between asks for offsets a transaction holds
+_COORDINATOR_MOVING = (
+    CoordinatorNotAvailableError,
+    NotCoordinatorError,
+    CoordinatorLoadInProgressError,
+)
+
+
+class MemberFenced(DeferlineError):
+    """The group went on without this member: the round holding the batch was aborted."""
+
+
+class MemberProducerError(DeferlineError):
+    """The member's producer cannot go on (another process took its transactional id, the
+    broker lacks what ``transactions=True`` asked for)."""
+
+
+class MemberProducer:
+    """The member's one producer (see the module's docstring).
+
+    Args:
+        settings: connection settings.
+        group_id: the member's consumer group (its offsets go into the rounds).
+        name: this member's name, unique to this process (drawn at its start): a process
+            taking the same transactional id over would fence this one.
+        member: the member's place in the group, read at each round's offset commit.
+        transactions: write in transactions (True: a broker without KIP-447 is an error),
+            never (False), or when the broker has them (None).
+        transaction_timeout: seconds before the broker aborts an open round of a member that
+            died (the group's session timeout: a dead member holds its partitions no longer
+            than the group takes to notice).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        group_id: str,
+        name: str,
+        member: Callable[[], GroupMetadata],
+        transactions: bool | None,
+        transaction_timeout: float,
+    ) -> None:
+        self.settings = settings
+        self.group_id = group_id
+        self.transactional_id = f"{group_id}.member.{name}"
+        self.transactional: bool | None = None  # known once started
+        self.rounds = 0  # transactions committed
+        self.fenced_rounds = 0  # rounds the group refused
+        self._member = member
+        self._transactions = transactions
+        self._timeout_ms = max(1000, int(transaction_timeout * 1000))
+        self._producer: AIOKafkaProducer | None = None
+        self._partitioner = Murmur2Partitioner()
+        self._queue: list[_Batch] = []
+        self._round: asyncio.Task[None] | None = None
+        self._renew = False  # the broker fenced the producer: a new one for the next round
+        self._round_member = _NO_MEMBER  # the member's place, as the open round commits it
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect; with ``transactions`` None, write in transactions if the broker has them
+        and KIP-447 (found out here, once)."""
+        if self._transactions is not False and await self._start_transactional():
+            self.transactional = True
+            return
+        self.transactional = False
+        producer = make_producer(self.settings, linger_ms=0, max_batch_size=1 << 20)
+        self._producer = producer
+        await start_client(producer, grace=5.0, name="member producer")
+
+    def _transactional_producer(self) -> AIOKafkaProducer:
+        producer = make_producer(
+            self.settings,
+            transactional_id=self.transactional_id,
+            transaction_timeout_ms=self._timeout_ms,
+            enable_idempotence=True,
+            # Batches are handed over whole (send_batch): lingering only delays the round.
+            linger_ms=0,
+            max_batch_size=1 << 20,
+            # The broker answers CONCURRENT_TRANSACTIONS while it writes the previous round's
+            # markers; aiokafka then waits this long before asking again (100 ms by
+            # default). The Java client waits 20 ms.
+            retry_backoff_ms=20,
+        )
+        commit_offsets_with_generation(producer, lambda: self._round_member)
+        return producer
+
+    async def _start_transactional(self) -> bool:
+        producer = self._producer = self._transactional_producer()  # stop() closes it
+        try:
+            await start_client(producer, grace=5.0, name="member producer")
+            self.transactional = True
+            # OffsetFetch v7 (require_stable) is KIP-447's too: a broker that has it takes
+            # TxnOffsetCommit v3.
+            await self.committed([])
+        except (UnknownError, UnsupportedVersionError, IncompatibleBrokerVersion) as exc:
+            self._producer = None
+            self.transactional = None
+            await stop_client(producer, grace=5.0, name="member producer")
+            if self._transactions:
+                raise MemberProducerError(
+                    f"the broker has no transactions with group fencing (KIP-447, Apache Kafka "
+                    f"2.5+): {type(exc).__name__}: {exc}"
+                ) from exc
+            logger.warning(
+                "broker has no transactions with group fencing (KIP-447): writing at least "
+                "once; a paused old owner is not fenced",
+                extra={"transactional_id": self.transactional_id},
+            )
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Close the producer (bounded: the broker may be gone). An open round is aborted by
+        the broker; its writers get an error."""
+        producer, self._producer = self._producer, None
+        if self._round is not None and not self._round.done():
+            self._round.cancel()
+            await asyncio.wait({self._round})
+        if producer is not None:
+            await stop_client(producer, grace=5.0, name="member producer")
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def write(
+        self, waves: Sequence[Sequence[Outgoing]], offsets: Mapping[TopicPartition, int]
+    ) -> None:
+        """Write ``waves`` in order (and, in transactions, commit ``offsets`` for the group
+        with them): returns once they are acknowledged, in transactions once their round
+        committed. Raises :class:`MemberFenced` when the group refused the round, the broker's
+        error otherwise. Concurrent writes share rounds."""
+        producer = self._producer
+        if producer is None:
+            raise MemberProducerError(f"{self.transactional_id} is not started")
+        if not self.transactional:
+            chosen: dict[int, dict[bytes, int]] = {}
+            for wave in waves:
+                futures = await self._send(producer, wave, chosen)
+                if futures:
+                    await asyncio.gather(*futures)
+            return
+        batch = _Batch(waves, offsets, asyncio.get_running_loop().create_future())
+        self._queue.append(batch)
+        if self._round is None or self._round.done():
+            self._round = asyncio.create_task(self._rounds(), name="member-rounds")
+        await asyncio.shield(batch.done)
+
+    async def _rounds(self) -> None:
+        """One transaction after another while batches wait."""
+        while self._queue:
+            batches, self._queue = self._queue, []
+            try:
+                await self._one_round(await self._renewed(), batches)
+            except BaseException as exc:
+                for batch in batches:
+                    if not batch.done.done():
+                        batch.done.set_exception(_as_written(exc, self.transactional_id))
+                        batch.done.exception()  # a writer that went away does not warn
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            else:
+                for batch in batches:
+                    batch.done.set_result(None)
+
+    async def _one_round(self, producer: AIOKafkaProducer, batches: list[_Batch]) -> None:
+        offsets: dict[TopicPartition, int] = {}
+        for batch in batches:
+            offsets.update(batch.offsets)
+        member = self._member()
+        if offsets and (member.generation < 0 or not member.member_id):
+            # Between generations (its session expired, it is joining again): the
+            # coordinator would take offsets of no generation as a non-member's, unfenced.
+            self.fenced_rounds += 1
+            raise FencedByGroup(
+                f"not a member of {self.group_id} now (generation {member.generation})"
+            )
+        self._round_member = member  # one place for the whole round, as it was at its start
+        await producer.begin_transaction()
+        try:
+            chosen: dict[int, dict[bytes, int]] = {}
+            futures = [
+                f
+                for batch in batches
+                for wave in batch.waves
+                for f in await self._send(producer, wave, chosen)
+            ]
+            if offsets:
+                await producer.send_offsets_to_transaction(offsets, self.group_id)
+            await producer.commit_transaction()
+        except ProducerFenced as exc:
+            # The broker aborted the round and moved the id's epoch on: the transaction
+            # timeout passed while it was open (the broker or this process stalled that
+            # long). Its partitions may have moved on without it, as a zombie's.
+            self._renew = True
+            self.fenced_rounds += 1
+            raise FencedByGroup(
+                f"the broker aborted the round after its transaction timeout ({exc})"
+            ) from exc
+        except (KafkaError, FencedByGroup) as exc:
+            if isinstance(exc, FencedByGroup):
+                self.fenced_rounds += 1
+            await _abort(producer)
+            raise
+        await asyncio.gather(*futures)
+        self.rounds += 1
+
+    async def _renewed(self) -> AIOKafkaProducer:
+        """The producer for the next round: a new one (same transactional id) after the
+        broker fenced the last."""
+        producer = self._producer
+        if producer is None:
+            raise MemberProducerError(f"{self.transactional_id} is stopped")
+        if self._renew:
+            await stop_client(producer, grace=5.0, name="member producer")
+            producer = self._producer = self._transactional_producer()
+            await start_client(producer, grace=5.0, name="member producer")  # or next round
+            self._renew = False
+            logger.info(
+                "member producer started again after the broker fenced it",
+                extra={"transactional_id": self.transactional_id},
+            )
+        return producer
+
+    async def _send(
+        self,
+        producer: AIOKafkaProducer,
+        wave: Sequence[Outgoing],
+        chosen: dict[int, dict[bytes, int]],
+    ) -> list[asyncio.Future[Any]]:
+        """Queue one wave as one record batch per partition (far cheaper than a ``send`` per
+        record); returns the futures of the batches.
+
+        ``chosen`` keeps each key's partition index (per partition count) across the waves of
+        one write: a task's state and its RunTask share the key, so it is hashed once."""
+        by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
+        partitions: dict[str, tuple[list[int], dict[bytes, int]]] = {}
+        for topic, key, value in wave:
+            known = partitions.get(topic)
+            if known is None:
+                ids = sorted(await producer.partitions_for(topic))
+                known = partitions[topic] = (ids, chosen.setdefault(len(ids), {}))
+            ids, indexes = known
+            if key is None:
+                partition = self._partitioner(key, ids, ids)
+            else:
+                index = indexes.get(key)
+                if index is None:
+                    index = indexes[key] = partition_for(key, len(ids))
+                partition = ids[index]
+            records = by_partition.get((topic, partition))
+            if records is None:
+                records = by_partition[topic, partition] = []
+            records.append((key, value))
+        traced = tracing_on()  # asked once a wave, not per record
+        futures: list[asyncio.Future[Any]] = []
+        for (topic, partition), records in by_partition.items():
+            batch = producer.create_batch()
+            for key, value in records:
+                headers = trace_send(topic, value) if traced else _NO_HEADERS
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is not None:
+                    continue
+                if batch.record_count():  # full: send it, start the next
+                    futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                    # Larger than a batch on its own: send() sends it or says why not.
+                    futures.append(
+                        await producer.send(
+                            topic, value, key=key, partition=partition, headers=headers
+                        )
+                    )
+                    batch = producer.create_batch()
+            if batch.record_count():
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+        return futures
+
+    # -- reading offsets --------------------------------------------------------------------
+
+    async def committed(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        """The group's committed offsets of ``partitions`` once no transaction holds them
+        (a previous owner's round open, or its markers still being written): a new owner
+        reads from there and never past what that round decides. In transactions only."""
+        producer = self._producer
+        if producer is None or not self.transactional:
+            raise MemberProducerError("stable offsets are read through a transactional producer")
+        began = last_said = time.monotonic()
+        while True:
+            try:
+                return await fetch_stable_offsets(producer.client, self.group_id, partitions)
+            except _COORDINATOR_MOVING:  # the group's coordinator is starting or moving
+                await asyncio.sleep(_STABLE_POLL)
+                continue
+            except UnstableOffsets:
+                now = time.monotonic()
+                if now - last_said >= 5.0:
+                    last_said = now
+                    logger.warning(
+                        "waiting for a previous owner's transaction to end before reading "
+                        "its offsets (a member that died with one open: the broker aborts it "
+                        "after its transaction timeout)",
+                        extra={
+                            "group_id": self.group_id,
+                            "partitions": sorted(tp.partition for tp in partitions),
+                            "waited_s": round(now - began, 1),
+                        },
+                    )
+                await asyncio.sleep(_STABLE_POLL)
+
+
+class _Batch:
+    """A writer's batch waiting for its round."""
+
+    __slots__ = ("done", "offsets", "waves")
+
+    def __init__(
+        self,
+        waves: Sequence[Sequence[Outgoing]],
+        offsets: Mapping[TopicPartition, int],
+        done: asyncio.Future[None],
+    ) -> None:
+        self.waves = waves
+        self.offsets = offsets
+        self.done = done
+
+
+def _as_written(exc: BaseException, transactional_id: str) -> BaseException:
+    """What a writer whose round failed gets."""
+    if isinstance(exc, FencedByGroup):
+        return MemberFenced(
+            f"the group went on without this member: {transactional_id}'s round was aborted ({exc})"
+        )
+    if isinstance(exc, asyncio.CancelledError):
+        return MemberProducerError(f"{transactional_id} stopped with the round open")
+    return exc
+
+
+async def _abort(producer: AIOKafkaProducer) -> None:
+    """Abort the open round, if the producer still can (otherwise the broker times it out)."""
+    try:
+        await producer.abort_transaction()
+    except KafkaError as exc:
+        logger.warning("could not abort the member's transaction: %s", exc)
