@@ -4,6 +4,7 @@ followed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +19,9 @@ from ._standby import WarmTable
 __all__ = ["TasksReader"]
 
 logger = logging.getLogger(__name__)
+
+_POSITION_POLL = 0.05
+"""Seconds between looks at the consumer's positions while waiting to be caught up."""
 
 
 class TasksReader:
@@ -175,7 +179,13 @@ class TasksReader:
         # A partition dropped meanwhile has no position any more: nothing to wait for.
         while any(self.positions.get(tp, end) < end for tp, end in ends.items()):
             self.moved.clear()
-            await self.moved.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_POSITION_POLL):
+                    await self.moved.wait()
+            # A partition whose last records are followed by a transaction's marker: the
+            # consumer's position passes the marker on a fetch that returns no records, so
+            # no fold says so.
+            await self._sync()
 
     async def _sync(self) -> None:
         for tp in self.tps:
