@@ -134,8 +134,8 @@ def acl_bindings(
         f"{prefix}triggerer" + ("" if q in (None, DEFAULT_QUEUE) else f".{q}")
         for q in trigger_queues
     ]
-    # On Apache Kafka the owner of defer partition p writes through <group>.<p>, as the
-    # scheduler does (deferline.runners.triggerer's transactional_id).
+    # On Apache Kafka the owner of defer partition p writes through <group>.<p>
+    # (deferline.runners.triggerer's transactional_id).
     triggerer_txns = [f"{g}.{p}" for g in triggerer_groups for p in range(settings.partitions)]
     worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
     logs = names.trigger_logs
