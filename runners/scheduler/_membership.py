@@ -418,9 +418,8 @@ class Membership:
     async def drop_fenced(self) -> None:
         """Drop every partition whose last batch was fenced, without writing, and rejoin."""
         async with self.writers.lock:
-            lost = self.writers.fenced()
-            for p in lost:
-                self.ownership.lose(p)
+            # A partition a concurrent call is already dropping is not dropped twice.
+            lost = [p for p in self.writers.fenced() if self.ownership.lose(p)]
         for p in lost:
             if self.clients.events is not None:
                 self.clients.events.pause(TopicPartition(self.names.task_events, p))
