@@ -45,6 +45,7 @@ __all__ = [
     "FencedByGroup",
     "GroupMetadata",
     "UnstableOffsets",
+    "abort_reaches_the_broker",
     "admin_client",
     "client_of",
     "commit_offsets_as_no_member",
@@ -310,20 +311,34 @@ class _GenerationTxnOffsetCommit(Request[_TxnOffsetCommitRequest_v3]):  # type: 
 
 def _refuse_transaction(txn_manager: Any, error: BaseException) -> None:
     """Fail the open transaction so that it can only be aborted, as aiokafka's
-    ``error_transaction`` does, but keep what the transaction touched.
+    ``error_transaction`` does, but keep the partitions and group the broker has added to it.
 
-    ``error_transaction`` forgets the partitions and the group the transaction added; its
-    abort then counts as empty and sends no EndTxn, so the broker's transaction stays open
-    and the producer's next transaction, begun on the client alone, writes into it: its
-    commit commits the refused records too. Kept, the abort sends EndTxn(ABORT)."""
+    ``error_transaction`` forgets them; its abort then counts as empty and sends no EndTxn, so
+    the broker's transaction stays open and the producer's next transaction, begun on the
+    client alone, writes into it: its commit commits the refused records too. Kept, the abort
+    sends EndTxn(ABORT). (Partitions not added yet are dropped, as aiokafka drops them: the
+    broker holds nothing of theirs, and one refused for good must not be asked again.)"""
     _internal(txn_manager, "_transition_to")(_ABORTABLE_ERROR)
+    _internal(txn_manager, "_pending_txn_partitions").clear()
     pending = _internal(txn_manager, "_pending_txn_offsets")
     for _, _, waiting in pending:
-        waiting.set_exception(error)
+        if not waiting.done():
+            waiting.set_exception(error)
     pending.clear()
     waiter = _internal(txn_manager, "_transaction_waiter")
-    waiter.set_exception(error)  # a commit now raises it; only an abort goes on
-    waiter.exception()  # retrieved: the abort replaces the waiter, which nobody awaits
+    if waiter is not None and not waiter.done():
+        waiter.set_exception(error)  # a commit now raises it; only an abort goes on
+        waiter.exception()  # retrieved: the abort replaces the waiter, which nobody awaits
+
+
+def abort_reaches_the_broker(producer: AIOKafkaProducer) -> None:
+    """Make every failure of the transactional ``producer``'s transactions abortable at the
+    broker: aiokafka's ``error_transaction`` (called on a refused AddPartitionsToTxn,
+    AddOffsetsToTxn or offset commit) is replaced by :func:`_refuse_transaction`. Call once,
+    before its first transaction."""
+    txn_manager = _internal(_internal(producer, "_sender"), "_txn_manager")
+    _internal(txn_manager, "error_transaction")
+    txn_manager.error_transaction = lambda error: _refuse_transaction(txn_manager, error)
 
 
 def commit_offsets_with_generation(

@@ -68,6 +68,7 @@ from .._aiokafka import (
     FencedByGroup,
     GroupMetadata,
     UnstableOffsets,
+    abort_reaches_the_broker,
     commit_offsets_with_generation,
     fetch_stable_offsets,
 )
@@ -168,6 +169,7 @@ class MemberProducer:
             # default). The Java client waits 20 ms.
             retry_backoff_ms=20,
         )
+        abort_reaches_the_broker(producer)
         commit_offsets_with_generation(producer, lambda: self._round_member)
         return producer
 

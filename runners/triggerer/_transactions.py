@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import UnknownError, UnsupportedVersionError
 from deferline.topics import Settings, make_producer, start_client, stop_client
 
+from .._aiokafka import abort_reaches_the_broker
 from ._lane_types import TriggererError
 
 __all__ = ["PartitionProducers", "transactional_id"]
@@ -67,6 +68,7 @@ class PartitionProducers:
             # default). The Java client waits 20 ms.
             retry_backoff_ms=20,
         )
+        abort_reaches_the_broker(producer)
         try:
             await start_client(producer, grace=5.0, name="partition producer")
         except (UnknownError, UnsupportedVersionError) as exc:

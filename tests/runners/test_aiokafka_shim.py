@@ -22,6 +22,7 @@ from deferline.runners.testing import (
     GenerationTxnOffsetCommit,
     GroupMetadata,
     StableOffsetFetch,
+    abort_reaches_the_broker,
     admin_client,
     client_of,
     commit_offsets_with_generation,
@@ -159,3 +160,35 @@ async def test_an_admin_client_holds_its_network_client_as_client() -> None:
         assert callable(AIOKafkaClient.coordinator_lookup)
     finally:
         await admin.close()
+
+
+async def test_a_failed_transaction_keeps_what_its_abort_must_end() -> None:
+    """aiokafka's ``error_transaction`` forgets the partitions the broker added to the
+    transaction, so its abort sends no EndTxn; with ``abort_reaches_the_broker`` the added
+    ones stay (the abort ends them) and those not added yet are dropped."""
+    from aiokafka.errors import KafkaError
+    from aiokafka.producer.transaction_manager import TransactionResult
+
+    added, pending = TopicPartition("t", 0), TopicPartition("t", 1)
+    for guarded in (False, True):
+        producer = AIOKafkaProducer(bootstrap_servers="unused:9092", transactional_id="t")
+        try:
+            if guarded:
+                abort_reaches_the_broker(producer)
+            txn = producer._sender._txn_manager
+            txn.set_pid_and_epoch(5, 0)
+            txn.begin_transaction()
+            txn.maybe_add_partition_to_txn(added)
+            txn.partition_added(added)
+            txn.maybe_add_partition_to_txn(pending)
+            txn.error_transaction(KafkaError("refused"))
+            assert txn.partitions_to_add() == set()
+            assert txn.is_empty_transaction() is not guarded, (
+                "guarded, the abort has a partition to end" if guarded else "aiokafka's own"
+            )
+            with pytest.raises(KafkaError, match="refused"):
+                txn.committing_transaction()  # only an abort goes on
+            txn.aborting_transaction()
+            assert txn.needs_transaction_commit() is TransactionResult.ABORT
+        finally:
+            await producer.stop()
