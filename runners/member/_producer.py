@@ -131,7 +131,7 @@ class MemberProducer:
         self.transactional_id = f"{group_id}.member.{name}"
         self.transactional: bool | None = None  # known once started
         self.rounds = 0  # transactions committed
-        self.fenced_rounds = 0  # rounds the group refused
+        self.fenced_rounds = 0  # rounds the group refused, or the broker aborted
         self._member = member
         self._transactions = transactions
         self._timeout_ms = max(1000, int(transaction_timeout * 1000))
@@ -240,6 +240,8 @@ class MemberProducer:
             try:
                 await self._one_round(await self._renewed(), batches)
             except BaseException as exc:
+                if isinstance(exc, FencedByGroup):
+                    self.fenced_rounds += 1
                 for batch in batches:
                     if not batch.done.done():
                         batch.done.set_exception(_as_written(exc, self.transactional_id))
@@ -258,7 +260,6 @@ class MemberProducer:
         if offsets and (member.generation < 0 or not member.member_id):
             # Between generations (its session expired, it is joining again): the
             # coordinator would take offsets of no generation as a non-member's, unfenced.
-            self.fenced_rounds += 1
             raise FencedByGroup(
                 f"not a member of {self.group_id} now (generation {member.generation})"
             )
@@ -280,13 +281,10 @@ class MemberProducer:
             # timeout passed while it was open (the broker or this process stalled that
             # long). Its partitions may have moved on without it, as a zombie's.
             self._renew = True
-            self.fenced_rounds += 1
             raise FencedByGroup(
                 f"the broker aborted the round after its transaction timeout ({exc})"
             ) from exc
-        except (KafkaError, FencedByGroup) as exc:
-            if isinstance(exc, FencedByGroup):
-                self.fenced_rounds += 1
+        except (KafkaError, FencedByGroup):
             await _abort(producer)
             raise
         await asyncio.gather(*futures)

@@ -7,7 +7,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from deferline.runners.testing import client_of
 from deferline.topics import Settings, make_admin, make_consumer, make_producer
+
+from tests._until import until
 
 
 class KafkaClients:
@@ -29,6 +32,29 @@ class KafkaClients:
         consumer = make_consumer(self.settings, *topics, group_id=group_id, **overrides)
         self._stops.append(consumer.stop)
         await consumer.start()
+        return consumer
+
+    async def member(
+        self, topic: str, group_id: str, partitions: int, **overrides: Any
+    ) -> AIOKafkaConsumer:
+        """A consumer of ``group_id`` subscribed to the new ``topic``, once assigned all its
+        ``partitions``. It joins only once its metadata has every partition: a member that
+        joined knowing fewer would wait for its next metadata refresh (minutes) to join
+        again."""
+        consumer = await self.consumer(group_id=group_id, **overrides)
+
+        async def known() -> bool:
+            await client_of(consumer).force_metadata_update()
+            return len(consumer.partitions_for_topic(topic) or ()) == partitions
+
+        await until(known, within=30, what=f"the {partitions} partitions of {topic}")
+        consumer.subscribe([topic])
+
+        async def assigned() -> bool:
+            await consumer.getmany(timeout_ms=100)
+            return len(consumer.assignment()) == partitions
+
+        await until(assigned, within=60, what="the member's assignment")
         return consumer
 
     async def admin(self, **overrides: Any) -> AIOKafkaAdminClient:

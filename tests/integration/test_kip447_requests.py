@@ -16,7 +16,6 @@ from deferline.runners.testing import (
     FencedByGroup,
     GroupMetadata,
     UnstableOffsets,
-    client_of,
     commit_offsets_with_generation,
     fetch_stable_offsets,
     group_metadata,
@@ -29,29 +28,9 @@ from tests.integration._util import KafkaClients
 pytestmark = [pytest.mark.integration, pytest.mark.kafka_only, pytest.mark.timeout(120)]
 
 
-async def _knows_partitions(consumer: AIOKafkaConsumer, topic: str, count: int) -> None:
-    """Until the consumer's metadata has every partition of the new ``topic``: a member that
-    joined knowing fewer would wait for its next metadata refresh (minutes) to join again."""
-
-    async def known() -> bool:
-        await client_of(consumer).force_metadata_update()
-        return len(consumer.partitions_for_topic(topic) or ()) == count
-
-    await until(known, within=30, what=f"the {count} partitions of {topic}")
-
-
 async def _member(clients: KafkaClients, topic: str, group: str) -> AIOKafkaConsumer:
-    """A consumer of ``group`` subscribed to ``topic``, once it has its partitions."""
-    consumer = await clients.consumer(group_id=group, enable_auto_commit=False)
-    await _knows_partitions(consumer, topic, 2)
-    consumer.subscribe([topic])
-
-    async def assigned() -> bool:
-        await consumer.getmany(timeout_ms=100)
-        return bool(consumer.assignment())
-
-    await until(assigned, within=60, what="the member's assignment")
-    return consumer
+    """A consumer of ``group`` subscribed to ``topic`` (two partitions), once assigned."""
+    return await clients.member(topic, group, 2, enable_auto_commit=False)
 
 
 async def _stable(

@@ -15,7 +15,6 @@ from aiokafka.admin import NewTopic
 from deferline.runners.member import MemberFenced, MemberProducer
 from deferline.runners.testing import (
     GroupMetadata,
-    client_of,
     commit_offsets_with_generation,
     group_metadata,
 )
@@ -29,17 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka_only, pytest.mark.timeo
 PARTITIONS = 3
 
 
-async def _knows_partitions(consumer: AIOKafkaConsumer, topic: str, count: int) -> None:
-    """Until the consumer's metadata has every partition of the new ``topic``: a member that
-    joined knowing fewer would wait for its next metadata refresh (minutes) to join again."""
-
-    async def known() -> bool:
-        await client_of(consumer).force_metadata_update()
-        return len(consumer.partitions_for_topic(topic) or ()) == count
-
-    await until(known, within=30, what=f"the {count} partitions of {topic}")
-
-
 async def _topic_and_member(
     settings: Settings, clients: KafkaClients
 ) -> tuple[str, str, AIOKafkaConsumer]:
@@ -47,16 +35,7 @@ async def _topic_and_member(
     topic, group = f"{settings.topic_prefix}in", f"{settings.topic_prefix}g"
     admin = await clients.admin()
     await admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])
-    consumer = await clients.consumer(group_id=group)
-    await _knows_partitions(consumer, topic, PARTITIONS)
-    consumer.subscribe([topic])
-
-    async def assigned() -> bool:
-        await consumer.getmany(timeout_ms=100)
-        return len(consumer.assignment()) == PARTITIONS
-
-    await until(assigned, within=60, what="the member's assignment")
-    return topic, group, consumer
+    return topic, group, await clients.member(topic, group, PARTITIONS)
 
 
 @contextlib.asynccontextmanager
