@@ -55,6 +55,7 @@ __all__ = [
     "group_metadata",
     "join_once",
     "leave_from_generation_zero",
+    "offsets_of_several_groups",
     "request_rejoin",
     "set_fetch_wait",
 ]
@@ -341,12 +342,51 @@ def abort_reaches_the_broker(producer: AIOKafkaProducer) -> None:
     txn_manager.error_transaction = lambda error: _refuse_transaction(txn_manager, error)
 
 
+def offsets_of_several_groups(producer: AIOKafkaProducer) -> None:
+    """Let one transaction of the transactional ``producer`` commit offsets for several
+    consumer groups (``send_offsets_to_transaction`` once per group), as the protocol allows.
+
+    aiokafka adds only the first group to a transaction (AddOffsetsToTxn) and then sends every
+    later group's offsets unadded: the coordinator refuses them (INVALID_TXN_STATE) and the
+    producer is in a fatal error for good. Here each group waiting in line is added before
+    its offsets are sent. Call once, before the producer's first transaction."""
+    txn_manager = _internal(_internal(producer, "_sender"), "_txn_manager")
+    pending: Any = _internal(txn_manager, "_pending_txn_offsets")
+    begin = _internal(txn_manager, "begin_transaction")
+    _internal(txn_manager, "consumer_group_added")
+    added: set[str] = set()
+
+    def begin_transaction() -> None:
+        added.clear()
+        begin()
+
+    def consumer_group_to_add() -> str | None:
+        for group_id, _, _ in pending:  # the first in line only: they go in order
+            return None if group_id in added else str(group_id)
+        return None
+
+    def offsets_to_commit() -> tuple[Any, str] | None:
+        for group_id, offsets, _ in pending:
+            return (offsets, group_id) if group_id in added else None
+        return None
+
+    def consumer_group_added(group_id: str) -> None:
+        added.add(group_id)
+        txn_manager._txn_consumer_group = group_id  # the transaction is not empty: EndTxn
+
+    txn_manager.begin_transaction = begin_transaction
+    txn_manager.consumer_group_to_add = consumer_group_to_add
+    txn_manager.offsets_to_commit = offsets_to_commit
+    txn_manager.consumer_group_added = consumer_group_added
+
+
 def commit_offsets_with_generation(
     producer: AIOKafkaProducer, member: Callable[[], GroupMetadata]
 ) -> None:
     """Make the transactional ``producer`` commit offsets (``send_offsets_to_transaction``)
     with TxnOffsetCommit v3, carrying ``member()`` (read at each commit) instead of aiokafka's
-    v0, which carries no generation (KIP-447).
+    v0, which carries no generation (KIP-447). Offsets of any other group than ``member()``'s
+    go in as a standalone consumer's (generation -1, no member id).
 
     A commit the coordinator refuses for the generation (ILLEGAL_GENERATION,
     UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID) fails the transaction: ``send_offsets_to_transaction``
@@ -403,7 +443,12 @@ def commit_offsets_with_generation(
             _refuse_transaction(txn_manager, exc)
             return
         handler = _Handler(sender, offsets, group_id)
-        handler._metadata = member()
+        metadata = member()
+        # Another group's offsets (a source topic's reader, not a member of it) go in as a
+        # standalone consumer's: no generation, no member id.
+        handler._metadata = (
+            metadata if metadata.group_id == group_id else GroupMetadata(group_id, -1, "")
+        )
         await handler.do(node_id)
 
     sender._do_txn_offset_commit = commit

@@ -14,6 +14,7 @@ from ._aiokafka import (
     group_metadata,
     join_once,
     leave_from_generation_zero,
+    offsets_of_several_groups,
     set_fetch_wait,
 )
 from ._aiokafka import _GenerationTxnOffsetCommit as GenerationTxnOffsetCommit
@@ -55,6 +56,7 @@ __all__ = [
     "join_once",
     "layout_options",
     "leave_from_generation_zero",
+    "offsets_of_several_groups",
     "ride_out",
     "run_until_signal",
     "set_fetch_wait",

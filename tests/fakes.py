@@ -50,7 +50,9 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
 )
 from aiokafka.structs import ConsumerRecord, OffsetAndTimestamp, RecordMetadata
-from deferline.topics import partition_for
+from deferline.runners.member import MemberProducer
+from deferline.runners.testing import GroupMetadata
+from deferline.topics import Settings, partition_for
 
 __all__ = [
     "FakeBatch",
@@ -673,6 +675,27 @@ class FakeTransactionalProducer(FakeProducer):
 def _offset_of(offset: Any) -> int:
     """An offset given as an int, an ``OffsetAndMetadata`` or an (offset, metadata) pair."""
     return offset if isinstance(offset, int) else int(offset[0])
+
+
+async def fake_member_producer(
+    kafka: FakeKafka, group_id: str, member: Callable[[], GroupMetadata], **options: Any
+) -> tuple[MemberProducer, FakeTransactionalProducer]:
+    """A started member producer in transactions, writing through a fake transactional
+    producer over ``kafka`` (``options`` are the fake's); ``member()`` is its place in
+    ``group_id``."""
+    producer = MemberProducer(
+        Settings(topic_prefix="p."),
+        group_id=group_id,
+        name="a",
+        member=member,
+        transactions=True,
+        transaction_timeout=10.0,
+    )
+    fake = FakeTransactionalProducer(kafka, producer.transactional_id, **options)
+    await fake.start()
+    producer._producer = fake  # the fake stands in for aiokafka's
+    producer.transactional = True
+    return producer, fake
 
 
 # -- consumers -------------------------------------------------------------------------------

@@ -7,10 +7,11 @@ enforces it. A triggerer writes only tombstones there (the defer topic is a tabl
 finished trigger's entry is deleted by its owner), but Kafka cannot grant Write for
 tombstones alone; a triggerer's principal runs the triggers anyway.
 
-Every binding names an exact topic, group or transactional id (LITERAL), built from the
-same TopicNames/topic_specs the processes use, so a new queue needs ``topics ensure --acls``
-again with that queue. One kind is PREFIXED: the scheduler's transactional ids, one per
-member process (``<group>.member.<name>``), whose names are not known in advance.
+Every binding names an exact topic or group (LITERAL), built from the same
+TopicNames/topic_specs the processes use, so a new queue needs ``topics ensure --acls``
+again with that queue. One kind is PREFIXED: the transactional ids of the triggerers and
+schedulers, one per member process of each group (``<group>.member.<name>``), whose names
+are not known in advance.
 :func:`acl_bindings` is the single list; ``topics ensure --acls``, the docs' ``kafka-acls``
 commands and the tests all come from it.
 """
@@ -134,9 +135,9 @@ def acl_bindings(
         f"{prefix}triggerer" + ("" if q in (None, DEFAULT_QUEUE) else f".{q}")
         for q in trigger_queues
     ]
-    # On Apache Kafka the owner of defer partition p writes through <group>.<p>
-    # (deferline.runners.triggerer's transactional_id).
-    triggerer_txns = [f"{g}.{p}" for g in triggerer_groups for p in range(settings.partitions)]
+    # On Apache Kafka each member of a triggerer group writes through <group>.member.<name>
+    # (deferline.runners.member.MemberProducer).
+    triggerer_txns = [f"{g}.member." for g in triggerer_groups]
     worker_groups = [f"{prefix}worker.{w}" for w in wqueues]
     logs = names.trigger_logs
     scheduler = SchedulerResources.for_prefix(prefix)
@@ -167,8 +168,6 @@ def acl_bindings(
             ("TOPIC", [*defer, *resume], "READ"),
             ("TOPIC", [*resume, names.task_events, *defer, *resumes, names.dead, logs], "WRITE"),
             ("GROUP", triggerer_groups, "READ"),
-            ("TRANSACTIONAL_ID", triggerer_txns, "WRITE"),
-            ("TRANSACTIONAL_ID", triggerer_txns, "DESCRIBE"),
         ],
         # Folds events into task state; writes state, RunTasks, cancels and dead letters;
         # reads and writes the pool ledger (wants of its tasks; grants, as the ledger owner).
@@ -198,6 +197,11 @@ def acl_bindings(
         ],
     }
     prefixed: dict[Role, list[tuple[ResourceType, str, Operation]]] = {
+        "triggerer": [
+            ("TRANSACTIONAL_ID", txn, operation)
+            for txn in triggerer_txns
+            for operation in ("WRITE", "DESCRIBE")
+        ],
         "scheduler": [
             ("TRANSACTIONAL_ID", scheduler.transactional_id_prefix, "WRITE"),
             ("TRANSACTIONAL_ID", scheduler.transactional_id_prefix, "DESCRIBE"),

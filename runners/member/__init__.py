@@ -13,7 +13,14 @@ from ._partition_db import (
     PartitionDatabase,
     RocksPartitionDatabase,
 )
-from ._producer import MemberFenced, MemberProducer, MemberProducerError, Outgoing
+from ._producer import (
+    MemberFenced,
+    MemberProducer,
+    MemberProducerError,
+    Outgoing,
+    Placed,
+    RecordsRefused,
+)
 from ._sticky_assignor import StickyAssignor
 
 __all__ = [
@@ -32,6 +39,8 @@ __all__ = [
     "PartitionDatabase",
     "PartitionPhase",
     "PartitionProcessor",
+    "Placed",
+    "RecordsRefused",
     "RocksPartitionDatabase",
     "StickyAssignor",
     "answers_fetches_early",

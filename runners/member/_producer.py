@@ -71,15 +71,30 @@ from .._aiokafka import (
     abort_reaches_the_broker,
     commit_offsets_with_generation,
     fetch_stable_offsets,
+    offsets_of_several_groups,
 )
 
-__all__ = ["MemberFenced", "MemberProducer", "MemberProducerError", "Outgoing"]
+__all__ = [
+    "MemberFenced",
+    "MemberProducer",
+    "MemberProducerError",
+    "Outgoing",
+    "Placed",
+    "RecordsRefused",
+]
 
 logger = logging.getLogger(__name__)
 
 Outgoing = tuple[str, bytes | None, bytes | None]  # topic, key, value (None: a tombstone)
 """A record to write: its partition is its key's (murmur2), as every client of the topics
 computes it."""
+
+Placed = tuple[str, bytes | None, bytes | None, int | None]  # topic, key, value, partition
+"""A record to write to the partition it names (a defer partition's tombstone, say: it goes
+where the record it deletes is, whatever client wrote that); None: its key's."""
+
+Acked = list[int | BaseException]
+"""Per placed record: its offset once its round committed, or why it was not sent."""
 
 _NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
 _NO_MEMBER = GroupMetadata(group_id="", generation=-1, member_id="")
@@ -93,6 +108,17 @@ _COORDINATOR_MOVING = (
 
 class MemberFenced(DeferlineError):
     """The group went on without this member: the round holding the batch was aborted."""
+
+
+class RecordsRefused(DeferlineError):
+    """Records of a round were refused before they were sent (larger than a request, say):
+    the round was aborted. ``errors`` holds, per placed record of the batch, why it was
+    refused (None: it was not, and was aborted with the round)."""
+
+    def __init__(self, errors: list[BaseException | None]) -> None:
+        first = next((e for e in errors if e is not None), None)
+        super().__init__(f"records refused, round aborted: {first!r}")
+        self.errors = errors
 
 
 class MemberProducerError(DeferlineError):
@@ -136,11 +162,14 @@ class MemberProducer:
         self._transactions = transactions
         self._timeout_ms = max(1000, int(transaction_timeout * 1000))
         self._producer: AIOKafkaProducer | None = None
+        self._other: AIOKafkaProducer | None = None  # the second, in transactions
         self._partitioner = Murmur2Partitioner()
         self._queue: list[_Batch] = []
         self._round: asyncio.Task[None] | None = None
-        self._renew = False  # the broker fenced the producer: a new one for the next round
-        self._round_member = _NO_MEMBER  # the member's place, as the open round commits it
+        self._turn = 0  # the producer the next round is on
+        self._stopped = False
+        self._renew: set[int] = set()  # fenced by the broker: new ones for their next rounds
+        self._round_members = [_NO_MEMBER, _NO_MEMBER]  # per producer, as its round commits
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -155,26 +184,27 @@ class MemberProducer:
         self._producer = producer
         await start_client(producer, grace=5.0, name="member producer")
 
-    def _transactional_producer(self) -> AIOKafkaProducer:
+    def _transactional_producer(self, turn: int) -> AIOKafkaProducer:
         producer = make_producer(
             self.settings,
-            transactional_id=self.transactional_id,
+            transactional_id=f"{self.transactional_id}.{turn}",
             transaction_timeout_ms=self._timeout_ms,
             enable_idempotence=True,
             # Batches are handed over whole (send_batch): lingering only delays the round.
             linger_ms=0,
             max_batch_size=1 << 20,
-            # The broker answers CONCURRENT_TRANSACTIONS while it writes the previous round's
-            # markers; aiokafka then waits this long before asking again (100 ms by
-            # default). The Java client waits 20 ms.
-            retry_backoff_ms=20,
+            # The broker answers CONCURRENT_TRANSACTIONS while it writes the markers of the
+            # producer's previous round; aiokafka then waits this long before asking again
+            # (100 ms by default; 20 ms for AddPartitionsToTxn, as the Java client).
+            retry_backoff_ms=5,
         )
         abort_reaches_the_broker(producer)
-        commit_offsets_with_generation(producer, lambda: self._round_member)
+        offsets_of_several_groups(producer)  # a watch's source group beside the member's
+        commit_offsets_with_generation(producer, lambda: self._round_members[turn])
         return producer
 
     async def _start_transactional(self) -> bool:
-        producer = self._producer = self._transactional_producer()  # stop() closes it
+        producer = self._producer = self._transactional_producer(0)  # stop() closes it
         try:
             await start_client(producer, grace=5.0, name="member producer")
             self.transactional = True
@@ -196,17 +226,24 @@ class MemberProducer:
                 extra={"transactional_id": self.transactional_id},
             )
             return False
+        other = self._other = self._transactional_producer(1)
+        await start_client(other, grace=5.0, name="member producer")
         return True
 
     async def stop(self) -> None:
-        """Close the producer (bounded: the broker may be gone). An open round is aborted by
+        """Close the producers (bounded: the broker may be gone). An open round is aborted by
         the broker; its writers get an error."""
-        producer, self._producer = self._producer, None
+        producers = [self._producer, self._other]
+        self._producer = self._other = None
+        self._stopped = True
         if self._round is not None and not self._round.done():
             self._round.cancel()
             await asyncio.wait({self._round})
-        if producer is not None:
-            await stop_client(producer, grace=5.0, name="member producer")
+        self._fail(self._queue, MemberProducerError(f"{self.transactional_id} stopped"))
+        self._queue = []
+        for producer in producers:
+            if producer is not None:
+                await stop_client(producer, grace=5.0, name="member producer")
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -229,33 +266,73 @@ class MemberProducer:
             return
         batch = _Batch(waves, offsets, asyncio.get_running_loop().create_future())
         self._queue.append(batch)
-        if self._round is None or self._round.done():
-            self._round = asyncio.create_task(self._rounds(), name="member-rounds")
+        self._kick()
         await asyncio.shield(batch.done)
 
+    async def write_placed(
+        self,
+        records: Sequence[Placed],
+        offsets: Mapping[TopicPartition, int],
+        *,
+        foreign: Mapping[str, Mapping[TopicPartition, int]] | None = None,
+    ) -> Acked:
+        """Write ``records`` to the partitions they name in the next round, committing
+        ``offsets`` for the group and ``foreign`` (other groups' offsets, as a standalone
+        reader's) with them. Returns each record's offset once the round committed, or the
+        error that kept it out before it was sent (larger than a request, say: the round
+        goes on without it). Raises :class:`MemberFenced` when the group refused the round,
+        the broker's error when it failed otherwise. In transactions only."""
+        if self._producer is None or not self.transactional:
+            raise MemberProducerError(f"{self.transactional_id} writes placed records in rounds")
+        batch = _Batch((), offsets, asyncio.get_running_loop().create_future())
+        batch.placed, batch.foreign = records, foreign
+        self._queue.append(batch)
+        self._kick()
+        acked = await asyncio.shield(batch.done)
+        assert acked is not None
+        return acked
+
+    def _kick(self) -> None:
+        """Run rounds while batches wait (a round takes what is queued when it begins, so
+        batches handed over together share it)."""
+        if self._round is None or self._round.done():
+            self._round = asyncio.create_task(self._rounds(), name="member-rounds")
+
     async def _rounds(self) -> None:
-        """One transaction after another while batches wait."""
-        while self._queue:
+        """One transaction after another while batches wait, on the two producers in turn."""
+        while self._queue and not self._stopped:
             batches, self._queue = self._queue, []
+            turn = self._turn
+            self._turn = 1 - turn if self._other is not None else 0
             try:
-                await self._one_round(await self._renewed(), batches)
+                await self._one_round(await self._renewed(turn), batches, turn)
             except BaseException as exc:
                 if isinstance(exc, FencedByGroup):
                     self.fenced_rounds += 1
-                for batch in batches:
-                    if not batch.done.done():
-                        batch.done.set_exception(_as_written(exc, self.transactional_id))
-                        batch.done.exception()  # a writer that went away does not warn
+                self._fail(batches, exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
             else:
                 for batch in batches:
-                    batch.done.set_result(None)
+                    batch.done.set_result(batch.acked())
 
-    async def _one_round(self, producer: AIOKafkaProducer, batches: list[_Batch]) -> None:
+    def _fail(self, batches: list[_Batch], exc: BaseException) -> None:
+        for batch in batches:
+            if not batch.done.done():
+                batch.done.set_exception(_as_written(exc, self.transactional_id, batch))
+                batch.done.exception()  # a writer that went away does not warn
+
+    async def _one_round(
+        self, producer: AIOKafkaProducer, batches: list[_Batch], turn: int
+    ) -> None:
         offsets: dict[TopicPartition, int] = {}
+        foreign: dict[str, dict[TopicPartition, int]] = {}
         for batch in batches:
             offsets.update(batch.offsets)
+            for group, theirs in (batch.foreign or {}).items():
+                merged = foreign.setdefault(group, {})
+                for tp, offset in theirs.items():
+                    merged[tp] = max(offset, merged.get(tp, offset))
         member = self._member()
         if offsets and (member.generation < 0 or not member.member_id):
             # Between generations (its session expired, it is joining again): the
@@ -263,7 +340,7 @@ class MemberProducer:
             raise FencedByGroup(
                 f"not a member of {self.group_id} now (generation {member.generation})"
             )
-        self._round_member = member  # one place for the whole round, as it was at its start
+        self._round_members[turn] = member  # one place for the round, as at its start
         await producer.begin_transaction()
         try:
             chosen: dict[int, dict[bytes, int]] = {}
@@ -273,37 +350,49 @@ class MemberProducer:
                 for wave in batch.waves
                 for f in await self._send(producer, wave, chosen)
             ]
+            for batch in batches:
+                if batch.placed is not None:
+                    batch.sent = await self._send_placed(producer, batch.placed)
+                    futures += [f for f, _ in batch.sent if isinstance(f, asyncio.Future)]
+            if any(isinstance(f, BaseException) for batch in batches for f, _ in batch.sent):
+                raise _Refused()
             if offsets:
                 await producer.send_offsets_to_transaction(offsets, self.group_id)
+            for group, theirs in foreign.items():
+                await producer.send_offsets_to_transaction(theirs, group)
             await producer.commit_transaction()
         except ProducerFenced as exc:
             # The broker aborted the round and moved the id's epoch on: the transaction
             # timeout passed while it was open (the broker or this process stalled that
             # long). Its partitions may have moved on without it, as a zombie's.
-            self._renew = True
+            self._renew.add(turn)
             raise FencedByGroup(
                 f"the broker aborted the round after its transaction timeout ({exc})"
             ) from exc
-        except (KafkaError, FencedByGroup):
+        except (KafkaError, FencedByGroup, _Refused):
             await _abort(producer)
             raise
         await asyncio.gather(*futures)
         self.rounds += 1
 
-    async def _renewed(self) -> AIOKafkaProducer:
-        """The producer for the next round: a new one (same transactional id) after the
+    async def _renewed(self, turn: int) -> AIOKafkaProducer:
+        """The producer of round ``turn``: a new one (same transactional id) after the
         broker fenced the last."""
-        producer = self._producer
+        producer = self._other if turn else self._producer
         if producer is None:
             raise MemberProducerError(f"{self.transactional_id} is stopped")
-        if self._renew:
+        if turn in self._renew:
             await stop_client(producer, grace=5.0, name="member producer")
-            producer = self._producer = self._transactional_producer()
+            producer = self._transactional_producer(turn)
+            if turn:
+                self._other = producer
+            else:
+                self._producer = producer
             await start_client(producer, grace=5.0, name="member producer")  # or next round
-            self._renew = False
+            self._renew.discard(turn)
             logger.info(
                 "member producer started again after the broker fenced it",
-                extra={"transactional_id": self.transactional_id},
+                extra={"transactional_id": f"{self.transactional_id}.{turn}"},
             )
         return producer
 
@@ -337,28 +426,77 @@ class MemberProducer:
             if records is None:
                 records = by_partition[topic, partition] = []
             records.append((key, value))
-        traced = tracing_on()  # asked once a wave, not per record
         futures: list[asyncio.Future[Any]] = []
         for (topic, partition), records in by_partition.items():
-            batch = producer.create_batch()
-            for key, value in records:
-                headers = trace_send(topic, value) if traced else _NO_HEADERS
-                if batch.append(key=key, value=value, timestamp=None, headers=headers) is not None:
-                    continue
-                if batch.record_count():  # full: send it, start the next
-                    futures.append(await producer.send_batch(batch, topic, partition=partition))
-                batch = producer.create_batch()
-                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                    # Larger than a batch on its own: send() sends it or says why not.
-                    futures.append(
-                        await producer.send(
-                            topic, value, key=key, partition=partition, headers=headers
-                        )
-                    )
-                    batch = producer.create_batch()
-            if batch.record_count():
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
+            for sent, _ in await self._pack(producer, topic, partition, records):
+                if not isinstance(sent, asyncio.Future):
+                    raise sent
+                futures.append(sent)
         return futures
+
+    async def _send_placed(
+        self, producer: AIOKafkaProducer, records: Sequence[Placed]
+    ) -> list[tuple[asyncio.Future[Any] | BaseException, int]]:
+        """Queue placed records, one record batch per partition; per record, the future of
+        the batch holding it and its place there (or why it was not sent)."""
+        by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
+        places: list[tuple[str, int]] = []
+        for topic, key, value, partition in records:
+            if partition is None:
+                ids = sorted(await producer.partitions_for(topic))
+                partition = (
+                    self._partitioner(key, ids, ids)
+                    if key is None
+                    else ids[partition_for(key, len(ids))]
+                )
+            places.append((topic, partition))
+            by_partition.setdefault((topic, partition), []).append((key, value))
+        sent: dict[tuple[str, int], list[tuple[asyncio.Future[Any] | BaseException, int]]] = {}
+        for (topic, partition), group in by_partition.items():
+            slots = sent[topic, partition] = []
+            for future, count in await self._pack(producer, topic, partition, group):
+                slots.extend((future, position) for position in range(count))
+        cursors = dict.fromkeys(sent, 0)
+        placed = []
+        for place in places:
+            at = cursors[place]
+            cursors[place] = at + 1
+            placed.append(sent[place][at])
+        return placed
+
+    async def _pack(
+        self,
+        producer: AIOKafkaProducer,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes | None, bytes | None]],
+    ) -> list[tuple[asyncio.Future[Any] | BaseException, int]]:
+        """Queue ``records`` for one partition as few record batches as hold them; per batch,
+        in order, its future (or why it was refused) and how many records it holds."""
+        traced = tracing_on()  # asked once a call, not per record
+        sent: list[tuple[asyncio.Future[Any] | BaseException, int]] = []
+        batch = producer.create_batch()
+        for key, value in records:
+            headers = trace_send(topic, value) if traced else _NO_HEADERS
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is not None:
+                continue
+            if count := batch.record_count():  # full: send it, start the next
+                sent.append((await producer.send_batch(batch, topic, partition=partition), count))
+            batch = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                # Larger than a batch on its own: send() sends it or says why not.
+                try:
+                    alone = await producer.send(
+                        topic, value, key=key, partition=partition, headers=headers
+                    )
+                except KafkaError as exc:
+                    sent.append((exc, 1))
+                else:
+                    sent.append((alone, 1))
+                batch = producer.create_batch()
+        if count := batch.record_count():
+            sent.append((await producer.send_batch(batch, topic, partition=partition), count))
+        return sent
 
     # -- reading offsets --------------------------------------------------------------------
 
@@ -398,21 +536,44 @@ class MemberProducer:
 class _Batch:
     """A writer's batch waiting for its round."""
 
-    __slots__ = ("done", "offsets", "waves")
+    __slots__ = ("done", "foreign", "offsets", "placed", "sent", "waves")
 
     def __init__(
         self,
         waves: Sequence[Sequence[Outgoing]],
         offsets: Mapping[TopicPartition, int],
-        done: asyncio.Future[None],
+        done: asyncio.Future[Acked | None],
     ) -> None:
         self.waves = waves
         self.offsets = offsets
         self.done = done
+        self.placed: Sequence[Placed] | None = None
+        self.foreign: Mapping[str, Mapping[TopicPartition, int]] | None = None
+        self.sent: list[tuple[asyncio.Future[Any] | BaseException, int]] = []
+
+    def acked(self) -> Acked | None:
+        """Its placed records' offsets, its round committed (None: it placed none)."""
+        if self.placed is None:
+            return None
+        return [
+            sent if isinstance(sent, BaseException) else int(sent.result().offset) + position
+            for sent, position in self.sent
+        ]
 
 
-def _as_written(exc: BaseException, transactional_id: str) -> BaseException:
+class _Refused(Exception):
+    """A round held records refused before they were sent: aborted (each batch is told
+    which of its records)."""
+
+
+def _as_written(exc: BaseException, transactional_id: str, batch: _Batch) -> BaseException:
     """What a writer whose round failed gets."""
+    if isinstance(exc, _Refused):
+        return RecordsRefused(
+            [f if isinstance(f, BaseException) else None for f, _ in batch.sent]
+            if batch.placed is not None
+            else []
+        )
     if isinstance(exc, FencedByGroup):
         return MemberFenced(
             f"the group went on without this member: {transactional_id}'s round was aborted ({exc})"

@@ -16,18 +16,23 @@ tells the source to stop submitting (the triggerer holds the supervisor's due ti
 soft, since ``submit`` never refuses (coroutine triggers and bad records may still add a
 few), but a burst of due timers waits in the supervisor's heap, in order, not in here.
 
-**Transactions.** An emission with an ``owner`` (the transactional id of its defer
-partition, :meth:`Emitter.open`) goes through that partition's own transactional producer
-instead: its records and its tombstone commit in one transaction, together with the rest
-of the batch, so a reader in ``read_committed`` sees an event, its copies and its tombstone
-all at once or not at all. A crash between them leaves nothing half written, and a paused
-old owner is fenced by the new owner's producer (same transactional id): its transaction
-is refused (``ProducerFenced``), its emissions are dropped, and ``on_fenced`` tells the
-lane, whose partition it no longer is.
+**Transactions.** An emission with an ``owner`` (the transactional id of its lane's member
+producer, :meth:`Emitter.open`) goes through that producer instead, in *rounds*: one
+transaction per batch of the lane's emissions, whatever their partitions, holding their
+records, their tombstones and the read offset of each defer partition they are for,
+committed for the lane's group with the member's generation (KIP-447; see
+:class:`~deferline.runners.member.MemberProducer`). A reader in ``read_committed`` sees an
+event, its copies and its tombstone all at once or not at all, and a paused old owner's
+round is refused by the group (:class:`~deferline.runners.member.MemberFenced`): its
+emissions are dropped, and ``on_fenced`` tells the lane, which has lost its partitions.
+Since every round carries the offsets of the partitions it writes, a new owner that reads
+them ``require_stable`` never reads a partition past an old owner's open round. An emission
+whose partition the lane no longer owns (``offset_of`` says None) is dropped from the next
+round: its new owner runs the trigger again.
 
 **Source offsets.** An emission read from a Kafka record (``source``, a standing watch's
 :class:`~deferline.engine.SourcePosition`) commits the record's offset for its consumer group:
-inside the transaction (``send_offsets_to_transaction``), or, without one, through
+inside the round (as a standalone reader of that group), or, without one, through
 ``source_offsets`` once the emission and every earlier one of its source partition are done.
 Its trigger reads from those offsets when it starts again, so a record is read again only if
 its event may not be out.
@@ -39,29 +44,26 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.errors import (
-    InvalidProducerEpoch,
     InvalidTopicError,
     MessageSizeTooLargeError,
-    ProducerFenced,
     RecordListTooLargeError,
     RecordTooLargeError,
 )
 from deferline.engine import SourcePosition
 from deferline.topics import trace_send
 
-__all__ = ["Ack", "Emission", "Emitter", "Send", "TransactionalProducer"]
+from ..member import MemberFenced, Placed, RecordsRefused
+
+__all__ = ["Ack", "Emission", "Emitter", "RoundWriter", "Send"]
 
 logger = logging.getLogger(__name__)
-
-# A transaction of a producer whose transactional id another producer has taken over.
-_FENCED: tuple[type[BaseException], ...] = (ProducerFenced, InvalidProducerEpoch)
 
 # Errors that no retry can fix; everything else (timeouts, leader moves, a broker that is
 # down) is retried until it succeeds.
@@ -94,18 +96,17 @@ class Producer(Protocol):
     ) -> asyncio.Future[Any]: ...
 
 
-class TransactionalProducer(Producer, Protocol):
-    """A started producer with a ``transactional_id``: what a partition's pipeline uses."""
+class RoundWriter(Protocol):
+    """A lane's member producer, as its pipeline writes through it
+    (:class:`~deferline.runners.member.MemberProducer`)."""
 
-    async def begin_transaction(self) -> None: ...
-
-    async def commit_transaction(self) -> None: ...
-
-    async def abort_transaction(self) -> None: ...
-
-    async def send_offsets_to_transaction(
-        self, offsets: dict[TopicPartition, int], group_id: str
-    ) -> None: ...
+    async def write_placed(
+        self,
+        records: Sequence[Placed],
+        offsets: Mapping[TopicPartition, int],
+        *,
+        foreign: Mapping[str, Mapping[TopicPartition, int]] | None = None,
+    ) -> list[int | BaseException]: ...
 
 
 class SourceCommits(Protocol):
@@ -155,25 +156,31 @@ class Emission:
     on_done: Callable[[], None] | None = None
     on_failed: Callable[[BaseException], None] | None = None
     owner: str | None = None
-    """The transactional id of the defer partition it belongs to (its records and tombstone
-    then commit in one transaction, see :meth:`Emitter.open`); None: the two stages."""
+    """The transactional id of its lane's member producer (its records and tombstone then
+    commit in one round, see :meth:`Emitter.open`); None: the two stages."""
+    at: TopicPartition | None = None
+    """The defer partition it is for: its read offset goes into the round with it."""
     source: SourcePosition | None = None
     """The Kafka record it was read from: its offset is committed with it."""
     attempts: int = field(default=0)
 
 
 @dataclass(eq=False)
-class _Owner:
-    """One defer partition's transactional pipeline: its producer, queue and task."""
+class _Pipeline:
+    """One lane's rounds: its member producer, its queue and task."""
 
     transactional_id: str
-    producer: TransactionalProducer
-    on_fenced: Callable[[str], None]
+    writer: RoundWriter
+    offset_of: Callable[[TopicPartition], int | None]
+    on_fenced: Callable[[], None]
     queue: deque[Emission] = field(default_factory=deque)
     inflight: list[Emission] = field(default_factory=list)
+    """The round under way (or waiting to be retried)."""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
-    fenced: bool = False
+    solo: int = 0
+    """Rounds still to take one emission each: a round failed whole for a reason no retry
+    fixes, and the emission it was for is not known (the broker refused a batch)."""
 
 
 class Emitter:
@@ -226,11 +233,11 @@ class Emitter:
         self._idle.set()
         self._outstanding = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._owners: dict[str, _Owner] = {}
+        self._pipelines: dict[str, _Pipeline] = {}
         self.sent = 0
         self.failures = 0
         self.transactions = 0
-        """Transactions committed by the partitions' pipelines."""
+        """Rounds (transactions) committed by the lanes' pipelines."""
 
     @property
     def backlog(self) -> int:
@@ -254,12 +261,12 @@ class Emitter:
         if emission.source is not None and emission.owner is None and self._source_offsets:
             self._source_offsets.submitted(emission.source)
         if emission.owner is not None:
-            owner = self._owners.get(emission.owner)
-            if owner is None or owner.fenced:  # gone: its next owner runs the trigger again
+            pipeline = self._pipelines.get(emission.owner)
+            if pipeline is None:  # closed: the partition's next owner runs the trigger again
                 self._done()
             else:
-                owner.queue.append(emission)
-                owner.ready.set()
+                pipeline.queue.append(emission)
+                pipeline.ready.set()
         elif emission.sends:
             self._first.append(emission)
             self._first_ready.set()
@@ -270,42 +277,51 @@ class Emitter:
     def open(
         self,
         transactional_id: str,
-        producer: TransactionalProducer,
+        writer: RoundWriter,
         *,
-        on_fenced: Callable[[str], None],
+        offset_of: Callable[[TopicPartition], int | None],
+        on_fenced: Callable[[], None],
     ) -> None:
-        """Write the emissions owned by ``transactional_id`` through ``producer`` (started,
-        so the previous owner is fenced), in transactions. ``on_fenced(transactional_id)``
-        runs once if another producer takes the id over (its emissions are then dropped)."""
-        if transactional_id in self._owners:
+        """Write the emissions owned by ``transactional_id`` through ``writer`` (a started
+        member producer), in rounds. ``offset_of(tp)`` gives the read offset of a defer
+        partition to commit with its records (None: no longer owned, its emissions are
+        dropped); ``on_fenced()`` runs when the group refused a round (the member has lost
+        its partitions; the round's emissions and those queued are dropped)."""
+        if transactional_id in self._pipelines:
             raise ValueError(f"{transactional_id} is already open")
-        owner = _Owner(transactional_id, producer, on_fenced)
-        owner.task = asyncio.create_task(self._transact(owner), name=f"emitter-{transactional_id}")
-        self._owners[transactional_id] = owner
+        pipeline = _Pipeline(transactional_id, writer, offset_of, on_fenced)
+        pipeline.task = asyncio.create_task(
+            self._rounds(pipeline), name=f"emitter-{transactional_id}"
+        )
+        self._pipelines[transactional_id] = pipeline
 
-    async def close(self, transactional_id: str) -> TransactionalProducer | None:
+    async def close(self, transactional_id: str) -> None:
         """Stop writing for ``transactional_id``: what it has not committed is dropped (the
-        partition's next owner runs those triggers again). Returns its producer, for the
-        caller to stop; None if it was not open."""
-        owner = self._owners.pop(transactional_id, None)
-        if owner is None:
-            return None
-        if owner.task is not None:
-            owner.task.cancel()
+        partitions' next owners run those triggers again; a round still open is the member
+        producer's to abort when it stops)."""
+        pipeline = self._pipelines.pop(transactional_id, None)
+        if pipeline is None:
+            return
+        if pipeline.task is not None:
+            pipeline.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await owner.task
-        if owner.inflight and not owner.fenced:
-            # Cut short mid-transaction: abort it rather than leave it open (readers in
-            # read_committed would wait for it until the broker's transaction timeout).
-            try:
-                await asyncio.wait_for(owner.producer.abort_transaction(), 5.0)
-            except Exception as exc:
-                logger.warning(
-                    "open transaction not aborted",
-                    extra={"transactional_id": transactional_id, "error": repr(exc)},
-                )
-        self._drop(owner)
-        return owner.producer
+                await pipeline.task
+        self._drop(pipeline)
+
+    def discard(self, transactional_id: str, partitions: Iterable[TopicPartition]) -> None:
+        """Drop the queued emissions of ``partitions`` (lost: their next owner runs those
+        triggers again). A round already under way is the group's to decide: a new owner
+        waits for it before reading the partition."""
+        pipeline = self._pipelines.get(transactional_id)
+        if pipeline is None:
+            return
+        gone = set(partitions)
+        kept = deque(e for e in pipeline.queue if e.at not in gone)
+        for _ in range(len(pipeline.queue) - len(kept)):
+            self._done()
+        pipeline.queue = kept
+        if not kept:
+            pipeline.ready.clear()
 
     async def start(self) -> None:
         """Start both stages."""
@@ -339,7 +355,7 @@ class Emitter:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for transactional_id in list(self._owners):
+        for transactional_id in list(self._pipelines):
             await self.close(transactional_id)  # their producers are their lanes' to stop
 
     async def __aenter__(self) -> Emitter:
@@ -356,9 +372,12 @@ class Emitter:
 
     # -- stages ---------------------------------------------------------------------------
 
-    def _take(self, queue: deque[Emission], ready: asyncio.Event) -> list[Emission]:
+    def _take(
+        self, queue: deque[Emission], ready: asyncio.Event, limit: int | None = None
+    ) -> list[Emission]:
+        limit = self._max_batch if limit is None else limit
         batch: list[Emission] = []
-        while queue and len(batch) < self._max_batch:
+        while queue and len(batch) < limit:
             batch.append(queue.popleft())
         if not queue:
             ready.clear()
@@ -531,114 +550,115 @@ class Emitter:
                 self._second.extendleft(reversed(retry))
                 self._second_ready.set()
 
-    async def _transact(self, owner: _Owner) -> None:
-        """One partition's pipeline: each batch's records and tombstones in one transaction;
-        the callbacks run once it is committed. A batch whose transaction failed is aborted
-        and sent again whole (an emission that failed for a reason no retry fixes, a record
-        too large say, is given up as in the stages)."""
+    async def _rounds(self, pipeline: _Pipeline) -> None:
+        """One lane's rounds, one after another: whatever is queued, written in one
+        transaction with the read offsets of its partitions; the callbacks run once it is
+        committed. A round that failed was aborted and its emissions are sent again (one
+        that failed for a reason no retry fixes, a record too large say, is given up as in
+        the stages)."""
         while True:
-            await owner.ready.wait()
-            batch = owner.inflight = self._take(owner.queue, owner.ready)
-            sends = [send for emission in batch for send in emission.sends]
-            tombstones = [e.tombstone for e in batch if e.tombstone is not None]
-            offsets = source_offsets(e.source for e in batch if e.source is not None)
+            await pipeline.ready.wait()
+            if pipeline.solo:
+                pipeline.solo -= 1
+                batch = self._take(pipeline.queue, pipeline.ready, 1)
+            else:
+                batch = self._take(pipeline.queue, pipeline.ready, len(pipeline.queue))
+            offsets: dict[TopicPartition, int] = {}
+            write: list[Emission] = []
+            for emission in batch:
+                if (at := emission.at) is not None and at not in offsets:
+                    offset = pipeline.offset_of(at)
+                    if offset is None:  # lost: its next owner runs the trigger again
+                        self._done()
+                        continue
+                    offsets[at] = offset
+                write.append(emission)
+            if not write:
+                continue
+            pipeline.inflight = write
+            records: list[Placed] = [
+                (send.topic, send.key, send.value, send.partition)
+                for emission in write
+                for send in emission.sends
+            ]
+            records += [
+                (t.topic, t.key, t.value, t.partition)
+                for emission in write
+                if (t := emission.tombstone) is not None
+            ]
+            foreign = source_offsets(e.source for e in write if e.source is not None)
             try:
-                results = await self._in_transaction(owner.producer, [*sends, *tombstones], offsets)
-            except _FENCED as exc:
-                self._fenced(owner, exc)
-                return
-            if not any(isinstance(r, BaseException) for r in results):
-                self.transactions += 1
-                self.sent += len(results)
-                position = 0
-                for emission in batch:
-                    mine = results[position : position + len(emission.sends)]
-                    position += len(emission.sends)
-                    if emission.on_acked is not None:
-                        try:
-                            emission.on_acked(mine)
-                        except Exception:
-                            logger.exception("emission ack callback failed")
-                    self._finish(emission)
-                owner.inflight = []
+                acked = await pipeline.writer.write_placed(records, offsets, foreign=foreign)
+            except MemberFenced as exc:
+                self._fenced(pipeline, exc)
+                continue
+            except RecordsRefused as exc:
+                errors: list[BaseException | None] = list(exc.errors)
+            except Exception as exc:
+                errors = [exc] * len(records)
+                if isinstance(exc, _PERMANENT) and len(write) > 1:
+                    # One of them cannot be written: each goes alone until it is found,
+                    # its round mates counting no failure meanwhile.
+                    pipeline.solo = len(write)
+                    errors = [None] * len(records)
+            else:
+                pipeline.inflight = []
+                self._committed(write, acked)
                 continue
             retry: list[Emission] = []
-            position, tombstone = 0, len(sends)
-            for emission in batch:
-                mine = results[position : position + len(emission.sends)]
+            position, tombstone = 0, sum(len(e.sends) for e in write)
+            for emission in write:
+                mine = errors[position : position + len(emission.sends)]
                 position += len(emission.sends)
                 if emission.tombstone is not None:
-                    mine.append(results[tombstone])
+                    mine.append(errors[tombstone])
                     tombstone += 1
-                error = next((r for r in mine if isinstance(r, BaseException)), None)
+                error = next((e for e in mine if e is not None), None)
                 if error is None or self._note_failure(emission, error):
-                    retry.append(emission)  # aborted with the batch, or to try again
-            owner.inflight = retry
+                    retry.append(emission)  # aborted with the round, or to try again
+            pipeline.inflight = retry
             await asyncio.sleep(self._retry_backoff)
-            owner.queue.extendleft(reversed(retry))
-            owner.inflight = []
-            if owner.queue:
-                owner.ready.set()
+            pipeline.queue.extendleft(reversed(retry))
+            pipeline.inflight = []
+            if pipeline.queue:
+                pipeline.ready.set()
 
-    async def _in_transaction(
-        self,
-        producer: TransactionalProducer,
-        sends: list[Send],
-        offsets: dict[str, dict[TopicPartition, int]],
-    ) -> list[Any]:
-        """Send ``sends`` and commit ``offsets`` (per consumer group) in one transaction:
-        their acks once it is committed; else (aborted) an exception for each record that
-        failed, or for every record when the offsets or the commit did. Raises the fencing
-        error when another producer holds the transactional id."""
-        try:
-            await producer.begin_transaction()
-        except _FENCED:
-            raise
-        except Exception as exc:  # nothing begun, nothing to abort
-            return [exc] * len(sends)
-        results = await self._send_all(producer, sends)
-        error = next((r for r in results if isinstance(r, BaseException)), None)
-        if error is None:
-            try:
-                for group, group_offsets in offsets.items():
-                    await producer.send_offsets_to_transaction(group_offsets, group)
-                await producer.commit_transaction()
-                return results
-            except _FENCED:
-                raise
-            except Exception as exc:
-                error = exc
-                results = [exc] * len(sends)
-        if isinstance(error, _FENCED):
-            raise error
-        try:
-            await producer.abort_transaction()
-        except _FENCED:
-            raise
-        except Exception as exc:
-            logger.warning("aborting a failed transaction failed", extra={"error": repr(exc)})
-        return results
+    def _committed(self, write: list[Emission], acked: list[int | BaseException]) -> None:
+        """A round committed: its emissions are done, each told where its records landed."""
+        offsets = [Ack(o) for o in acked if isinstance(o, int)]
+        assert len(offsets) == len(acked), "a committed round refused none of its records"
+        self.transactions += 1
+        self.sent += len(offsets)
+        position = 0
+        for emission in write:
+            mine = offsets[position : position + len(emission.sends)]
+            position += len(emission.sends)
+            if emission.on_acked is not None:
+                try:
+                    emission.on_acked(mine)
+                except Exception:
+                    logger.exception("emission ack callback failed")
+            self._finish(emission)
 
-    def _fenced(self, owner: _Owner, error: BaseException) -> None:
-        """Another producer took the partition's transactional id over: drop what it holds."""
-        owner.fenced = True
+    def _fenced(self, pipeline: _Pipeline, error: BaseException) -> None:
+        """The group refused a round: the member has lost its partitions. What the round
+        and the queue hold is dropped (the partitions' next owners run those triggers)."""
         logger.warning(
-            "partition fenced: another member writes its events now; dropping its emissions",
-            extra={"transactional_id": owner.transactional_id, "error": repr(error)},
+            "round fenced by the group: this member lost its partitions; dropping its emissions",
+            extra={"transactional_id": pipeline.transactional_id, "error": repr(error)},
         )
-        self._drop(owner)
+        self._drop(pipeline)
         try:
-            owner.on_fenced(owner.transactional_id)
+            pipeline.on_fenced()
         except Exception:
             logger.exception("fenced callback failed")
 
-    def _drop(self, owner: _Owner) -> None:
-        """Forget the emissions of a closed or fenced partition (their triggers stay in the
-        defer table: its next owner runs them again)."""
-        for _ in range(len(owner.queue) + len(owner.inflight)):
+    def _drop(self, pipeline: _Pipeline) -> None:
+        """Forget the emissions of a closed or fenced pipeline, queued or under way."""
+        for _ in range(len(pipeline.queue) + len(pipeline.inflight)):
             self._done()
-        owner.queue.clear()
-        owner.inflight = []
+        pipeline.queue.clear()
+        pipeline.inflight = []
 
     def _note_failure(self, emission: Emission, error: BaseException) -> bool:
         """Count a failed attempt; True to retry, False when the emission was given up."""

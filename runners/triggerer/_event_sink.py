@@ -246,6 +246,7 @@ class EventSink:
                 sends=sends,
                 tombstone=Send(self._defer_topic, key, None, number),
                 owner=part.owner,
+                at=part.defer_tp,
             )
         )
 
@@ -272,6 +273,7 @@ class EventSink:
                 on_acked=queued.acked,
                 on_failed=queued.failed,
                 owner=part.owner,
+                at=part.defer_tp,
                 source=source,
             )
         )
@@ -336,7 +338,9 @@ class EventSink:
             return
         bad = letter.key
         tombstone = None if bad is None else Send(self._defer_topic, bad, None, part.number)
-        self._emitter.submit(Emission(sends=sends, tombstone=tombstone, owner=part.owner))
+        self._emitter.submit(
+            Emission(sends=sends, tombstone=tombstone, owner=part.owner, at=part.defer_tp)
+        )
 
     def _submit(
         self,
@@ -362,6 +366,7 @@ class EventSink:
                 on_acked=queued.acked,
                 on_failed=queued.failed,
                 owner=part.owner,
+                at=part.defer_tp,
             )
         )
 

@@ -30,8 +30,8 @@ a partition's ``saved``      :class:`~._checkpointer.Checkpointer`
 committed offsets, topic     :class:`~._commit_tracker.CommitTracker`
 deleted
 rebalance summaries          :class:`~._rebalance_recorder.RebalanceRecorder`
-a partition's producer       :class:`~._emitter.Emitter` (opened and closed by the lane;
-(transactions)               started and stopped by :class:`~._transactions.PartitionProducers`)
+the member's producer        the lane (started and stopped; its rounds are the
+(transactions)               :class:`~._emitter.Emitter`'s pipeline, opened and closed here)
 event counters, encoder      :class:`~._event_sink.EventSink`
 trigger classes, deferrals   :class:`~._dispatcher.RecordDispatcher`
 standing watches: current    :class:`~._watches.Watches`
@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -68,12 +69,19 @@ from deferline.topics import (
 )
 
 from .._aiokafka import (
+    group_metadata,
     join_once,
     leave_from_generation_zero,
     request_rejoin,
     set_fetch_wait,
 )
-from ..member import SHORT_WAIT_MS, MemberListener, StickyAssignor, diff_assignment
+from ..member import (
+    SHORT_WAIT_MS,
+    MemberListener,
+    MemberProducer,
+    StickyAssignor,
+    diff_assignment,
+)
 from ._backpressure import FetchGate
 from ._checkpoint import CheckpointStore
 from ._checkpointer import Checkpointer
@@ -98,7 +106,6 @@ from ._metrics import TriggererMetrics
 from ._partition_book import Verdict
 from ._rebalance_recorder import RebalanceRecorder
 from ._rebuild import Rebuilder, RebuildReader
-from ._transactions import PartitionProducers, transactional_id
 from ._watches import Watches
 
 __all__ = [
@@ -140,13 +147,14 @@ class TriggerLane:
         cancel: StopTrigger,
         on_fatal: Callable[[BaseException], None],
         task_partitions: int | None,
-        producers: PartitionProducers | None = None,
+        transactions: bool | None = False,
     ) -> None:
         """``task_partitions``: the partition count of tasks.events, where every event is
         copied keyed by its task (see :mod:`._event_sink`); None: no copies
-        (``Settings.copy_events_to_tasks`` off). ``producers``: starts each acquired
-        partition's transactional producer (see :mod:`._transactions`); None: no
-        transactions, every record goes through the emitter's shared producer."""
+        (``Settings.copy_events_to_tasks`` off). ``transactions``: write the events of the
+        owned partitions in rounds of the member's one transactional producer (True: the
+        broker must have KIP-447), when the broker has them (None), or never (False: every
+        record goes through the emitter's shared producer)."""
         self.settings = settings
         self.queue = queue
         self.label = queue or "default"
@@ -161,7 +169,11 @@ class TriggerLane:
         """Set while no rebuild is running (cleared while new partitions are rebuilt)."""
         self._supervisor = supervisor
         self._emitter = emitter
-        self._producers = producers
+        self._transactions = transactions
+        self._producer: MemberProducer | None = None
+        """The member's transactional producer (None: no transactions)."""
+        self._member_id = ""
+        """The member id the group gave this lane at its last assignment."""
         self._metrics = metrics
         self._cancel = cancel
         self._on_fatal = on_fatal
@@ -301,6 +313,7 @@ class TriggerLane:
             within=rebalance_ms / 2000,
             log=self._log,
         )
+        await self._start_producer()
         self._consumer.subscribe([self.defer_topic], listener=listener)
         logger.info(
             "triggerer lane joining group",
@@ -381,6 +394,10 @@ class TriggerLane:
         for client in (consumer, reader):
             if client is not None:
                 await stop_client(client, grace=self.options.flush_timeout, name="consumer")
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await self._emitter.close(producer.transactional_id)
+            await producer.stop()
 
     # -- outcomes -------------------------------------------------------------------------------
 
@@ -456,6 +473,15 @@ class TriggerLane:
             # it over once this member has left.
             return
         now = time.monotonic()
+        member_id, self._member_id = self._member_id, group_metadata(consumer).member_id
+        if member_id and member_id != self._member_id and self._parts:
+            # The group went on without this member (paused past its session, say): another
+            # member may have owned its partitions meanwhile, so none is kept as it was.
+            logger.warning(
+                "lane rejoined as a new member: its partitions are taken over afresh",
+                extra=self._log(partitions=sorted(self._parts)),
+            )
+            self._lose(list(self._parts.values()))
         change = diff_assignment(self._parts, partitions)
         kept = [self._parts[n] for n in change.kept]
         lost = [self._parts[n] for n in change.released]
@@ -528,6 +554,8 @@ class TriggerLane:
         """``parts`` are gone now; their triggers are cancelled in the background, without
         emitting (a rebuild waits for that). The number of triggers cancelled."""
         cancelled: list[str] = []
+        if self._producer is not None:
+            self._emitter.discard(self._producer.transactional_id, (p.defer_tp for p in parts))
         for part in parts:
             self._parts.pop(part.number, None)
             part.book.gone()
@@ -557,7 +585,6 @@ class TriggerLane:
         try:
             if previous is not None:
                 await previous
-            await self._close_writers(parts)
             await self._supervisor.cancel_many(trigger_ids)
             for part in parts:
                 await self._checkpointer.release(part.number)
@@ -594,7 +621,6 @@ class TriggerLane:
         if cancel:
             await self._supervisor.cancel_many(ids)
         await self._flush()
-        await self._close_writers(parts)
         for part in parts:
             await self._checkpointer.save(part, rebuilt=part in rebuilt)
             await self._checkpointer.release(part.number)
@@ -622,54 +648,66 @@ class TriggerLane:
 
     # -- transactions ---------------------------------------------------------------------------
 
-    async def _open_writers(self, parts: list[OwnedPartition]) -> None:
-        """Start the transactional producers of newly acquired ``parts`` (each start fences
-        the previous owner's), before their resume partitions are read back: from here on
-        the old owner can add nothing there. No-op where no transactions are used."""
-        producers = self._producers
-        if producers is None:
+    async def _start_producer(self) -> None:
+        """Start the member's transactional producer and open the emitter's pipeline on it
+        (no-op without transactions, or on a broker without KIP-447 when they are optional)."""
+        if self._transactions is False:
             return
-        ids = [transactional_id(self.group_id, p.number) for p in parts]
-        starts = [asyncio.ensure_future(producers.start(tid)) for tid in ids]
-        try:
-            await asyncio.gather(*starts)
-        except BaseException:  # one failed, or the rebuild was cancelled: close the others
-            for start in starts:
-                start.cancel()
-            for start in starts:
-                with contextlib.suppress(BaseException):
-                    if (producer := await start) is not None:
-                        await producers.stop(producer)
-            raise
-        for part, tid, start in zip(parts, ids, starts, strict=True):
-            producer = start.result()
-            if producer is not None:
-                self._emitter.open(tid, producer, on_fenced=self._fenced)
-                part.owner = tid
-
-    async def _close_writers(self, parts: list[OwnedPartition]) -> None:
-        """Stop writing for ``parts`` (what they have not committed is dropped: their next
-        owner runs those triggers again) and close their producers. ``owner`` stays set: an
-        emission of theirs from here on is dropped, never sent without a transaction."""
-        for part in parts:
-            if (tid := part.owner) is not None:
-                producer = await self._emitter.close(tid)
-                if producer is not None and self._producers is not None:
-                    await self._producers.stop(producer)
-
-    def _fenced(self, tid: str) -> None:
-        """Another member's producer took a partition's transactional id over: this member
-        lost the partition without hearing of it yet (paused past its session, say). It is
-        dropped now, without emitting, and the member rejoins to learn its assignment."""
-        part = next((p for p in self._parts.values() if p.owner == tid), None)
-        if part is None:
-            return
-        logger.warning(
-            "partition fenced by its new owner; dropped, rejoining the group",
-            extra=self._log(part.number, transactional_id=tid),
+        consumer = self._consumer
+        assert consumer is not None
+        producer = MemberProducer(
+            self.settings,
+            group_id=self.group_id,
+            name=uuid.uuid4().hex,
+            member=lambda: group_metadata(consumer),
+            transactions=self._transactions,
+            # A member that died with a round open holds its partitions no longer than the
+            # group takes to notice.
+            transaction_timeout=self.options.session_timeout_ms / 1000,
         )
-        self._metrics.partitions_fenced.labels(queue=self.label).inc()
-        self._lose([part])
+        await producer.start()
+        if not producer.transactional:
+            await producer.stop()
+            return
+        self._producer = producer
+        self._emitter.open(
+            producer.transactional_id,
+            producer,
+            offset_of=self._round_offset,
+            on_fenced=self._fenced,
+        )
+
+    async def _stable(self, parts: list[OwnedPartition]) -> None:
+        """Wait until no round of a previous owner holds the offsets of newly acquired
+        ``parts`` (OffsetFetch ``require_stable``): every round carries the offsets of the
+        partitions it writes, so from here on the old owner's records there are decided and
+        the rebuild reads past them. Their emissions then go into this member's rounds."""
+        producer = self._producer
+        if producer is None:
+            return
+        await producer.committed([p.defer_tp for p in parts])
+        for part in parts:
+            part.owner = producer.transactional_id
+
+    def _round_offset(self, tp: TopicPartition) -> int | None:
+        """The read offset of an owned defer partition, committed in each round that writes
+        its records; None once it is no longer owned (its emissions are dropped)."""
+        part = self._parts.get(tp.partition)
+        if part is None or not part.book.owned:
+            return None
+        return max(part.table.defer_offset, self._commits.committed(tp) or 0)
+
+    def _fenced(self) -> None:
+        """The group refused a round: this member lost its partitions without hearing of it
+        yet (paused past its session, say). They are dropped now, without emitting, and the
+        member rejoins to learn its assignment."""
+        parts = list(self._parts.values())
+        logger.warning(
+            "partitions fenced by the group; dropped, rejoining the group",
+            extra=self._log(partitions=sorted(p.number for p in parts)),
+        )
+        self._metrics.partitions_fenced.labels(queue=self.label).inc(len(parts))
+        self._lose(parts)
         if self._consumer is not None and not self._closing:
             request_rejoin(self._consumer)
 
@@ -690,7 +728,7 @@ class TriggerLane:
             consumer, reader = self._consumer, self._reader
             assert consumer is not None
             assert reader is not None
-            await self._open_writers(parts)
+            await self._stable(parts)
             await self._rebuilder.run(consumer, reader, parts, started=started)
             self._rebuild = None
             self._rebalances.finish()

@@ -133,8 +133,8 @@ class OwnedPartition:
     book: PartitionBook[Held] = field(default_factory=PartitionBook)
     saved: SavePoint = field(default_factory=SavePoint)
     owner: str | None = None
-    """The transactional id its records are written under (None: no transactions): set
-    once its producer has started, which fenced the previous owner's."""
+    """The transactional id of the member producer its records are written under (None: no
+    transactions): set once no previous owner's round holds its offsets."""
 
     @property
     def live(self) -> bool:

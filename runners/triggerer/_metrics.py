@@ -70,6 +70,10 @@ _LAG = (
     "deferline_triggerer_consumer_lag",
     "Defer-topic records not yet read (high watermark minus position).",
 )
+_TRANSACTIONS = (
+    "deferline_triggerer_transactions",
+    "Transactions committed: one per round of a queue's member producer (Apache Kafka).",
+)
 _BACKLOG = (
     "deferline_triggerer_emitter_backlog",
     "Outcomes queued for producing and not yet acked.",
@@ -255,6 +259,7 @@ class TriggererMetrics:
         self._fire_lag: Callable[[], Any] | None = None
         self._partitions: Callable[[], Iterable[tuple[str, int, int, int]]] | None = None
         self._backlog: Callable[[], int] | None = None
+        self._transactions: Callable[[], int] | None = None
         r.register(_CallbackCollector(self._collect))
 
     def watch(
@@ -264,6 +269,7 @@ class TriggererMetrics:
         fire_lag: Callable[[], Any] | None = None,
         partitions: Callable[[], Iterable[tuple[str, int, int, int]]],
         backlog: Callable[[], int],
+        transactions: Callable[[], int] | None = None,
     ) -> None:
         """Attach the live sources read at scrape time.
 
@@ -273,6 +279,7 @@ class TriggererMetrics:
         self._fire_lag = fire_lag
         self._partitions = partitions
         self._backlog = backlog
+        self._transactions = transactions
 
     def _collect(self) -> Iterator[Metric]:
         if self._supervisor is not None:
@@ -301,3 +308,5 @@ class TriggererMetrics:
             yield lag_family
         if self._backlog is not None:
             yield GaugeMetricFamily(*_BACKLOG, value=self._backlog())
+        if self._transactions is not None:
+            yield CounterMetricFamily(*_TRANSACTIONS, value=self._transactions())

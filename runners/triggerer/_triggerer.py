@@ -72,7 +72,6 @@ from ._lane import (
 )
 from ._metrics import TriggererMetrics
 from ._source_offsets import SourceOffsets
-from ._transactions import PartitionProducers
 from ._trigger_logs import TriggerLogShipper
 
 __all__ = [
@@ -122,11 +121,12 @@ class TriggererOptions:
             (a restart then rebuilds from the topics).
         direct_resume: also produce ``RunTask(mode="resume")`` for fired triggers whose
             DeferRequest carries ``resume`` (the event is marked ``resumed_directly``).
-        transactions: write each owned partition's events, their tasks.events copies and
-            tombstones in Kafka transactions, under one transactional id per partition
-            (True; a broker without them is an error), never (False), or when the broker
-            has them (None). With them a reader in ``read_committed`` sees every event once
-            and a paused old owner is fenced (see :mod:`._transactions`).
+        transactions: write the owned partitions' events, their tasks.events copies and
+            tombstones in Kafka transactions, one round at a time per queue through one
+            transactional producer, with the group's generation (True; a broker without
+            KIP-447 is an error), never (False), or when the broker has them (None). With
+            them a reader in ``read_committed`` sees every event once and a paused old
+            owner is fenced by the group (see :class:`~deferline.runners.member.MemberProducer`).
         max_pending: pause fetching while pending triggers plus unsent events exceed this;
             resume below half of it. Default: ten times the capacity (a memory guard
             against floods: while paused, cancels and new deferrals wait in Kafka too).
@@ -324,9 +324,6 @@ class Triggerer(Lifecycle):
             source_offsets=self._source_offsets,
         )
         await self._emitter.start()
-        producers = PartitionProducers(
-            self.settings, transactions=options.transactions, client_id=self.member
-        )
         mismatches = self.metrics.checkpoint_mismatches.inc
         self._store = (
             RocksCheckpointStore(options.state_dir, on_mismatch=mismatches)
@@ -353,7 +350,7 @@ class Triggerer(Lifecycle):
                 options=lane_options,
                 supervisor=self._supervisor,
                 emitter=self._emitter,
-                producers=producers,
+                transactions=options.transactions,
                 store=self._store,
                 metrics=self.metrics,
                 cipher=cipher,
@@ -370,6 +367,7 @@ class Triggerer(Lifecycle):
             fire_lag=lambda: supervisor.metrics.fire_lag,
             partitions=lambda: [row for lane in self._lanes for row in lane.partitions()],
             backlog=lambda: emitter.backlog,
+            transactions=lambda: emitter.transactions,
         )
         for lane in self._lanes:
             task = asyncio.create_task(lane.run(self._stop_requested), name=f"fetch-{lane.label}")

@@ -18,7 +18,6 @@ from ._partition_table import ActiveTriggerTable, TableChanges
 from ._rebuild import RebuildReader, start_folded
 from ._rebuild_plan import RebuildPlan, Span
 from ._source_offsets import SourceOffsets
-from ._transactions import transactional_id
 from ._trigger_logs import TriggerLogCapture
 from ._trigger_logs import batches as trigger_log_batches
 from ._triggerer import _normalise_queues as normalise_queues
@@ -59,6 +58,5 @@ __all__ = [
     "restart_delay",
     "source_offsets",
     "start_folded",
-    "transactional_id",
     "trigger_log_batches",
 ]

@@ -19,6 +19,7 @@ from deferline.runners.testing import (
     commit_offsets_with_generation,
     fetch_stable_offsets,
     group_metadata,
+    offsets_of_several_groups,
 )
 from deferline.topics import Settings, make_producer, start_client, stop_client
 
@@ -134,6 +135,27 @@ async def test_a_refused_transactions_records_are_aborted_not_carried_into_the_n
 
     await until(read_past_the_commit, within=30, what="the committed record")
     assert seen == [b"committed"], "the refused transaction's record stays aborted"
+
+
+async def test_one_transaction_commits_the_offsets_of_two_groups(
+    settings: Settings, kafka_clients: KafkaClients
+) -> None:
+    """The member's own group (with its generation) and a source topic's group (as a
+    standalone reader) in one transaction. (aiokafka adds only the first group to a
+    transaction and sends the second's offsets unadded: refused, and the producer is done.)"""
+    topic, group, tp = await _setup(settings, kafka_clients)
+    source_group = f"{settings.topic_prefix}source"
+    consumer = await _member(kafka_clients, topic, group)
+    async with _transactional(settings, group, lambda: group_metadata(consumer)) as producer:
+        offsets_of_several_groups(producer)
+        for offset in (3, 4):  # twice: the second transaction adds both groups again
+            await producer.begin_transaction()
+            await producer.send(topic, b"x", partition=0)
+            await producer.send_offsets_to_transaction({tp: offset}, group)
+            await producer.send_offsets_to_transaction({tp: offset + 10}, source_group)
+            await producer.commit_transaction()
+            assert await _stable(producer.client, group, [tp]) == {tp: offset}
+            assert await _stable(producer.client, source_group, [tp]) == {tp: offset + 10}
 
 
 async def test_offsets_pending_in_an_open_transaction_are_not_read_as_committed(

@@ -10,9 +10,8 @@ from aiokafka import TopicPartition
 from aiokafka.errors import ProducerFenced
 from deferline.runners.member import MemberFenced, MemberProducer
 from deferline.runners.testing import FencedByGroup, GroupMetadata
-from deferline.topics import Settings
 
-from tests.fakes import FakeKafka, FakeTransactionalProducer
+from tests.fakes import FakeKafka, FakeTransactionalProducer, fake_member_producer
 
 GROUP = "p.scheduler"
 IN_GROUP = GroupMetadata(GROUP, 4, "member-a")
@@ -23,19 +22,7 @@ async def member_producer(
     kafka: FakeKafka, member: list[GroupMetadata]
 ) -> tuple[MemberProducer, FakeTransactionalProducer]:
     """A started member producer in transactions over ``kafka``; ``member[0]`` is its place."""
-    producer = MemberProducer(
-        Settings(topic_prefix="p."),
-        group_id=GROUP,
-        name="a",
-        member=lambda: member[0],
-        transactions=True,
-        transaction_timeout=10.0,
-    )
-    fake = FakeTransactionalProducer(kafka, producer.transactional_id, max_batch_size=1 << 20)
-    await fake.start()
-    producer._producer = fake
-    producer.transactional = True
-    return producer, fake
+    return await fake_member_producer(kafka, GROUP, lambda: member[0], max_batch_size=1 << 20)
 
 
 def record(n: int) -> list[list[tuple[str, bytes, bytes]]]:
@@ -109,10 +96,25 @@ async def test_after_the_broker_fenced_the_producer_the_next_round_has_a_new_one
     producer, fake = await member_producer(kafka, [IN_GROUP])
     fake.fail_commits = [ProducerFenced()]
     renewed = FakeTransactionalProducer(kafka, producer.transactional_id, max_batch_size=1 << 20)
-    monkeypatch.setattr(producer, "_transactional_producer", lambda: renewed)
+    monkeypatch.setattr(producer, "_transactional_producer", lambda turn: renewed)
     with pytest.raises(MemberFenced, match="transaction timeout"):
         await producer.write(record(0), {TP0: 1})
     await producer.write(record(1), {TP0: 1})
     assert producer._producer is renewed
     assert renewed.commits == 1
     assert kafka.offset_commits(GROUP) == [{TP0: 1}]
+
+
+async def test_rounds_alternate_between_the_members_two_producers() -> None:
+    """A producer's next transaction waits while the broker writes its last one's markers
+    (CONCURRENT_TRANSACTIONS): back-to-back rounds take turns, one on each producer, and the
+    next round begins as soon as the last one's commit is decided."""
+    kafka = FakeKafka()
+    producer, first = await member_producer(kafka, [IN_GROUP])
+    second = FakeTransactionalProducer(kafka, f"{producer.transactional_id}.1")
+    await second.start()
+    producer._other = second
+    for n in range(3):
+        await producer.write(record(n), {TP0: n})
+    assert (first.commits, second.commits) == (2, 1)
+    assert kafka.offset_commits(GROUP) == [{TP0: 0}, {TP0: 1}, {TP0: 2}]

@@ -310,6 +310,7 @@ def test_triggerer_metrics_read_live_sources_at_scrape_time() -> None:
         fire_lag=lambda: lag,
         partitions=lambda: [("default", 0, 10, 2), ("default", 1, 4, 0)],
         backlog=lambda: 3,
+        transactions=lambda: 12,
     )
     metrics.events.labels(queue="default", status="fired").inc(7)
     text = generate_latest(metrics.registry).decode()
@@ -321,6 +322,7 @@ def test_triggerer_metrics_read_live_sources_at_scrape_time() -> None:
         'deferline_triggerer_consumer_lag{partition="0",queue="default"} 2.0',
         'deferline_triggerer_active_triggers{partition="1",queue="default"} 4.0',
         "deferline_triggerer_emitter_backlog 3.0",
+        "deferline_triggerer_transactions_total 12.0",
         'deferline_triggerer_events_total{queue="default",status="fired"} 7.0',
         'deferline_triggerer_info{member="m1"} 1.0',
         "deferline_trigger_fire_lag_seconds_count 1.0",

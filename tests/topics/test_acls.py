@@ -9,7 +9,6 @@ from aiokafka.errors import (
     SaslAuthenticationFailed,
     TopicAuthorizationFailedError,
 )
-from deferline.runners.triggerer.testing import transactional_id as triggerer_txn_id
 from deferline.topics import (
     ROLES,
     AuthenticationError,
@@ -96,12 +95,17 @@ def test_the_scheduler_may_use_its_group_and_every_member_transactional_id() -> 
     )
 
 
-def test_a_triggerer_may_use_one_transactional_id_per_partition_of_each_queue() -> None:
-    triggerer = grants("triggerer", queues=["fast"])
-    ids = {name for kind, name, op in triggerer if kind == "TRANSACTIONAL_ID" and op == "WRITE"}
-    groups = ("p.triggerer", "p.triggerer.fast")
-    assert ids == {triggerer_txn_id(g, p) for g in groups for p in range(SETTINGS.partitions)}
-    assert all(("TRANSACTIONAL_ID", i, "DESCRIBE") in triggerer for i in ids)
+def test_a_triggerer_may_use_every_member_transactional_id_of_each_queues_group() -> None:
+    ids = [
+        b
+        for b in acl_bindings(SETTINGS, {"triggerer": "User:t"}, queues=["fast"])
+        if b.resource_type == "TRANSACTIONAL_ID"
+    ]
+    assert {(b.resource_name, b.operation, b.pattern) for b in ids} == {
+        (f"{group}.member.", operation, "PREFIXED")
+        for group in ("p.triggerer", "p.triggerer.fast")
+        for operation in ("WRITE", "DESCRIBE")
+    }, "one prefixed binding per group covers every triggerer process's id, and nothing else"
 
 
 def test_role_principals_are_parsed_or_refused_clearly() -> None:
