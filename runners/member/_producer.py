@@ -1,15 +1,21 @@
 """One member's producer: every partition the member owns writes through it, and on Apache
 Kafka exactly once, in one transaction per round for all of them (KIP-447).
 
-**With transactions** (Apache Kafka 2.5+) the producer has a transactional id of the
-member's own (``<group>.member.<name>``), not one per partition. Batches handed to it
-(:meth:`MemberProducer.write`) are written in *rounds*: a round is one transaction holding
-every batch handed over since the round before, whichever partitions they are for, and
-the consumed offsets those batches carry, committed for the group with the member's
-generation and member id (TxnOffsetCommit v3). Rounds run back to back: one starts as soon
-as the one before it has ended, so under load a round is as large as the rounds' pace makes
-it, and a lone batch waits for no timer (Kafka Streams commits every 100 ms under exactly
-once; a resumed task here waits for none of that).
+**With transactions** (Apache Kafka 2.5+) the member has transactional ids of its own
+(``<group>.member.<name>.0`` and ``.1``), not one per partition. Batches handed to it
+(:meth:`MemberProducer.write`, :meth:`MemberProducer.write_placed`) are written in *rounds*:
+a round is one transaction holding every batch handed over since the round before,
+whichever partitions they are for, and the consumed offsets those batches carry, committed
+for the group with the member's generation and member id (TxnOffsetCommit v3). Rounds run
+back to back: one starts as soon as the one before it has ended, so under load a round is as
+large as the rounds' pace makes it, and a lone batch waits for no timer (Kafka Streams
+commits every 100 ms under exactly once; a resumed task here waits for none of that).
+
+The two producers take the rounds in turn. A producer's next transaction is refused
+(CONCURRENT_TRANSACTIONS) while the broker still writes the markers of its last one, and
+aiokafka then waits 20 ms before asking again: with one producer, a round that followed
+another closely waited that long (docs/history/2026-12-07.md). Rounds are still one at a
+time, so they commit in the order they were handed over.
 
 - *A zombie is fenced by the group.* A member the group went on without (paused past its
   session, then woken) sends offsets for a generation that is over: the coordinator refuses
@@ -93,8 +99,6 @@ Placed = tuple[str, bytes | None, bytes | None, int | None]  # topic, key, value
 """A record to write to the partition it names (a defer partition's tombstone, say: it goes
 where the record it deletes is, whatever client wrote that); None: its key's."""
 
-Acked = list[int | BaseException]
-"""Per placed record: its offset once its round committed, or why it was not sent."""
 
 _NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
 _NO_MEMBER = GroupMetadata(group_id="", generation=-1, member_id="")
@@ -275,13 +279,14 @@ class MemberProducer:
         offsets: Mapping[TopicPartition, int],
         *,
         foreign: Mapping[str, Mapping[TopicPartition, int]] | None = None,
-    ) -> Acked:
+    ) -> list[int]:
         """Write ``records`` to the partitions they name in the next round, committing
         ``offsets`` for the group and ``foreign`` (other groups' offsets, as a standalone
-        reader's) with them. Returns each record's offset once the round committed, or the
-        error that kept it out before it was sent (larger than a request, say: the round
-        goes on without it). Raises :class:`MemberFenced` when the group refused the round,
-        the broker's error when it failed otherwise. In transactions only."""
+        reader's) with them. Returns each record's offset once the round committed. Raises
+        :class:`MemberFenced` when the group refused the round, :class:`RecordsRefused` when
+        records of it were refused before they were sent (larger than a request, say: the
+        round was aborted), the broker's error when it failed otherwise. In transactions
+        only."""
         if self._producer is None or not self.transactional:
             raise MemberProducerError(f"{self.transactional_id} writes placed records in rounds")
         batch = _Batch((), offsets, asyncio.get_running_loop().create_future())
@@ -542,7 +547,7 @@ class _Batch:
         self,
         waves: Sequence[Sequence[Outgoing]],
         offsets: Mapping[TopicPartition, int],
-        done: asyncio.Future[Acked | None],
+        done: asyncio.Future[list[int] | None],
     ) -> None:
         self.waves = waves
         self.offsets = offsets
@@ -551,13 +556,14 @@ class _Batch:
         self.foreign: Mapping[str, Mapping[TopicPartition, int]] | None = None
         self.sent: list[tuple[asyncio.Future[Any] | BaseException, int]] = []
 
-    def acked(self) -> Acked | None:
+    def acked(self) -> list[int] | None:
         """Its placed records' offsets, its round committed (None: it placed none)."""
         if self.placed is None:
             return None
         return [
-            sent if isinstance(sent, BaseException) else int(sent.result().offset) + position
+            int(sent.result().offset) + position
             for sent, position in self.sent
+            if isinstance(sent, asyncio.Future)  # all of them: a refused one aborts the round
         ]
 
 

@@ -65,6 +65,9 @@ __all__ = ["Ack", "Emission", "Emitter", "RoundWriter", "Send"]
 
 logger = logging.getLogger(__name__)
 
+_ROUND_BATCHES = 10
+"""A round takes at most this many ``max_batch`` of a lane's emissions."""
+
 # Errors that no retry can fix; everything else (timeouts, leader moves, a broker that is
 # down) is retried until it succeeds.
 _PERMANENT: tuple[type[BaseException], ...] = (
@@ -106,7 +109,7 @@ class RoundWriter(Protocol):
         offsets: Mapping[TopicPartition, int],
         *,
         foreign: Mapping[str, Mapping[TopicPartition, int]] | None = None,
-    ) -> list[int | BaseException]: ...
+    ) -> list[int]: ...
 
 
 class SourceCommits(Protocol):
@@ -562,7 +565,9 @@ class Emitter:
                 pipeline.solo -= 1
                 batch = self._take(pipeline.queue, pipeline.ready, 1)
             else:
-                batch = self._take(pipeline.queue, pipeline.ready, len(pipeline.queue))
+                # Bounded, so a round stays well inside its transaction timeout (the session
+                # timeout) however deep the backlog.
+                batch = self._take(pipeline.queue, pipeline.ready, _ROUND_BATCHES * self._max_batch)
             offsets: dict[TopicPartition, int] = {}
             write: list[Emission] = []
             for emission in batch:
@@ -623,10 +628,9 @@ class Emitter:
             if pipeline.queue:
                 pipeline.ready.set()
 
-    def _committed(self, write: list[Emission], acked: list[int | BaseException]) -> None:
+    def _committed(self, write: list[Emission], acked: list[int]) -> None:
         """A round committed: its emissions are done, each told where its records landed."""
-        offsets = [Ack(o) for o in acked if isinstance(o, int)]
-        assert len(offsets) == len(acked), "a committed round refused none of its records"
+        offsets = [Ack(offset) for offset in acked]
         self.transactions += 1
         self.sent += len(offsets)
         position = 0
