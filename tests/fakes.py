@@ -693,7 +693,7 @@ async def fake_member_producer(
     )
     fake = FakeTransactionalProducer(kafka, producer.transactional_id, **options)
     await fake.start()
-    producer._producer = fake  # the fake stands in for aiokafka's
+    producer._producers = [fake]  # the fake stands in for aiokafka's
     producer.transactional = True
     return producer, fake
 

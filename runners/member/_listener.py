@@ -3,8 +3,8 @@
 aiokafka calls a listener's two callbacks around each rebalance. What is the same for a
 triggerer lane and a scheduler lives here: which of the revoked or assigned partitions are of
 the member's topic, the generation the member joined (noted for the sticky assignor's next
-join), and a bound on the revocation. What each role does with its partitions is its
-:class:`PartitionProcessor`'s.
+join), whether it joined again under a new member id, and a bound on the revocation. What
+each role does with its partitions is its :class:`PartitionProcessor`'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from .._aiokafka import group_generation
+from .._aiokafka import group_metadata
 from ._sticky_assignor import StickyAssignor
 
 __all__ = ["MemberListener", "PartitionProcessor"]
@@ -33,6 +33,11 @@ class PartitionProcessor(Protocol):
 
     def quiesce_cut_short(self, partitions: frozenset[int]) -> None:
         """:meth:`quiesce` did not end in time and was cancelled (the member rejoins now)."""
+
+    async def rejoined(self, member_id: str) -> None:
+        """The member joined again under a new member id: the group went on without it (its
+        session expired: paused or cut off), and another member may have written for any
+        partition it held. Keep none of them (called before :meth:`assign`)."""
 
     async def assign(self, generation: int, partitions: frozenset[int]) -> None:
         """The member's partitions in generation ``generation``: keep, release, acquire."""
@@ -68,6 +73,7 @@ class MemberListener(ConsumerRebalanceListener):  # type: ignore[misc]
         self._assignor = assignor
         self._within = within
         self._log = log
+        self._member_id: str | None = None  # the group's name for the member, last assigned
 
     def _mine(self, partitions: Iterable[TopicPartition]) -> frozenset[int]:
         return frozenset(tp.partition for tp in partitions if tp.topic == self._topic)
@@ -88,6 +94,9 @@ class MemberListener(ConsumerRebalanceListener):  # type: ignore[misc]
             self._processor.quiesce_cut_short(mine)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        generation = group_generation(self._consumer)
-        self._assignor.note_generation(generation)
-        await self._processor.assign(generation, self._mine(assigned))
+        member = group_metadata(self._consumer)
+        self._assignor.note_generation(member.generation)
+        previous, self._member_id = self._member_id, member.member_id
+        if previous is not None and previous != member.member_id:
+            await self._processor.rejoined(member.member_id)
+        await self._processor.assign(member.generation, self._mine(assigned))

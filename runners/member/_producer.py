@@ -165,15 +165,13 @@ class MemberProducer:
         self._member = member
         self._transactions = transactions
         self._timeout_ms = max(1000, int(transaction_timeout * 1000))
-        self._producer: AIOKafkaProducer | None = None
-        self._other: AIOKafkaProducer | None = None  # the second, in transactions
+        self._producers: list[AIOKafkaProducer] = []  # two in transactions, taking turns
         self._partitioner = Murmur2Partitioner()
         self._queue: list[_Batch] = []
         self._round: asyncio.Task[None] | None = None
         self._turn = 0  # the producer the next round is on
-        self._stopped = False
         self._renew: set[int] = set()  # fenced by the broker: new ones for their next rounds
-        self._round_members = [_NO_MEMBER, _NO_MEMBER]  # per producer, as its round commits
+        self._round_member = _NO_MEMBER  # the member's place, as the open round commits it
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -185,7 +183,7 @@ class MemberProducer:
             return
         self.transactional = False
         producer = make_producer(self.settings, linger_ms=0, max_batch_size=1 << 20)
-        self._producer = producer
+        self._producers = [producer]
         await start_client(producer, grace=5.0, name="member producer")
 
     def _transactional_producer(self, turn: int) -> AIOKafkaProducer:
@@ -204,11 +202,12 @@ class MemberProducer:
         )
         abort_reaches_the_broker(producer)
         offsets_of_several_groups(producer)  # a watch's source group beside the member's
-        commit_offsets_with_generation(producer, lambda: self._round_members[turn])
+        commit_offsets_with_generation(producer, lambda: self._round_member)
         return producer
 
     async def _start_transactional(self) -> bool:
-        producer = self._producer = self._transactional_producer(0)  # stop() closes it
+        producer = self._transactional_producer(0)
+        self._producers = [producer]  # stop() closes it
         try:
             await start_client(producer, grace=5.0, name="member producer")
             self.transactional = True
@@ -216,7 +215,7 @@ class MemberProducer:
             # TxnOffsetCommit v3.
             await self.committed([])
         except (UnknownError, UnsupportedVersionError, IncompatibleBrokerVersion) as exc:
-            self._producer = None
+            self._producers = []
             self.transactional = None
             await stop_client(producer, grace=5.0, name="member producer")
             if self._transactions:
@@ -230,24 +229,22 @@ class MemberProducer:
                 extra={"transactional_id": self.transactional_id},
             )
             return False
-        other = self._other = self._transactional_producer(1)
+        other = self._transactional_producer(1)
+        self._producers.append(other)
         await start_client(other, grace=5.0, name="member producer")
         return True
 
     async def stop(self) -> None:
         """Close the producers (bounded: the broker may be gone). An open round is aborted by
         the broker; its writers get an error."""
-        producers = [self._producer, self._other]
-        self._producer = self._other = None
-        self._stopped = True
+        producers, self._producers = self._producers, []
         if self._round is not None and not self._round.done():
             self._round.cancel()
             await asyncio.wait({self._round})
         self._fail(self._queue, MemberProducerError(f"{self.transactional_id} stopped"))
         self._queue = []
         for producer in producers:
-            if producer is not None:
-                await stop_client(producer, grace=5.0, name="member producer")
+            await stop_client(producer, grace=5.0, name="member producer")
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -258,20 +255,16 @@ class MemberProducer:
         with them): returns once they are acknowledged, in transactions once their round
         committed. Raises :class:`MemberFenced` when the group refused the round, the broker's
         error otherwise. Concurrent writes share rounds."""
-        producer = self._producer
-        if producer is None:
+        if not self._producers:
             raise MemberProducerError(f"{self.transactional_id} is not started")
         if not self.transactional:
             chosen: dict[int, dict[bytes, int]] = {}
             for wave in waves:
-                futures = await self._send(producer, wave, chosen)
+                futures = await self._send(self._producers[0], wave, chosen)
                 if futures:
                     await asyncio.gather(*futures)
             return
-        batch = _Batch(waves, offsets, asyncio.get_running_loop().create_future())
-        self._queue.append(batch)
-        self._kick()
-        await asyncio.shield(batch.done)
+        await self._in_round(_Batch(waves, offsets))
 
     async def write_placed(
         self,
@@ -287,28 +280,26 @@ class MemberProducer:
         records of it were refused before they were sent (larger than a request, say: the
         round was aborted), the broker's error when it failed otherwise. In transactions
         only."""
-        if self._producer is None or not self.transactional:
+        if not self._producers or not self.transactional:
             raise MemberProducerError(f"{self.transactional_id} writes placed records in rounds")
-        batch = _Batch((), offsets, asyncio.get_running_loop().create_future())
-        batch.placed, batch.foreign = records, foreign
-        self._queue.append(batch)
-        self._kick()
-        acked = await asyncio.shield(batch.done)
+        acked = await self._in_round(_Batch((), offsets, placed=records, foreign=foreign))
         assert acked is not None
         return acked
 
-    def _kick(self) -> None:
-        """Run rounds while batches wait (a round takes what is queued when it begins, so
-        batches handed over together share it)."""
+    async def _in_round(self, batch: _Batch) -> list[int] | None:
+        """Hand ``batch`` to the next round (a round takes what is queued when it begins, so
+        batches handed over together share it); its outcome once the round ended."""
+        self._queue.append(batch)
         if self._round is None or self._round.done():
             self._round = asyncio.create_task(self._rounds(), name="member-rounds")
+        return await asyncio.shield(batch.done)
 
     async def _rounds(self) -> None:
-        """One transaction after another while batches wait, on the two producers in turn."""
-        while self._queue and not self._stopped:
+        """One transaction after another while batches wait, on the producers in turn."""
+        while self._queue:
             batches, self._queue = self._queue, []
             turn = self._turn
-            self._turn = 1 - turn if self._other is not None else 0
+            self._turn = (turn + 1) % len(self._producers)
             try:
                 await self._one_round(await self._renewed(turn), batches, turn)
             except BaseException as exc:
@@ -345,7 +336,7 @@ class MemberProducer:
             raise FencedByGroup(
                 f"not a member of {self.group_id} now (generation {member.generation})"
             )
-        self._round_members[turn] = member  # one place for the round, as at its start
+        self._round_member = member  # one place for the whole round, as it was at its start
         await producer.begin_transaction()
         try:
             chosen: dict[int, dict[bytes, int]] = {}
@@ -383,16 +374,12 @@ class MemberProducer:
     async def _renewed(self, turn: int) -> AIOKafkaProducer:
         """The producer of round ``turn``: a new one (same transactional id) after the
         broker fenced the last."""
-        producer = self._other if turn else self._producer
-        if producer is None:
+        if not self._producers:
             raise MemberProducerError(f"{self.transactional_id} is stopped")
+        producer = self._producers[turn]
         if turn in self._renew:
             await stop_client(producer, grace=5.0, name="member producer")
-            producer = self._transactional_producer(turn)
-            if turn:
-                self._other = producer
-            else:
-                self._producer = producer
+            producer = self._producers[turn] = self._transactional_producer(turn)
             await start_client(producer, grace=5.0, name="member producer")  # or next round
             self._renew.discard(turn)
             logger.info(
@@ -511,9 +498,9 @@ class MemberProducer:
         """The group's committed offsets of ``partitions`` once no transaction holds them
         (a previous owner's round open, or its markers still being written): a new owner
         reads from there and never past what that round decides. In transactions only."""
-        producer = self._producer
-        if producer is None or not self.transactional:
+        if not self._producers or not self.transactional:
             raise MemberProducerError("stable offsets are read through a transactional producer")
+        producer = self._producers[0]
         began = last_said = time.monotonic()
         while True:
             try:
@@ -547,13 +534,15 @@ class _Batch:
         self,
         waves: Sequence[Sequence[Outgoing]],
         offsets: Mapping[TopicPartition, int],
-        done: asyncio.Future[list[int] | None],
+        *,
+        placed: Sequence[Placed] | None = None,
+        foreign: Mapping[str, Mapping[TopicPartition, int]] | None = None,
     ) -> None:
         self.waves = waves
         self.offsets = offsets
-        self.done = done
-        self.placed: Sequence[Placed] | None = None
-        self.foreign: Mapping[str, Mapping[TopicPartition, int]] | None = None
+        self.placed = placed
+        self.foreign = foreign
+        self.done: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
         self.sent: list[tuple[asyncio.Future[Any] | BaseException, int]] = []
 
     def acked(self) -> list[int] | None:

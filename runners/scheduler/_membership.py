@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError
 from deferline.schemas import DeadLetter
 from deferline.topics import Settings, TopicNames, start_client, stop_client
 
-from .._aiokafka import client_of, group_metadata, request_rejoin
+from .._aiokafka import client_of, request_rejoin
 from .._local_state import CheckpointError
 from ..member import PartitionPhase
 from ._admission import LEDGER_PARTITION
@@ -119,7 +119,6 @@ class Membership:
         self._acquisition: asyncio.Task[None] | None = None
         self._absorbing = False
         self._reader: AIOKafkaConsumer | None = None  # the takeover reader, once started
-        self._member_id: str | None = None  # the group's name for this member, last assigned
 
     def supervise(self, group: asyncio.TaskGroup | None) -> None:
         """Run acquisitions in ``group`` (their failure is the scheduler's); None: none."""
@@ -172,10 +171,6 @@ class Membership:
             return
         self.rebalances += 1
         mine = set(partitions)
-        member_id = group_metadata(events).member_id
-        if self._member_id is not None and member_id != self._member_id:
-            await self._lose_all(member_id)
-        self._member_id = member_id
         async with self.writers.lock:
             change = self.ownership.assign(mine)
             for p in change.kept:
@@ -209,11 +204,11 @@ class Membership:
         elif not change.acquired:
             self._running()
 
-    async def _lose_all(self, member_id: str) -> None:
-        """This scheduler joined again as a new member: the group went on without it (its
-        session expired, paused or cut off), and another may have written for any partition
-        it held. So none is kept: each is dropped without writing, and taken over afresh if
-        assigned again."""
+    async def rejoined(self, member_id: str) -> None:
+        """This scheduler joined again as a new member: none of its partitions is kept; each
+        is dropped without writing, and taken over afresh if assigned again."""
+        if self.clients.events is None or self._closing:
+            return
         async with self.writers.lock:
             lost = self.ownership.owned()
             for p in lost:

@@ -172,8 +172,6 @@ class TriggerLane:
         self._transactions = transactions
         self._producer: MemberProducer | None = None
         """The member's transactional producer (None: no transactions)."""
-        self._member_id = ""
-        """The member id the group gave this lane at its last assignment."""
         self._metrics = metrics
         self._cancel = cancel
         self._on_fatal = on_fatal
@@ -473,15 +471,6 @@ class TriggerLane:
             # it over once this member has left.
             return
         now = time.monotonic()
-        member_id, self._member_id = self._member_id, group_metadata(consumer).member_id
-        if member_id and member_id != self._member_id and self._parts:
-            # The group went on without this member (paused past its session, say): another
-            # member may have owned its partitions meanwhile, so none is kept as it was.
-            logger.warning(
-                "lane rejoined as a new member: its partitions are taken over afresh",
-                extra=self._log(partitions=sorted(self._parts)),
-            )
-            self._lose(list(self._parts.values()))
         change = diff_assignment(self._parts, partitions)
         kept = [self._parts[n] for n in change.kept]
         lost = [self._parts[n] for n in change.released]
@@ -540,6 +529,17 @@ class TriggerLane:
         set_fetch_wait(consumer, min(self.options.fetch_max_wait_ms, SHORT_WAIT_MS))
         self.bootstrapped.clear()
         self._rebuild = asyncio.create_task(self._rebuild_guarded(parts), name="rebuild")
+
+    async def rejoined(self, member_id: str) -> None:
+        """The lane joined again as a new member (paused past its session, say): another
+        member may have owned its partitions meanwhile, so none is kept as it was."""
+        if self._consumer is None or self._closing or not self._parts:
+            return
+        logger.warning(
+            "lane rejoined as a new member: its partitions are taken over afresh",
+            extra=self._log(partitions=sorted(self._parts), member_id=member_id),
+        )
+        self._lose(list(self._parts.values()))
 
     def quiesce_cut_short(self, partitions: frozenset[int]) -> None:
         """After a revocation cut short: the revoked partitions that were not ready (their

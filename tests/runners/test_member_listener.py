@@ -33,15 +33,29 @@ class _Processor:
     def quiesce_cut_short(self, partitions: frozenset[int]) -> None:
         self.calls.append(("cut short", partitions))
 
+    async def rejoined(self, member_id: str) -> None:
+        self.calls.append(("rejoined", member_id))
+
     async def assign(self, generation: int, partitions: frozenset[int]) -> None:
         self.calls.append(("assign", (generation, partitions)))
 
 
-def listener(processor: _Processor, assignor: StickyAssignor, **options: Any) -> MemberListener:
-    consumer = SimpleNamespace(_coordinator=SimpleNamespace(generation=7))
+def coordinator(generation: int = 7, member_id: str = "m-1") -> SimpleNamespace:
+    """What the listener reads of the consumer's group coordinator."""
+    return SimpleNamespace(
+        group_id="g", generation=generation, member_id=member_id, _group_instance_id=None
+    )
+
+
+def listener(
+    processor: _Processor,
+    assignor: StickyAssignor,
+    consumer: SimpleNamespace | None = None,
+    **options: Any,
+) -> MemberListener:
     return MemberListener(
         processor,
-        consumer=cast(AIOKafkaConsumer, consumer),
+        consumer=cast(AIOKafkaConsumer, consumer or SimpleNamespace(_coordinator=coordinator())),
         topic=TOPIC,
         assignor=assignor,
         **options,
@@ -70,3 +84,24 @@ async def test_a_revocation_that_does_not_end_is_cut_short_so_the_member_rejoins
     assert processor.cancelled
     assert processor.calls == [("quiesce", frozenset({3})), ("cut short", frozenset({3}))]
     assert "not quiesced within" in caplog.text
+
+
+async def test_a_member_that_joined_again_under_a_new_member_id_is_told_before_its_assignment() -> (
+    None
+):
+    """Its session expired (paused, cut off): the group went on without it, so the processor
+    must keep none of its partitions. A member id kept across rebalances tells nothing."""
+    processor = _Processor()
+    consumer = SimpleNamespace(_coordinator=coordinator())
+    member = listener(processor, StickyAssignor(), consumer)
+    await member.on_partitions_assigned({TopicPartition(TOPIC, 1)})
+    consumer._coordinator = coordinator(generation=8)
+    await member.on_partitions_assigned({TopicPartition(TOPIC, 1)})
+    consumer._coordinator = coordinator(generation=10, member_id="m-2")
+    await member.on_partitions_assigned({TopicPartition(TOPIC, 1)})
+    assert processor.calls == [
+        ("assign", (7, frozenset({1}))),
+        ("assign", (8, frozenset({1}))),
+        ("rejoined", "m-2"),
+        ("assign", (10, frozenset({1}))),
+    ]

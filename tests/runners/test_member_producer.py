@@ -100,7 +100,7 @@ async def test_after_the_broker_fenced_the_producer_the_next_round_has_a_new_one
     with pytest.raises(MemberFenced, match="transaction timeout"):
         await producer.write(record(0), {TP0: 1})
     await producer.write(record(1), {TP0: 1})
-    assert producer._producer is renewed
+    assert producer._producers == [renewed]
     assert renewed.commits == 1
     assert kafka.offset_commits(GROUP) == [{TP0: 1}]
 
@@ -113,7 +113,7 @@ async def test_rounds_alternate_between_the_members_two_producers() -> None:
     producer, first = await member_producer(kafka, [IN_GROUP])
     second = FakeTransactionalProducer(kafka, f"{producer.transactional_id}.1")
     await second.start()
-    producer._other = second
+    producer._producers.append(second)
     for n in range(3):
         await producer.write(record(n), {TP0: n})
     assert (first.commits, second.commits) == (2, 1)

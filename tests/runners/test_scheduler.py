@@ -80,7 +80,7 @@ def chain_writes(scheduler: Scheduler, partition: int) -> list[JournalEntry]:
 
 def journal(scheduler: Scheduler) -> list[JournalEntry]:
     """What the member's producer did (sends, acks, transactions)."""
-    producer = scheduler.producer._producer
+    (producer,) = scheduler.producer._producers
     assert isinstance(producer, FakeProducer)
     return producer.journal
 
@@ -96,7 +96,7 @@ def sched(monkeypatch: pytest.MonkeyPatch) -> Scheduler:
     monkeypatch.setattr("deferline.runners.scheduler._publishing.ensure_topics", fake_ensure)
     scheduler = Scheduler(Settings(topic_prefix="p."), pools=Pools(slots={"default_pool": 1}))
     own_partition_zero(scheduler)
-    scheduler.producer._producer = producer_of()
+    scheduler.producer._producers = [producer_of()]
     scheduler.producer.transactional = False
     scheduler.ensured = ensured  # type: ignore[attr-defined]
     return scheduler
@@ -187,7 +187,7 @@ async def test_decisions_of_a_folded_record_are_published(sched: Scheduler) -> N
 
 async def test_a_wave_goes_out_as_one_batch_per_partition(sched: Scheduler) -> None:
     producer = producer_of(FakeKafka(partitions=3), max_batch_records=2)
-    sched.producer._producer = producer
+    sched.producer._producers = [producer]
     tasks = [TaskKey(dag_id="d", task_id="t", run_id=f"r{i}") for i in range(7)]
     chain = sched.writers[0].chain
     await chain.publish([Emit(TaskStateRecord(task=t, state="queued")) for t in tasks])
@@ -293,7 +293,7 @@ async def test_a_released_partition_leaves_nothing_behind(sched: Scheduler) -> N
     assert len(sched.table) == 0, "its tasks are dropped"
     assert sched.table.pool_usage()["default_pool"] == (0, 1), "and their slots freed"
     assert 0 not in sched.writers
-    assert sched.producer._producer is not None, "the member's producer stays, for the others"
+    assert sched.producer._producers, "the member's producer stays, for the others"
     # Read back afterwards (the partition came back): decoded like any record.
     assert sched.fold.task(TASK.ti_key.encode(), value, live=True) is None
     assert sched.table._views[TASK.ti_key].inflight == ()
@@ -378,7 +378,7 @@ async def transactional(sched: Scheduler) -> FakeTransactionalProducer:
         FakeKafka(), member.transactional_id, max_batch_size=1 << 20
     )
     await producer.start()
-    member._producer = producer
+    member._producers = [producer]
     member.transactional = True
     member._member = lambda: GroupMetadata("p.scheduler", 1, "member-a")  # in the group
     sched.offsets.committed[TPS] = 0
