@@ -590,7 +590,7 @@ async def bench_takeover(n: int, backend: str, rounds: int = 8) -> list[Figure]:
         seconds = []
         for _ in range(rounds):
             sched, _ready = await _time_to_ready(settings, pools)
-            seconds.append(sched.takeover_seconds or 0.0)
+            seconds.append(sched.figures.takeover_seconds or 0.0)
             await sched.stop()
         seconds.sort()
         print(

@@ -50,7 +50,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
 )
 from aiokafka.structs import ConsumerRecord, OffsetAndTimestamp, RecordMetadata
-from deferline.runners.member import MemberProducer
+from deferline.runners.member import MemberFigures, MemberProducer
 from deferline.runners.testing import GroupMetadata
 from deferline.topics import Settings, partition_for
 
@@ -688,6 +688,7 @@ async def fake_member_producer(
         group_id=group_id,
         name="a",
         member=member,
+        figures=MemberFigures(),
         transactions=True,
         transaction_timeout=10.0,
     )

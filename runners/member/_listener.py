@@ -3,8 +3,9 @@
 aiokafka calls a listener's two callbacks around each rebalance. What is the same for a
 triggerer lane and a scheduler lives here: which of the revoked or assigned partitions are of
 the member's topic, the generation the member joined (noted for the sticky assignor's next
-join), whether it joined again under a new member id, and a bound on the revocation. What
-each role does with its partitions is its :class:`PartitionProcessor`'s.
+join), whether it joined again under a new member id, a bound on the revocation, and the
+count of rebalances (the member's :class:`~._figures.MemberFigures`). What each role does
+with its partitions is its :class:`PartitionProcessor`'s.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from .._aiokafka import group_metadata
+from ._figures import MemberFigures
 from ._sticky_assignor import StickyAssignor
 
 __all__ = ["MemberListener", "PartitionProcessor"]
@@ -51,6 +53,7 @@ class MemberListener(ConsumerRebalanceListener):  # type: ignore[misc]
         consumer: the member's group consumer (its generation is read at each assignment).
         topic: the member's topic (others of the consumer's are not the processor's).
         assignor: told each generation the member joins (the sticky assignor's user data).
+        figures: the member's figures; each assignment is counted there (a rebalance).
         within: seconds a revocation may take; past it the quiesce is cancelled and the
             member rejoins (aiokafka rejoins only once the callback returns, and the whole
             group waits for that rejoin). None: no bound.
@@ -64,6 +67,7 @@ class MemberListener(ConsumerRebalanceListener):  # type: ignore[misc]
         consumer: AIOKafkaConsumer,
         topic: str,
         assignor: StickyAssignor,
+        figures: MemberFigures,
         within: float | None = None,
         log: Callable[[], dict[str, Any]] = dict,
     ) -> None:
@@ -71,6 +75,7 @@ class MemberListener(ConsumerRebalanceListener):  # type: ignore[misc]
         self._consumer = consumer
         self._topic = topic
         self._assignor = assignor
+        self._figures = figures
         self._within = within
         self._log = log
         self._member_id: str | None = None  # the group's name for the member, last assigned
@@ -94,6 +99,7 @@ class MemberListener(ConsumerRebalanceListener):  # type: ignore[misc]
             self._processor.quiesce_cut_short(mine)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self._figures.assigned()
         member = group_metadata(self._consumer)
         self._assignor.note_generation(member.generation)
         previous, self._member_id = self._member_id, member.member_id

@@ -1,8 +1,8 @@
 """One owned partition's local database: a header and rows, the header written last.
 
 Triggerers and schedulers keep a checkpoint per owned partition the same way. ``m`` holds
-the header, a JSON object the role fills (its format, the topic, the positions the rows
-reflect, when, and the log they were read from); ``t:<key>`` holds one row per key. A write
+the header, a JSON object (its layout, what the rows reflect and of which log, is
+:class:`~._checkpoint.MemberCheckpoint`'s); ``t:<key>`` holds one row per key. A write
 puts the changed rows and the header, the header in the last write batch, so a header is
 never ahead of the rows it describes. One batch makes the write atomic (the scheduler's
 table needs that); several bound its memory (the triggerer's last-value-wins table can

@@ -79,6 +79,7 @@ from .._aiokafka import (
     fetch_stable_offsets,
     offsets_of_several_groups,
 )
+from ._figures import MemberFigures
 
 __all__ = [
     "MemberFenced",
@@ -139,6 +140,7 @@ class MemberProducer:
         name: this member's name, unique to this process (drawn at its start): a process
             taking the same transactional id over would fence this one.
         member: the member's place in the group, read at each round's offset commit.
+        figures: the member's figures; its rounds, committed and fenced, are counted there.
         transactions: write in transactions (True: a broker without KIP-447 is an error),
             never (False), or when the broker has them (None).
         transaction_timeout: seconds before the broker aborts an open round of a member that
@@ -153,6 +155,7 @@ class MemberProducer:
         group_id: str,
         name: str,
         member: Callable[[], GroupMetadata],
+        figures: MemberFigures,
         transactions: bool | None,
         transaction_timeout: float,
     ) -> None:
@@ -160,8 +163,7 @@ class MemberProducer:
         self.group_id = group_id
         self.transactional_id = f"{group_id}.member.{name}"
         self.transactional: bool | None = None  # known once started
-        self.rounds = 0  # transactions committed
-        self.fenced_rounds = 0  # rounds the group refused, or the broker aborted
+        self.figures = figures
         self._member = member
         self._transactions = transactions
         self._timeout_ms = max(1000, int(transaction_timeout * 1000))
@@ -304,7 +306,7 @@ class MemberProducer:
                 await self._one_round(await self._renewed(turn), batches, turn)
             except BaseException as exc:
                 if isinstance(exc, FencedByGroup):
-                    self.fenced_rounds += 1
+                    self.figures.round_fenced()
                 self._fail(batches, exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
@@ -369,7 +371,7 @@ class MemberProducer:
             await _abort(producer)
             raise
         await asyncio.gather(*futures)
-        self.rounds += 1
+        self.figures.round_committed()
 
     async def _renewed(self, turn: int) -> AIOKafkaProducer:
         """The producer of round ``turn``: a new one (same transactional id) after the

@@ -21,11 +21,13 @@ the same point.
 Events still pending are not stored: event offsets are never committed past a pending event,
 so a restarted scheduler reads them again.
 
-The header also records the log it was read from (:class:`~deferline.topics.LogIdentity`: the
-cluster id, the tasks topic's id and partition count, the topic prefix and the group). A
-checkpoint of another log (a recreated cluster or topic whose offsets happen to fall in the
-saved range) is discarded, named in one log line and counted, and its partition folded from
-the start.
+Each partition's checkpoint is a :class:`~deferline.runners.member.MemberCheckpoint`: its
+header holds the position, the table-wide state (its payload) and the log it was read from
+(:class:`~deferline.topics.LogIdentity`: the cluster id, the tasks topic's id and partition
+count, the topic prefix and the group). A checkpoint that cannot be restored (of another
+log, such as a recreated cluster or topic whose offsets happen to fall in the saved range; of
+another format; too old; past the partition's offsets) is discarded, said in one log line
+per reason (those of another log counted), and its partition folded from the start.
 """
 
 from __future__ import annotations
@@ -36,29 +38,26 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from deferline.engine import TableDelta, TableRows, TaskTable
-from deferline.topics import (
-    LogIdentity,
-    compare_identity,
-    partition_for,
-    read_log_identity,
-)
+from deferline.topics import LogIdentity, partition_for, read_log_identity
 
 from .._local_state import CheckpointError, CheckpointInUse, state_home
-from ..member import ROW_PREFIX, RocksPartitionDatabase
+from ..member import (
+    ROW_PREFIX,
+    CheckpointHeader,
+    DiscardedCheckpoints,
+    MemberCheckpoint,
+    RocksPartitionDatabase,
+)
 from ._fold import TaskFold
 
-__all__ = ["Checkpoints", "SchedulerCheckpoint", "default_state_dir", "merge_states", "split_delta"]
+__all__ = ["Checkpoints", "default_state_dir", "merge_states", "split_delta"]
 
 logger = logging.getLogger(__name__)
-
-_FORMAT = 3  # 2: the header records the log identity; 3: one database per partition
-_OTHER_LOG = "it was read from another log"
 
 
 def default_state_dir(group_id: str) -> Path:
@@ -67,99 +66,9 @@ def default_state_dir(group_id: str) -> Path:
     return state_home() / "scheduler" / group_id
 
 
-@dataclass(frozen=True, slots=True)
-class SavedFold:
-    """A checkpoint's header: where it stands on the tasks topic, and the table-wide state."""
-
-    topic: str
-    positions: dict[int, int]
-    state: dict[str, Any]
-    saved_at: float
-    identity: LogIdentity | None
-
-
-class SchedulerCheckpoint:
-    """One partition's checkpoint: a :class:`~deferline.runners.member.PartitionDatabase`
-    whose header is a :class:`SavedFold` and whose rows are the tasks, one per ti_key,
-    written in one batch (atomically)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._db: RocksPartitionDatabase | None = None
-
-    def open(self) -> None:
-        """Open the database; CheckpointError if it is locked by another process."""
-        if self._db is None:
-            self._db = RocksPartitionDatabase(self.path)
-
-    def _opened(self) -> RocksPartitionDatabase:
-        if self._db is None:
-            raise CheckpointError(f"checkpoint {self.path} is not open")
-        return self._db
-
-    def load(self) -> SavedFold | None:
-        """The checkpoint's header, or None if there is none; CheckpointError if it is
-        unreadable or of another format (the caller discards it)."""
-        meta = self._opened().header()
-        if meta is None:
-            return None
-        if meta.get("format") != _FORMAT:
-            raise CheckpointError(
-                f"checkpoint {self.path} is of format {meta.get('format')}, "
-                f"this version reads {_FORMAT}"
-            )
-        try:
-            identity = meta.get("identity")
-            return SavedFold(
-                topic=str(meta["topic"]),
-                positions={int(p): int(o) for p, o in meta["positions"].items()},
-                state=dict(meta["state"]),
-                saved_at=float(meta["saved_at"]),
-                identity=None if identity is None else LogIdentity.from_json(identity),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(f"checkpoint {self.path} is corrupt: {exc}") from exc
-
-    def rows(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every stored row: (ti_key, row)."""
-        start = len(ROW_PREFIX)
-        for key, value in self.stored_rows():
-            yield key[start:], value
-
-    def stored_rows(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every stored row as stored: (``ROW_PREFIX`` + ti_key, row), without a Python step
-        per row (a restore reads a million)."""
-        return self._opened().rows()
-
-    def write(
-        self,
-        topic: str,
-        positions: dict[int, int],
-        rows: TableRows,
-        identity: LogIdentity | None,
-    ) -> None:
-        """Store changed rows, deletions, the table-wide state, the positions and the log
-        they were read from, atomically."""
-        changes = itertools.chain(((key, None) for key in rows.deletes), rows.rows)
-        header = {
-            "format": _FORMAT,
-            "topic": topic,
-            "positions": {str(p): o for p, o in positions.items()},
-            "state": rows.state,
-            "saved_at": time.time(),
-            "identity": None if identity is None else identity.to_json(),
-        }
-        self._opened().write(changes, header)
-
-    def discard(self) -> None:
-        """Forget every row and the header (the checkpoint does not match the topic)."""
-        self._opened().discard()
-
-    def close(self) -> None:
-        """Flush and close: the next open reads tables rather than replaying the log."""
-        db, self._db = self._db, None
-        if db is not None:
-            db.close()
+def _changes(rows: TableRows) -> Iterator[tuple[bytes, bytes | None]]:
+    """The rows to put, deletions first: (ti_key, row), ``None`` to delete the key."""
+    return itertools.chain(((key, None) for key in rows.deletes), rows.rows)
 
 
 def split_delta(delta: TableDelta, partitions: int) -> dict[int, TableDelta]:
@@ -206,9 +115,10 @@ def _instant(clock: str) -> float:
 
 
 class Checkpoints:
-    """The scheduler's checkpoints: one :class:`SchedulerCheckpoint` per tasks partition this
-    process could lock, restored at start and written at the points the shell says are
-    consistent (see the module docstring)."""
+    """The scheduler's checkpoints: one :class:`~deferline.runners.member.MemberCheckpoint`
+    per tasks partition this process could lock, restored at start and written at the points
+    the shell says are consistent (see the module docstring). ``mismatches`` counts the
+    partition checkpoints discarded as read from another log."""
 
     def __init__(self, state_dir: str | Path, *, interval: float, max_age: float) -> None:
         self.root = Path(state_dir)
@@ -220,7 +130,7 @@ class Checkpoints:
         self.off = False  # a publish failed: the table may be ahead of the topic for good
         self._topic = ""
         self._partitions = 0
-        self._stores: dict[int, SchedulerCheckpoint] = {}
+        self._stores: dict[int, MemberCheckpoint] = {}
         self._saved: dict[int, int] = {}
         self._identity: LogIdentity | None = None
         self._tried_at = 0.0
@@ -228,6 +138,12 @@ class Checkpoints:
 
     def path(self, topic: str, partition: int) -> Path:
         return self.root / topic / str(partition)
+
+    def _open_one(self, topic: str, partition: int) -> MemberCheckpoint:
+        """Open (and lock) the partition's database, each write one batch (atomic: the table
+        is not a last-value-wins fold); CheckpointInUse if another process holds it."""
+        db = RocksPartitionDatabase(self.path(topic, partition))
+        return MemberCheckpoint(db, topic=topic, partition=partition)
 
     def open(self, topic: str, partitions: Iterable[int], *, total: int) -> None:
         """Open each partition's database (of ``total`` tasks partitions); one another
@@ -239,33 +155,30 @@ class Checkpoints:
         for p in ids:
             if p in self._stores:
                 continue
-            store = SchedulerCheckpoint(self.path(topic, p))
             try:
-                store.open()
+                self._stores[p] = self._open_one(topic, p)
             except CheckpointInUse:
                 logger.info(
                     "tasks partition %d folds from the topic: its checkpoint is held by "
                     "another process",
                     p,
-                    extra={"path": str(store.path)},
+                    extra={"path": str(self.path(topic, p))},
                 )
-                continue
-            self._stores[p] = store
 
     async def saved_positions(self, partitions: Iterable[int]) -> dict[int, int]:
         """The position each opened partition's checkpoint was saved at, where it has a
-        readable header (unchecked: :meth:`restore` still checks it against the log)."""
+        usable header (its log unchecked: :meth:`restore` still checks it)."""
         positions: dict[int, int] = {}
         for p in partitions:
             store = self._stores.get(p)
             if store is None:
                 continue
             try:
-                saved = await asyncio.to_thread(store.load)
+                saved = await asyncio.to_thread(store.header)
             except CheckpointError:
                 continue  # the restore says why and discards it
-            if saved is not None and p in saved.positions:
-                positions[p] = saved.positions[p]
+            if saved is not None:
+                positions[p] = saved.position
         return positions
 
     async def on_disk(self, topic: str, partitions: Iterable[int]) -> set[int]:
@@ -276,14 +189,15 @@ class Checkpoints:
         def read() -> set[int]:
             found: set[int] = set()
             for p in partitions:
-                path = self.path(topic, p)
-                if p in self._stores or not path.exists():
+                if p in self._stores or not self.path(topic, p).exists():
                     continue
-                store = SchedulerCheckpoint(path)
                 try:
-                    store.open()
-                    saved = store.load()
-                except CheckpointError:  # held by another process, or unreadable
+                    store = self._open_one(topic, p)
+                except CheckpointError:  # held by another process
+                    continue
+                try:
+                    saved = store.header()
+                except CheckpointError:  # unusable or unreadable
                     continue
                 finally:
                     store.close()
@@ -304,7 +218,7 @@ class Checkpoints:
     ) -> dict[TopicPartition, int]:
         """Restore the table from the partitions' checkpoints; the position to fold each
         restored partition's tail from (the others fold from the start, their checkpoint
-        discarded if it does not match the topic)."""
+        discarded if it cannot be restored)."""
         by_partition = {tp.partition: tp for tp in tps}
         mine = {p: store for p, store in self._stores.items() if p in by_partition}
         if not mine:
@@ -318,48 +232,39 @@ class Checkpoints:
             self._identity = identity  # what every checkpoint written from now on reflects
         ends = await consumer.end_offsets(tps)
         starts = await consumer.beginning_offsets(tps)
-        usable: dict[int, SavedFold] = {}
-        problems: dict[str, list[int]] = {}
+        usable: dict[int, CheckpointHeader] = {}
+        discards = DiscardedCheckpoints(self._topic, on_other_log=self._other_log)
         for p, store in mine.items():
             tp = by_partition[p]
-            problem, saved = await self._check(store, identity, starts[tp], ends[tp])
-            if problem is not None:
-                problems.setdefault(problem, []).append(p)
-                await asyncio.to_thread(store.discard)
-            elif saved is not None:
-                usable[p] = saved
-        for problem, partitions in problems.items():  # one line per reason
-            logger.warning(
-                "scheduler checkpoint discarded: %s; folding partitions %s from the start",
-                problem,
-                partitions,
-                extra={"path": str(self.root / self._topic)},
+            saved = await asyncio.to_thread(
+                self._usable, store, identity, starts[tp], ends[tp], discards
             )
-            if problem.startswith(_OTHER_LOG):
-                self.mismatches += 1
+            if saved is not None:
+                usable[p] = saved
+        for p in discards.partitions:
+            await asyncio.to_thread(mine[p].discard)
+        discards.report()
         if not usable:
             return {}
         stores = [self._stores[p] for p in sorted(usable)]
         try:
-            state = merge_states(saved.state for saved in usable.values())
+            state = merge_states(saved.payload["state"] for saved in usable.values())
             tasks = await asyncio.to_thread(
                 fold.table.restore_rows,
-                itertools.chain.from_iterable(store.stored_rows() for store in stores),
+                itertools.chain.from_iterable(store.rows() for store in stores),
                 state,
                 skip=len(ROW_PREFIX),
             )
-        except ValueError as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             fold.reset()
-            logger.warning(
-                "scheduler checkpoints discarded: %s; folding the tasks topic from the start",
-                exc,
-            )
-            for store in stores:
+            for p, store in zip(sorted(usable), stores, strict=True):
+                discards.add(p, f"it cannot be restored ({exc!r})")
                 await asyncio.to_thread(store.discard)
+            discards.report()
             return {}
         self.restored_tasks += tasks
         self.restore_seconds = time.monotonic() - began
-        restored = {p: saved.positions[p] for p, saved in usable.items()}
+        restored = {p: saved.position for p, saved in usable.items()}
         self._saved.update(restored)
         logger.info(
             "scheduler checkpoint restored",
@@ -372,33 +277,32 @@ class Checkpoints:
         )
         return {by_partition[p]: offset for p, offset in restored.items()}
 
-    async def _check(
-        self, store: SchedulerCheckpoint, identity: LogIdentity, start: int, end: int
-    ) -> tuple[str | None, SavedFold | None]:
-        """Whether ``store``'s checkpoint can be restored: (why not, or None; the header).
-        The reason a checkpoint of another log is refused starts with :data:`_OTHER_LOG`."""
+    def _usable(
+        self,
+        store: MemberCheckpoint,
+        identity: LogIdentity,
+        start: int,
+        end: int,
+        discards: DiscardedCheckpoints,
+    ) -> CheckpointHeader | None:
+        """``store``'s header if its checkpoint can be restored over the log ``identity``
+        names, whose partition now holds offsets ``start..end``; else None, noting in
+        ``discards`` why not (if there is one)."""
         try:
-            saved = await asyncio.to_thread(store.load)
-        except CheckpointError as exc:
-            return str(exc), None
+            saved = store.header(identity)
+        except CheckpointError as exc:  # unusable or unreadable
+            discards.add(store.partition, exc)
+            return None
         if saved is None:
-            return None, None
-        mismatch = compare_identity(identity, saved.identity)
-        age = time.time() - saved.saved_at
-        partition = int(store.path.name)
-        if mismatch is not None:
-            return f"{_OTHER_LOG} ({mismatch})", saved
-        if age > self.max_age:
-            # Compaction may since have removed tombstones the tail would have to show.
-            return f"it is {age / 3600:.1f} h old", saved
-        if saved.topic != self._topic or set(saved.positions) != {partition}:
-            return f"it is of {saved.topic} partitions {sorted(saved.positions)}", saved
-        if not start <= saved.positions[partition] <= end:
-            return (
-                f"saved position {saved.positions[partition]} outside {start}..{end} "
-                "(topic truncated?)"
-            ), saved
-        return None, saved
+            return None
+        reason = saved.outdated(start, end, now=time.time(), max_age=self.max_age)
+        if reason is not None:
+            discards.add(store.partition, reason)
+            return None
+        return saved
+
+    def _other_log(self, partitions: int) -> None:
+        self.mismatches += partitions
 
     def due(self) -> bool:
         """True when the interval since the last attempt has passed."""
@@ -444,7 +348,12 @@ class Checkpoints:
                         rows = part.encode()
                     except Exception as exc:  # a value the tagged codec refuses
                         raise CheckpointError(f"cannot encode the task table: {exc}") from exc
-                    store.write(self._topic, {p: positions[p]}, rows, self._identity)
+                    store.write(
+                        _changes(rows),
+                        position=positions[p],
+                        payload={"state": rows.state},
+                        identity=self._identity,
+                    )
                 except CheckpointError as exc:
                     logger.warning("scheduler checkpoint not written: %s", exc)
                     failed.append(p)

@@ -4,7 +4,8 @@
 together by :meth:`~SchedulerClients.connect` and stopped by the shell's close: the group
 member on tasks.events, the reader of the owned tasks partitions, the pools channel (made
 once the tasks topic's partition count is known), the lock that keeps reads of the pools
-topic one at a time, and the fetch wait suited to the broker. Producers are the writers'
+topic one at a time, and the fetch wait suited to the broker; and it makes the readers of the
+tasks topic (the scheduler's, and each acquisition's own). Producers are the writers'
 (:mod:`._writers`).
 """
 
@@ -84,7 +85,7 @@ class SchedulerClients:
         if await answers_fetches_early(self.settings):
             self.fetch_wait_ms = LONG_POLL_MS
         tasks = self.consumer()
-        self.reader = TasksReader(tasks, self.fold, max_records=self.max_records, dead=self._dead)
+        self.reader = self.tasks_reader(tasks, self.fold)
         await start_client(tasks, grace=5.0, name="tasks reader")
         self.router.partitions = len(await self._tasks_partitions(tasks))
         self.pool_channel = PoolChannel(
@@ -111,6 +112,12 @@ class SchedulerClients:
             max_poll_records=None,
             fetch_max_wait_ms=self.fetch_wait_ms if fetch_wait_ms is None else fetch_wait_ms,
         )
+
+    def tasks_reader(self, consumer: AIOKafkaConsumer, fold: TaskFold) -> TasksReader:
+        """A reader of the tasks topic over ``consumer`` into ``fold`` (the scheduler's, or an
+        acquisition's own), with the scheduler's bound on records per fetch and its dead
+        letters."""
+        return TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
 
     def _member(self) -> AIOKafkaConsumer:
         session_ms = int(self.session_timeout * 1000)

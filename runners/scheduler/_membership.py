@@ -10,9 +10,13 @@ writers (:class:`~._writers.PartitionWriters`), takes new partitions over in the
 the partition to its end, join it to the table, publish what it calls for, read its events),
 releases partitions without writing, and drops those whose batches the group fenced.
 
-It owns the acquisition in progress and the reader acquisitions fold with, whether it is
-closing, and the takeover figures. The clients it uses (the group member, the tasks reader,
-the pools channel) are :class:`~._clients.SchedulerClients`'.
+It owns the acquisition in progress, the reader acquisitions fold with, whether it is
+closing, and how many records its takeovers folded; takeovers and fenced partitions it counts
+in the member's :class:`~deferline.runners.member.MemberFigures`. The clients it uses (the
+group member, the tasks reader, the pools channel; the settings and group they connect with)
+are :class:`~._clients.SchedulerClients`'; the table, routing and event offsets it reaches
+through the :class:`~._writers.PartitionWriters`, which write from them. What the scheduler
+around it hears of it goes through :class:`MembershipShell`.
 """
 
 from __future__ import annotations
@@ -20,33 +24,44 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from deferline.schemas import DeadLetter
-from deferline.topics import Settings, TopicNames, start_client, stop_client
+from deferline.topics import start_client, stop_client
 
 from .._aiokafka import client_of, request_rejoin
 from .._local_state import CheckpointError
-from ..member import PartitionPhase
+from ..member import MemberFigures, PartitionPhase
 from ._admission import LEDGER_PARTITION
 from ._checkpoint import Checkpoints
 from ._checkpointer import Checkpointer
 from ._clients import SchedulerClients
 from ._fold import TaskFold
 from ._ownership import Ownership
-from ._publishing import EventOffsets, SchedulerError
-from ._routing import PartitionRouter
+from ._publishing import SchedulerError
 from ._standby import Standby
-from ._tasks_topic import TasksReader
 from ._writers import PartitionWriters
 
-__all__ = ["Membership"]
+__all__ = ["Membership", "MembershipShell"]
 
 logger = logging.getLogger(__name__)
 
 TAKEOVER_FETCH_WAIT_MS = 20
+
+
+class MembershipShell(Protocol):
+    """What the scheduler around a :class:`Membership` hears of it."""
+
+    def ownership_moved(self) -> None:
+        """Partitions changed hands or phase: whoever waits on what is owned looks again."""
+
+    def assignment_taken_over(self) -> None:
+        """The assignment is taken over whole (nothing was acquired, or the acquisition is
+        done)."""
+
+    def partition_released(self, partition: int) -> None:
+        """``partition`` is no longer this member's: forget what was kept of it (its lag)."""
 
 
 class Membership:
@@ -54,67 +69,46 @@ class Membership:
     :class:`~deferline.runners.member.PartitionProcessor`.
 
     Args:
-        settings: connection and topic layout.
-        group_id: the scheduler group.
-        fold: the scheduler's fold (its table is read at each call).
-        router: the task partition of each key.
-        offsets: the event offsets of the owned partitions.
+        clients: the group member, the tasks reader and the pools channel, once connected;
+            the settings and group they connect with, and the readers of the tasks topic.
+        writers: the owned partitions' chains of batches and the publish lock, with the
+            scheduler's fold (its table is read at each call), router and event offsets.
         ownership: each partition's stage; this object is the one that moves it.
-        writers: the owned partitions' chains of batches, and the publish lock.
         checkpoints: the local checkpoints, if any.
         checkpointer: checkpoints at a revocation.
-        clients: the group member, the tasks reader and the pools channel, once connected.
         standby: the standby tables of the partitions not owned, if kept.
-        max_records: most records folded per fetch.
-        dead: the dead letter of an unreadable record.
-        moved: called when ownership changed (waiters look again).
-        running: called when an assignment is taken over.
-        forget_lag: called with a partition released (its lag is no longer this member's).
+        figures: the member's figures (takeovers and fenced partitions are counted here).
+        shell: told when ownership moved, an assignment is taken over, a partition released.
     """
 
     def __init__(
         self,
-        settings: Settings,
+        clients: SchedulerClients,
         *,
-        group_id: str,
-        fold: TaskFold,
-        router: PartitionRouter,
-        offsets: EventOffsets,
-        ownership: Ownership,
         writers: PartitionWriters,
+        ownership: Ownership,
         checkpoints: Checkpoints | None,
         checkpointer: Checkpointer,
-        clients: SchedulerClients,
         standby: Standby | None,
-        max_records: int,
-        dead: Callable[[object, str], DeadLetter],
-        moved: Callable[[], None],
-        running: Callable[[], None],
-        forget_lag: Callable[[int], None],
+        figures: MemberFigures,
+        shell: MembershipShell,
     ) -> None:
-        self.settings = settings
-        self.names = TopicNames(settings.topic_prefix)
-        self.group_id = group_id
-        self.fold = fold
-        self.router = router
-        self.offsets = offsets
-        self.ownership = ownership
+        self.clients = clients
+        self.settings = clients.settings
+        self.names = clients.names
+        self.group_id = clients.group_id
         self.writers = writers
+        self.fold = writers.fold
+        self.router = writers.router
+        self.offsets = writers.offsets
+        self.ownership = ownership
         self.checkpoints = checkpoints
         self.checkpointer = checkpointer
-        self.clients = clients
         self.standby = standby
-        self.max_records = max_records
-        self.takeovers = 0  # partitions acquired
-        self.takeover_seconds: float | None = None  # the last acquisition's
-        self.rebalances = 0
-        self.fenced = 0  # partitions dropped because the group fenced a round of theirs
-        self.recovered_records = 0
+        self.figures = figures
+        self.recovered_records = 0  # tasks-topic records the takeovers folded
+        self._shell = shell
         self._closing = False
-        self._dead = dead
-        self._moved = moved
-        self._running = running
-        self._forget_lag = forget_lag
         self._group: asyncio.TaskGroup | None = None
         self._acquisition: asyncio.Task[None] | None = None
         self._absorbing = False
@@ -145,7 +139,7 @@ class Membership:
         if acquisition is not None:
             await asyncio.wait({acquisition})  # its reader is closed before its databases
         self._acquisition = None
-        self._moved()
+        self._shell.ownership_moved()
         for p in abandoned:
             await self.release(p)
         await self.writers.settle(quiesced)
@@ -169,7 +163,6 @@ class Membership:
         events = self.clients.events
         if events is None or self._closing:
             return
-        self.rebalances += 1
         mine = set(partitions)
         async with self.writers.lock:
             change = self.ownership.assign(mine)
@@ -185,7 +178,7 @@ class Membership:
             events.pause(*(TopicPartition(self.names.task_events, p) for p in change.acquired))
         for p in change.released:
             await self.release(p)
-        self._moved()
+        self._shell.ownership_moved()
         logger.info(
             "scheduler partitions assigned",
             extra={
@@ -202,7 +195,7 @@ class Membership:
                 self._acquire(change.acquired), name="scheduler-acquire"
             )
         elif not change.acquired:
-            self._running()
+            self._shell.assignment_taken_over()
 
     async def rejoined(self, member_id: str) -> None:
         """This scheduler joined again as a new member: none of its partitions is kept; each
@@ -258,7 +251,7 @@ class Membership:
                 ends = await consumer.end_offsets([channel.tp, *events_tps])
                 if LEDGER_PARTITION in numbers:
                     await channel.lead(ends[channel.tp])  # the previous grants are decided
-                side = TasksReader(consumer, fold, max_records=self.max_records, dead=self._dead)
+                side = clients.tasks_reader(consumer, fold)
                 await side.recover(
                     self.names.tasks,
                     set(numbers),
@@ -316,15 +309,15 @@ class Membership:
                 self._absorbing = False
         resumed = time.monotonic()
         await self.writers.await_batches(handed)
-        self.takeovers += len(numbers)
-        self.takeover_seconds = time.monotonic() - began
+        seconds = time.monotonic() - began
+        self.figures.took_over(len(numbers), seconds)
         logger.info(
             "scheduler partitions acquired",
             extra={
                 "group_id": self.group_id,
                 "partitions": list(numbers),
                 "transactional": transactional,
-                "takeover_seconds": round(self.takeover_seconds, 3),
+                "takeover_seconds": round(seconds, 3),
                 "tasks": len(self.fold.table),
                 "from_standby": side.from_standby,
                 "records_folded": side.recovered_records,
@@ -338,7 +331,7 @@ class Membership:
                 },
             },
         )
-        self._running()
+        self._shell.assignment_taken_over()
 
     async def prepare(self) -> None:
         """Start the takeover reader before joining, with the metadata of every topic it
@@ -369,11 +362,6 @@ class Membership:
             self._reader = consumer
         return self._reader
 
-    @property
-    def closing(self) -> bool:
-        """The scheduler is closing: assignments and takeovers are no longer served."""
-        return self._closing
-
     def stop_serving(self) -> None:
         """From now on, serve no assignment and start no takeover (the scheduler closes)."""
         self._closing = True
@@ -403,7 +391,7 @@ class Membership:
             return
         self.fold.forget_unread_writes()  # those of the partition are no longer awaited
         self.offsets.forget(part.events_tp)
-        self._forget_lag(p)
+        self._shell.partition_released(p)
         if self.clients.reader is not None:
             await self.clients.reader.drop({p})
         if self.checkpoints is not None:
@@ -419,9 +407,9 @@ class Membership:
             if self.clients.events is not None:
                 self.clients.events.pause(TopicPartition(self.names.task_events, p))
             await self.release(p)
-        self.fenced += len(lost)
+        self.figures.fenced(len(lost))
         if lost:
-            self._moved()
+            self._shell.ownership_moved()
             logger.warning(
                 "scheduler fenced: partitions taken over by another member dropped",
                 extra={"group_id": self.group_id, "partitions": lost},

@@ -1,4 +1,9 @@
-"""Prometheus figures of the scheduler, read from its table at scrape time."""
+"""Prometheus figures of the scheduler, read from its table at scrape time.
+
+Its membership figures (rebalances, takeovers, fenced partitions, owned partitions,
+transactions) are read by the member core's collector
+(:class:`~deferline.runners.member.MemberCollector`), under the names in ``MEMBER_METRICS``.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,28 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..member import MemberMetricNames
+
 if TYPE_CHECKING:
     from deferline.engine import TaskTable
 
-    from ..member import MemberProducer
+    from ._housekeeping import Housekeeping
     from ._pools import PoolChannel
     from ._standby import Standby
+    from ._writers import PartitionWriters
 
-__all__ = ["SchedulerCollector", "SchedulerFigures", "pool_ledger_metrics"]
+__all__ = ["MEMBER_METRICS", "SchedulerCollector", "SchedulerFigures", "pool_ledger_metrics"]
+
+MEMBER_METRICS = MemberMetricNames(
+    rebalances="deferline_scheduler_rebalances",
+    takeovers="deferline_scheduler_takeovers",
+    partitions_fenced="deferline_scheduler_partitions_fenced",
+    transactions="deferline_scheduler_transactions",
+    transactions_fenced="deferline_scheduler_transactions_fenced",
+    owned="deferline_scheduler_partitions_owned",
+    owned_help="Task partitions (of tasks and tasks.events) this scheduler owns and writes for.",
+)
+"""The scheduler's names of its membership metrics."""
 
 
 class SchedulerFigures(Protocol):
@@ -31,24 +50,13 @@ class SchedulerFigures(Protocol):
     @property
     def checkpoint_mismatches(self) -> int: ...
     @property
-    def takeovers(self) -> int: ...
+    def housekeeping(self) -> Housekeeping: ...
     @property
-    def rebalances(self) -> int: ...
-    @property
-    def partitions_fenced(self) -> int: ...
-    @property
-    def producer(self) -> MemberProducer: ...
-    @property
-    def lag(self) -> dict[str, int]: ...
-    @property
-    def events_lag(self) -> dict[int, int]: ...
-    @property
-    def owned(self) -> list[int]: ...
+    def writers(self) -> PartitionWriters: ...
     @property
     def standby(self) -> Standby | None: ...
     @property
     def pool_channel(self) -> PoolChannel | None: ...
-    def partition_counts(self) -> dict[int, tuple[int, int]]: ...
 
 
 class SchedulerCollector(Collector):
@@ -150,38 +158,11 @@ class SchedulerCollector(Collector):
             "1 while this scheduler owns task partitions and writes for them, else 0.",
             value=1 if self.scheduler.active else 0,
         )
-        yield _counter(
-            "deferline_scheduler_takeovers",
-            "Task partitions this scheduler took over.",
-            self.scheduler.takeovers,
-        )
-        yield _counter(
-            "deferline_scheduler_rebalances",
-            "Group assignments this scheduler received.",
-            self.scheduler.rebalances,
-        )
-        yield _counter(
-            "deferline_scheduler_partitions_fenced",
-            "Task partitions dropped because the group refused a transaction holding their "
-            "decisions (this scheduler was paused or cut off past its session; Apache Kafka).",
-            self.scheduler.partitions_fenced,
-        )
-        producer = self.scheduler.producer
-        yield _counter(
-            "deferline_scheduler_transactions",
-            "Transactions committed: one per round, holding every owned partition's batches "
-            "handed over since the round before (Apache Kafka).",
-            producer.rounds,
-        )
-        yield _counter(
-            "deferline_scheduler_transactions_fenced",
-            "Rounds the group refused, or the broker aborted after their transaction timeout.",
-            producer.fenced_rounds,
-        )
+        housekeeping = self.scheduler.housekeeping
         lag = GaugeMetricFamily(
             "deferline_scheduler_lag", "Records not yet read, per input.", labels=["input"]
         )
-        for name, value in sorted(self.scheduler.lag.items()):
+        for name, value in sorted(housekeeping.lag.items()):
             lag.add_metric([name], value)
         yield lag
         partition_lag = GaugeMetricFamily(
@@ -189,20 +170,15 @@ class SchedulerCollector(Collector):
             "Events on tasks.events not yet folded, per partition this scheduler owns.",
             labels=["partition"],
         )
-        for partition, value in sorted(self.scheduler.events_lag.items()):
+        for partition, value in sorted(housekeeping.events_lag.items()):
             partition_lag.add_metric([str(partition)], value)
         yield partition_lag
-        yield GaugeMetricFamily(
-            "deferline_scheduler_partitions_owned",
-            "Task partitions (of tasks and tasks.events) this scheduler owns and writes for.",
-            value=len(self.scheduler.owned),
-        )
         per_partition = CounterMetricFamily(
             "deferline_scheduler_partition_events",
             "Trigger events read per owned partition (since it was acquired), by verdict.",
             labels=["partition", "verdict"],
         )
-        for partition, (applied, duplicate) in self.scheduler.partition_counts().items():
+        for partition, (applied, duplicate) in self.scheduler.writers.counts().items():
             per_partition.add_metric([str(partition), "applied"], applied)
             per_partition.add_metric([str(partition), "duplicate"], duplicate)
         yield per_partition

@@ -45,8 +45,11 @@ event offsets (read, committed)    :class:`~._publishing.EventOffsets`
 owned partitions' chains, held      :class:`~._writers.PartitionWriters`
 decisions, counts; publish lock
 rounds, transactions               :class:`~deferline.runners.member.MemberProducer`
-assignor, acquisition, takeover    :class:`~._membership.Membership` (the rebalance
-figures                            listener)
+acquisition, takeover reader       :class:`~._membership.Membership` (the rebalance
+                                   listener's processor)
+membership figures                 :class:`~deferline.runners.member.MemberFigures`
+                                   (rebalances: the listener; rounds: the producer;
+                                   takeovers, fenced partitions: Membership)
 consistent-point checkpoints       :class:`~._checkpointer.Checkpointer` (databases:
                                    :class:`~._checkpoint.Checkpoints`)
 folding fetched events             :class:`~._intake.EventIntake`
@@ -83,7 +86,9 @@ from prometheus_client import CollectorRegistry
 from .._aiokafka import GroupMetadata, group_metadata
 from .._metrics import MetricsServer
 from ..member import (
+    MemberCollector,
     MemberFenced,
+    MemberFigures,
     MemberListener,
     MemberProducer,
     Outgoing,
@@ -98,7 +103,7 @@ from ._fold import TaskFold
 from ._housekeeping import Housekeeping
 from ._intake import EventIntake
 from ._membership import Membership
-from ._metrics import SchedulerCollector
+from ._metrics import MEMBER_METRICS, SchedulerCollector
 from ._ownership import Ownership
 from ._phase import Phase, PhaseMachine
 from ._pools import PoolChannel
@@ -192,11 +197,14 @@ class Scheduler(Lifecycle):
         self.offsets = EventOffsets()
         self.ownership = Ownership()
         self.phase = PhaseMachine()
+        self.figures = MemberFigures(owned=lambda: len(self.owned))
+        """This member's membership figures (read by the metrics)."""
         self.producer = MemberProducer(
             settings,
             group_id=self.group_id,
             name=uuid.uuid4().hex,
             member=self._group_member,
+            figures=self.figures,
             transactions=transactions,
             transaction_timeout=session_timeout,
         )
@@ -245,22 +253,14 @@ class Scheduler(Lifecycle):
             else None
         )
         self.membership = Membership(
-            settings,
-            group_id=self.group_id,
-            fold=self.fold,
-            router=self.router,
-            offsets=self.offsets,
-            ownership=self.ownership,
+            self.clients,
             writers=self.writers,
+            ownership=self.ownership,
             checkpoints=self.checkpoints,
             checkpointer=self.checkpointer,
-            clients=self.clients,
             standby=self.standby,
-            max_records=max_records,
-            dead=self._dead,
-            moved=self.phase.changed,
-            running=self._running,
-            forget_lag=self.housekeeping.forget,
+            figures=self.figures,
+            shell=self,
         )
         self.intake = EventIntake(
             self.names.task_events,
@@ -274,6 +274,9 @@ class Scheduler(Lifecycle):
         )
         self.registry = CollectorRegistry()
         self.registry.register(SchedulerCollector(self))
+        members = MemberCollector(MEMBER_METRICS)
+        members.add(self.figures)
+        self.registry.register(members)
         self._metrics = (
             MetricsServer(self.registry, host=metrics_host, port=metrics_port)
             if metrics_port is not None
@@ -312,35 +315,6 @@ class Scheduler(Lifecycle):
         return self.membership.recovered_records
 
     @property
-    def takeovers(self) -> int:
-        """Partitions acquired."""
-        return self.membership.takeovers
-
-    @property
-    def takeover_seconds(self) -> float | None:
-        """The last acquisition's duration."""
-        return self.membership.takeover_seconds
-
-    @property
-    def rebalances(self) -> int:
-        return self.membership.rebalances
-
-    @property
-    def partitions_fenced(self) -> int:
-        """Partitions dropped because the group fenced a round of theirs."""
-        return self.membership.fenced
-
-    @property
-    def lag(self) -> dict[str, int]:
-        """Records not yet read, per input."""
-        return self.housekeeping.lag
-
-    @property
-    def events_lag(self) -> dict[int, int]:
-        """Events not yet folded, per owned tasks.events partition."""
-        return self.housekeeping.events_lag
-
-    @property
     def restore_seconds(self) -> float | None:
         return self.checkpoints.restore_seconds if self.checkpoints is not None else None
 
@@ -356,10 +330,6 @@ class Scheduler(Lifecycle):
     def owned(self) -> list[int]:
         """The task partitions this scheduler writes for now."""
         return self.ownership.owned(PartitionPhase.ACTIVE)
-
-    def partition_counts(self) -> dict[int, tuple[int, int]]:
-        """Per owned partition: events applied and duplicates dropped since it was acquired."""
-        return self.writers.counts()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -397,17 +367,6 @@ class Scheduler(Lifecycle):
 
     async def _wait_until(self, done: Callable[[], bool]) -> None:
         await self.phase.wait_until(done, lambda: self._main)
-
-    def _running(self) -> None:
-        if self.phase.is_(Phase.JOINING):
-            self.phase.move(Phase.RUNNING)
-            if self.standby is not None:
-                self.standby.joined(self.owned)
-            logger.info(
-                "scheduler ready",
-                extra={"group_id": self.group_id, "partitions": self.owned},
-            )
-        self.phase.changed()
 
     async def start(self) -> None:
         """Create missing topics, connect, and join the group (returns before any
@@ -531,6 +490,7 @@ class Scheduler(Lifecycle):
                     consumer=events,
                     topic=self.names.task_events,
                     assignor=self._assignor,
+                    figures=self.figures,
                 )
                 events.subscribe([self.names.task_events], listener=listener)
                 group.create_task(self.intake.run(events), name="scheduler-events")
@@ -584,6 +544,28 @@ class Scheduler(Lifecycle):
                 async with writers.lock:
                     handed = writers.publish(self.fold.drain(), [])
                 await writers.await_batches(handed)
+
+    # -- what the membership tells it (a MembershipShell) -----------------------------------
+
+    def ownership_moved(self) -> None:
+        """Partitions changed hands or phase: waiters look again."""
+        self.phase.changed()
+
+    def assignment_taken_over(self) -> None:
+        """The assignment is taken over whole: a joining scheduler runs from now on."""
+        if self.phase.is_(Phase.JOINING):
+            self.phase.move(Phase.RUNNING)
+            if self.standby is not None:
+                self.standby.joined(self.owned)
+            logger.info(
+                "scheduler ready",
+                extra={"group_id": self.group_id, "partitions": self.owned},
+            )
+        self.phase.changed()
+
+    def partition_released(self, partition: int) -> None:
+        """``partition`` is no longer this scheduler's: no lag of it."""
+        self.housekeeping.forget(partition)
 
     # -- wiring -----------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Internals of deferline.runners.scheduler for deferline's tests and benchmarks only."""
 
-from ._checkpoint import Checkpoints, SchedulerCheckpoint, merge_states, split_delta
+from ._checkpoint import Checkpoints, merge_states, split_delta
 from ._cli import _parse_pools as parse_pools
 from ._fold import TaskFold
 from ._metrics import pool_ledger_metrics
@@ -19,7 +19,6 @@ __all__ = [
     "PartitionRouter",
     "Phase",
     "PhaseMachine",
-    "SchedulerCheckpoint",
     "Standby",
     "TaskFold",
     "TasksReader",

@@ -15,29 +15,33 @@ bounded batches".)
 :class:`MemoryCheckpointStore` the same in memory.
 
 Each checkpoint also records the log it was read from (:class:`~deferline.topics.LogIdentity`:
-cluster id, the ids and partition counts of the defer and resume topics, prefix, group). Before
-partitions are rebuilt, :meth:`CheckpointStore.match_identity` discards the checkpoints of
-another log (a recreated cluster or topic whose offsets may fall in the saved range), in one
-log line naming the difference, and counts them.
+cluster id, the ids and partition counts of the defer and resume topics, prefix, group) in
+the header every member writes (:class:`~deferline.runners.member.MemberCheckpoint`: the
+defer offset is its position, the resume offset its payload). Before partitions are rebuilt,
+:meth:`CheckpointStore.match_identity` discards the checkpoints that cannot be restored over
+the log read now (of another log, format, topic or partition: a recreated cluster or topic
+whose offsets may fall in the saved range, an older version's), one log line per reason,
+and counts those of another log.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from deferline.topics import LogIdentity, compare_identity
+from deferline.topics import LogIdentity
 
 from .._local_state import CheckpointError
 from ..member import (
     ROW_PREFIX,
+    CheckpointHeader,
+    CheckpointUnusable,
+    DiscardedCheckpoints,
+    MemberCheckpoint,
     MemoryPartitionDatabase,
     PartitionDatabase,
     RocksPartitionDatabase,
@@ -52,22 +56,21 @@ __all__ = [
     "RocksCheckpointStore",
 ]
 
-logger = logging.getLogger(__name__)
-
-_FORMAT = 2  # 2: the header records the log identity
-_HEADER = struct.Struct(">qq")  # offset, timestamp
+_ENTRY = struct.Struct(">qq")  # a row starts with the entry's offset and timestamp
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionCheckpoint:
     """A stored table: active entries plus the positions they reflect."""
 
-    topic: str
-    partition: int
-    defer_offset: int
+    header: CheckpointHeader
     resume_offset: int
-    saved_at: float
     entries: Mapping[bytes, TableEntry]
+
+    @property
+    def defer_offset(self) -> int:
+        """The defer offset the entries reflect: the fold reads on from there."""
+        return self.header.position
 
     def table(self) -> ActiveTriggerTable:
         """The table this checkpoint restores."""
@@ -76,68 +79,20 @@ class PartitionCheckpoint:
         )
 
 
-def _meta(
-    topic: str,
-    partition: int,
-    changes: TableChanges,
-    saved_at: float,
-    identity: LogIdentity | None,
-) -> dict[str, Any]:
-    return {
-        "format": _FORMAT,
-        "topic": topic,
-        "partition": partition,
-        "defer_offset": changes.defer_offset,
-        "resume_offset": changes.resume_offset,
-        "saved_at": saved_at,
-        "identity": None if identity is None else identity.to_json(),
-    }
-
-
-class _IdentityCheck:
-    """The identity part of a store: the log each topic is read from now, and the check of
-    stored identities against it (shared by both stores)."""
-
-    def __init__(self, on_mismatch: Callable[[int], None] | None) -> None:
-        self.current: dict[str, LogIdentity] = {}
-        self._on_mismatch = on_mismatch
-
-    def mismatched(
-        self, topic: str, stored: Mapping[int, LogIdentity | None], identity: LogIdentity
-    ) -> list[int]:
-        """The partitions of ``stored`` (their checkpoints' identities) not of ``identity``;
-        logs the first difference once, naming them all."""
-        self.current[topic] = identity
-        found = {p: compare_identity(identity, i) for p, i in sorted(stored.items())}
-        bad = {p: m for p, m in found.items() if m is not None}
-        if not bad:
-            return []
-        first = next(iter(bad.values()))
-        logger.warning(
-            "checkpoints of %s discarded: they were read from another log (%s); "
-            "rebuilding partitions %s from the topics",
-            topic,
-            first,
-            sorted(bad),
-            extra={
-                "topic": topic,
-                "partitions": sorted(bad),
-                "expected": first.expected,
-                "found": first.found,
-            },
-        )
-        if self._on_mismatch is not None:
-            self._on_mismatch(len(bad))
-        return sorted(bad)
-
-
-def _stored_identity(meta: Mapping[str, Any]) -> LogIdentity | None:
-    """The identity a checkpoint header records; None when it records none (or an unreadable
-    one: either way it is not trusted)."""
+def _read(checkpoint: MemberCheckpoint, header: CheckpointHeader) -> PartitionCheckpoint:
+    """The table ``checkpoint`` holds under ``header``; CheckpointError if it is corrupt."""
+    entries: dict[bytes, TableEntry] = {}
+    start = len(ROW_PREFIX)
     try:
-        return LogIdentity.from_json(meta["identity"])
-    except (KeyError, TypeError, ValueError):
-        return None
+        for key, value in checkpoint.rows():
+            if not key.startswith(ROW_PREFIX):
+                break
+            offset, timestamp = _ENTRY.unpack_from(value)
+            entries[key[start:]] = TableEntry(offset, timestamp, value[_ENTRY.size :])
+        resume_offset = int(header.payload["resume_offset"])
+    except (struct.error, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {checkpoint.where} is corrupt: {exc!r}") from exc
+    return PartitionCheckpoint(header=header, resume_offset=resume_offset, entries=entries)
 
 
 def _records(changes: TableChanges) -> Iterator[tuple[bytes, bytes | None]]:
@@ -145,17 +100,18 @@ def _records(changes: TableChanges) -> Iterator[tuple[bytes, bytes | None]]:
     for key in changes.deletes:
         yield key, None
     for key, entry in changes.upserts.items():
-        yield key, _HEADER.pack(entry.offset, entry.timestamp) + entry.value
+        yield key, _ENTRY.pack(entry.offset, entry.timestamp) + entry.value
 
 
 class CheckpointStore:
     """Where partition tables are kept between assignments and restarts: one
-    :class:`~deferline.runners.member.PartitionDatabase` per partition, opened by ``open_db``
-    when the partition is first used and closed on :meth:`release`.
+    :class:`~deferline.runners.member.MemberCheckpoint` per partition, its database opened by
+    ``open_db`` when the partition is first used and closed on :meth:`release`.
 
     Called from worker threads, one call at a time per partition. A database that cannot be
     opened (another live process holds it) raises :class:`CheckpointError`; the caller then
-    runs that partition without a checkpoint.
+    runs that partition without a checkpoint. ``on_mismatch`` counts the partition
+    checkpoints discarded as read from another log.
     """
 
     def __init__(
@@ -165,99 +121,87 @@ class CheckpointStore:
         on_mismatch: Callable[[int], None] | None = None,
     ) -> None:
         self._open_db = open_db
-        self._open: dict[tuple[str, int], PartitionDatabase] = {}
+        self._open: dict[tuple[str, int], MemberCheckpoint] = {}
         self._lock = threading.Lock()
-        self._identity = _IdentityCheck(on_mismatch)
+        self._logs: dict[str, LogIdentity] = {}  # the log each topic is read from now
+        self._on_mismatch = on_mismatch
 
-    def _db(self, topic: str, partition: int) -> PartitionDatabase:
+    def _checkpoint(self, topic: str, partition: int) -> MemberCheckpoint:
         with self._lock:
-            db = self._open.get((topic, partition))
-            if db is None:
-                db = self._open[(topic, partition)] = self._open_db(topic, partition)
-            return db
+            checkpoint = self._open.get((topic, partition))
+            if checkpoint is None:
+                db = self._open_db(topic, partition)
+                checkpoint = MemberCheckpoint(db, topic=topic, partition=partition)
+                self._open[(topic, partition)] = checkpoint
+            return checkpoint
+
+    def _discards(self, topic: str) -> DiscardedCheckpoints:
+        return DiscardedCheckpoints(topic, on_other_log=self._on_mismatch)
 
     def match_identity(self, topic: str, partitions: Iterable[int], identity: LogIdentity) -> None:
-        """Discard the checkpoints of ``partitions`` read from another log than ``identity``
-        (one log line, counted), and record ``identity`` with every later write of the topic.
+        """Discard the checkpoints of ``partitions`` that cannot be restored over ``identity``'s
+        log (of another log, format, topic or partition: one log line per reason, those of
+        another log counted), and record ``identity`` with every later write of the topic.
 
         A partition whose database cannot be opened, read or discarded now is left to
-        :meth:`load`, which checks the identity again (a database another process held here
-        may be free by then) and raises CheckpointError if it cannot discard it."""
-        stored: dict[int, LogIdentity | None] = {}
+        :meth:`load`, which checks it again (a database another process held here may be
+        free by then) and raises CheckpointError if it cannot discard it."""
+        self._logs[topic] = identity
+        discards = self._discards(topic)
         for partition in partitions:
             try:
-                header = self._db(topic, partition).header()
+                self._checkpoint(topic, partition).header(identity)
+            except CheckpointUnusable as exc:
+                discards.add(partition, exc)
             except CheckpointError:
                 continue
-            if header is not None:
-                stored[partition] = _stored_identity(header)
-        for partition in self._identity.mismatched(topic, stored, identity):
+        for partition in discards.partitions:
             with contextlib.suppress(CheckpointError):
                 self.discard(topic, partition)
+        discards.report()
 
     def load(self, topic: str, partition: int) -> PartitionCheckpoint | None:
-        """The stored checkpoint of the partition, or None (also for one of another log than
-        the topic's last :meth:`match_identity`: it is discarded)."""
-        db = self._db(topic, partition)
-        meta = db.header()
-        if meta is None:
-            return None
-        if meta.get("format") != _FORMAT or meta.get("topic") != topic:
-            logger.warning(
-                "checkpoint format or topic does not match; ignoring it",
-                extra={"topic": topic, "partition": partition},
-            )
-            return None
-        current = self._identity.current.get(topic)
-        if current is not None and self._identity.mismatched(
-            topic, {partition: _stored_identity(meta)}, current
-        ):
-            self.discard(topic, partition)
-            return None
-        entries: dict[bytes, TableEntry] = {}
-        start = len(ROW_PREFIX)
+        """The stored checkpoint of the partition, or None (also for one that is unreadable
+        or cannot be restored over the topic's last :meth:`match_identity`: it is discarded
+        and said so). CheckpointError if it cannot be opened or discarded."""
+        checkpoint = self._checkpoint(topic, partition)
         try:
-            for key, value in db.rows():
-                if not key.startswith(ROW_PREFIX):
-                    break
-                offset, timestamp = _HEADER.unpack_from(value)
-                entries[key[start:]] = TableEntry(offset, timestamp, value[_HEADER.size :])
-            return PartitionCheckpoint(
-                topic=topic,
-                partition=partition,
-                defer_offset=int(meta["defer_offset"]),
-                resume_offset=int(meta["resume_offset"]),
-                saved_at=float(meta["saved_at"]),
-                entries=entries,
-            )
-        except (struct.error, KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {db.where} is corrupt: {exc}") from exc
+            header = checkpoint.header(self._logs.get(topic))
+            return None if header is None else _read(checkpoint, header)
+        except CheckpointError as exc:
+            checkpoint.discard()
+            discards = self._discards(topic)
+            discards.add(partition, exc)
+            discards.report()
+            return None
 
     def write(self, topic: str, partition: int, changes: TableChanges) -> None:
         """Apply ``changes``, then store the positions (never ahead of the entries: see the
         module docstring for why a write interrupted between batches is safe)."""
-        identity = self._identity.current.get(topic)
-        self._db(topic, partition).write(
-            _records(changes), _meta(topic, partition, changes, time.time(), identity)
+        self._checkpoint(topic, partition).write(
+            _records(changes),
+            position=changes.defer_offset,
+            payload={"resume_offset": changes.resume_offset},
+            identity=self._logs.get(topic),
         )
 
     def discard(self, topic: str, partition: int) -> None:
         """Forget the partition (e.g. the checkpoint no longer matches the topic)."""
-        self._db(topic, partition).discard()
+        self._checkpoint(topic, partition).discard()
 
     def release(self, topic: str, partition: int) -> None:
         """The partition is no longer owned here: close what is held open for it."""
         with self._lock:
-            db = self._open.pop((topic, partition), None)
-        if db is not None:
-            db.close()
+            checkpoint = self._open.pop((topic, partition), None)
+        if checkpoint is not None:
+            checkpoint.close()
 
     def close(self) -> None:
         """Release everything."""
         with self._lock:
-            dbs, self._open = list(self._open.values()), {}
-        for db in dbs:
-            db.close()
+            checkpoints, self._open = list(self._open.values()), {}
+        for checkpoint in checkpoints:
+            checkpoint.close()
 
 
 class RocksCheckpointStore(CheckpointStore):

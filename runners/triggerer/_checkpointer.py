@@ -10,6 +10,7 @@ from typing import Any
 
 from deferline.topics import LogIdentity
 
+from ..member import DiscardedCheckpoints
 from ._checkpoint import CheckpointError, CheckpointStore, PartitionCheckpoint
 from ._lane_types import OwnedPartition
 from ._metrics import TriggererMetrics
@@ -41,8 +42,9 @@ class Checkpointer:
         self._log = log
 
     async def match_log(self, numbers: list[int], identity: LogIdentity) -> None:
-        """Discard the checkpoints of these partitions read from another log than
-        ``identity`` (one line, counted), before any of them is restored."""
+        """Discard the checkpoints of these partitions that cannot be restored over
+        ``identity``'s log (one line per reason, those of another log counted), before any of
+        them is restored."""
         await asyncio.to_thread(self._store.match_identity, self._topic, numbers, identity)
 
     async def restore(
@@ -62,7 +64,9 @@ class Checkpointer:
             return None
         reason = unusable(checkpoint, defer, resume, now=time.time(), max_age=self._max_age)
         if reason is not None:
-            logger.warning("checkpoint discarded: %s", reason, extra=self._log(part.number))
+            discards = DiscardedCheckpoints(self._topic)
+            discards.add(part.number, reason)
+            discards.report(**self._log(part.number))
             await self._quietly(self._store.discard, part.number, "discard")
             return None
         part.saved.positions = (checkpoint.defer_offset, checkpoint.resume_offset)

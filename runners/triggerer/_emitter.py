@@ -239,8 +239,6 @@ class Emitter:
         self._pipelines: dict[str, _Pipeline] = {}
         self.sent = 0
         self.failures = 0
-        self.transactions = 0
-        """Rounds (transactions) committed by the lanes' pipelines."""
 
     @property
     def backlog(self) -> int:
@@ -631,7 +629,6 @@ class Emitter:
     def _committed(self, write: list[Emission], acked: list[int]) -> None:
         """A round committed: its emissions are done, each told where its records landed."""
         offsets = [Ack(offset) for offset in acked]
-        self.transactions += 1
         self.sent += len(offsets)
         position = 0
         for emission in write:

@@ -30,6 +30,9 @@ a partition's ``saved``      :class:`~._checkpointer.Checkpointer`
 committed offsets, topic     :class:`~._commit_tracker.CommitTracker`
 deleted
 rebalance summaries          :class:`~._rebalance_recorder.RebalanceRecorder`
+membership figures           :class:`~deferline.runners.member.MemberFigures`, through
+                             its methods (rebalances: the listener; rounds: the member's
+                             producer; takeovers, fenced partitions: the lane)
 the member's producer        the lane (started and stopped; its rounds are the
 (transactions)               :class:`~._emitter.Emitter`'s pipeline, opened and closed here)
 event counters, encoder      :class:`~._event_sink.EventSink`
@@ -77,6 +80,7 @@ from .._aiokafka import (
 )
 from ..member import (
     SHORT_WAIT_MS,
+    MemberFigures,
     MemberListener,
     MemberProducer,
     StickyAssignor,
@@ -176,6 +180,8 @@ class TriggerLane:
         self._cancel = cancel
         self._on_fatal = on_fatal
         self._parts: dict[int, OwnedPartition] = {}
+        self.figures = MemberFigures(owned=lambda: len(self._parts))
+        """This member's membership figures (read by the triggerer's metrics)."""
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: AIOKafkaConsumer | None = None
         self._rebuild: asyncio.Task[None] | None = None
@@ -308,6 +314,7 @@ class TriggerLane:
             consumer=self._consumer,
             topic=self.defer_topic,
             assignor=self._assignor,
+            figures=self.figures,
             within=rebalance_ms / 2000,
             log=self._log,
         )
@@ -510,7 +517,6 @@ class TriggerLane:
             )
             self._parts[tp.partition] = part
             parts.append(part)
-        self._metrics.assigned_partitions.labels(queue=self.label).set(len(self._parts))
         logger.info(
             "partitions assigned",
             extra=self._log(
@@ -629,7 +635,6 @@ class TriggerLane:
             part.book.gone()
             self._watches.forget_partition(part)
             self._parts.pop(part.number, None)
-        self._metrics.assigned_partitions.labels(queue=self.label).set(len(self._parts))
         logger.info(
             "partitions released",
             extra=self._log(
@@ -660,6 +665,7 @@ class TriggerLane:
             group_id=self.group_id,
             name=uuid.uuid4().hex,
             member=lambda: group_metadata(consumer),
+            figures=self.figures,
             transactions=self._transactions,
             # A member that died with a round open holds its partitions no longer than the
             # group takes to notice.
@@ -706,7 +712,7 @@ class TriggerLane:
             "partitions fenced by the group; dropped, rejoining the group",
             extra=self._log(partitions=sorted(p.number for p in parts)),
         )
-        self._metrics.partitions_fenced.labels(queue=self.label).inc(len(parts))
+        self.figures.fenced(len(parts))
         self._lose(parts)
         if self._consumer is not None and not self._closing:
             request_rejoin(self._consumer)
@@ -730,6 +736,7 @@ class TriggerLane:
             assert reader is not None
             await self._stable(parts)
             await self._rebuilder.run(consumer, reader, parts, started=started)
+            self.figures.took_over(len(parts), time.monotonic() - started)
             self._rebuild = None
             self._rebalances.finish()
             self.bootstrapped.set()

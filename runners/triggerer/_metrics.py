@@ -4,7 +4,9 @@ Airflow's StatsD names map as: ``triggers.running`` → ``deferline_triggers_run
 ``triggerer.capacity_left`` → ``deferline_triggerer_capacity_left``,
 ``triggers.blocked_main_thread`` → ``deferline_triggers_blocked_main_thread_total``,
 ``triggers.succeeded`` / ``triggers.failed`` → ``deferline_triggers_succeeded_total`` /
-``deferline_triggers_failed_total``. Supervisor figures are read at scrape time.
+``deferline_triggers_failed_total``. Supervisor figures are read at scrape time, and so are
+the membership figures of each queue's lane (the member core's
+:class:`~deferline.runners.member.MemberCollector`, under the names in ``MEMBER_METRICS``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["TriggererMetrics"]
+from ..member import MemberCollector, MemberMetricNames
+
+__all__ = ["MEMBER_METRICS", "TriggererMetrics"]
 
 _BOOTSTRAP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -70,14 +74,23 @@ _LAG = (
     "deferline_triggerer_consumer_lag",
     "Defer-topic records not yet read (high watermark minus position).",
 )
-_TRANSACTIONS = (
-    "deferline_triggerer_transactions",
-    "Transactions committed: one per round of a queue's member producer (Apache Kafka).",
-)
 _BACKLOG = (
     "deferline_triggerer_emitter_backlog",
     "Outcomes queued for producing and not yet acked.",
 )
+
+
+MEMBER_METRICS = MemberMetricNames(
+    rebalances="deferline_triggerer_rebalances",
+    takeovers="deferline_triggerer_takeovers",
+    partitions_fenced="deferline_triggerer_partitions_fenced",
+    transactions="deferline_triggerer_transactions",
+    transactions_fenced="deferline_triggerer_transactions_fenced",
+    owned="deferline_triggerer_assigned_partitions",
+    owned_help="Defer-topic partitions owned by this member.",
+)
+"""The triggerer's names of its membership metrics, one series per queue's lane (its
+transactions summed over the lanes)."""
 
 
 def _described() -> list[Metric]:
@@ -118,18 +131,9 @@ class TriggererMetrics:
             "deferline_triggerer_info", "This triggerer process.", ["member"], registry=r
         )
         self.info.labels(member=member).set(1)
-        self.assigned_partitions = Gauge(
-            "deferline_triggerer_assigned_partitions",
-            "Defer-topic partitions owned by this member.",
-            ["queue"],
-            registry=r,
-        )
-        self.rebalances = Counter(
-            "deferline_triggerer_rebalances",
-            "Partition assignments received (one per rebalance).",
-            ["queue"],
-            registry=r,
-        )
+        self.members = MemberCollector(MEMBER_METRICS, label="queue")
+        """Each queue's lane adds its membership figures here."""
+        r.register(self.members)
         self.rebalance_partitions = Counter(
             "deferline_triggerer_rebalance_partitions",
             "Partitions per rebalance outcome: kept (never stopped), acquired (rebuilt here), "
@@ -242,13 +246,6 @@ class TriggererMetrics:
             ["queue"],
             registry=r,
         )
-        self.partitions_fenced = Counter(
-            "deferline_triggerer_partitions_fenced",
-            "Partitions dropped because another member's producer took their transactional "
-            "id over (this member was paused past its session): their writes were refused.",
-            ["queue"],
-            registry=r,
-        )
         self.fetch_paused = Gauge(
             "deferline_triggerer_fetch_paused",
             "1 while fetching is paused for backpressure.",
@@ -259,7 +256,6 @@ class TriggererMetrics:
         self._fire_lag: Callable[[], Any] | None = None
         self._partitions: Callable[[], Iterable[tuple[str, int, int, int]]] | None = None
         self._backlog: Callable[[], int] | None = None
-        self._transactions: Callable[[], int] | None = None
         r.register(_CallbackCollector(self._collect))
 
     def watch(
@@ -269,7 +265,6 @@ class TriggererMetrics:
         fire_lag: Callable[[], Any] | None = None,
         partitions: Callable[[], Iterable[tuple[str, int, int, int]]],
         backlog: Callable[[], int],
-        transactions: Callable[[], int] | None = None,
     ) -> None:
         """Attach the live sources read at scrape time.
 
@@ -279,7 +274,6 @@ class TriggererMetrics:
         self._fire_lag = fire_lag
         self._partitions = partitions
         self._backlog = backlog
-        self._transactions = transactions
 
     def _collect(self) -> Iterator[Metric]:
         if self._supervisor is not None:
@@ -308,5 +302,3 @@ class TriggererMetrics:
             yield lag_family
         if self._backlog is not None:
             yield GaugeMetricFamily(*_BACKLOG, value=self._backlog())
-        if self._transactions is not None:
-            yield CounterMetricFamily(*_TRANSACTIONS, value=self._transactions())

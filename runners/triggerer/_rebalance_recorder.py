@@ -51,7 +51,6 @@ class RebalanceRecorder:
         """An assignment arrived: this rebalance is open until :meth:`finish`."""
         revoked, self._revoked = self._revoked, None
         self._started = revoked[0] if revoked is not None else time.monotonic()
-        self._metrics.rebalances.labels(queue=self._label).inc()
         self._open = RebalanceSummary(
             generation=generation,
             kept=kept,

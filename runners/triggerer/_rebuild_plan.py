@@ -41,14 +41,14 @@ class Span:
 def unusable(
     checkpoint: PartitionCheckpoint, defer: Span, resume: Span, *, now: float, max_age: float
 ) -> str | None:
-    """Why a checkpoint cannot be used, or None when it can."""
-    if not defer.begin <= checkpoint.defer_offset <= defer.end:
-        return f"defer offset {checkpoint.defer_offset} outside [{defer.begin}, {defer.end}]"
+    """Why a checkpoint cannot be used (a clause on it), or None when it can: its defer
+    offset outside the defer partition now, older than ``max_age`` (as for every member's
+    checkpoint), or its resume offset past the end of the resume partition."""
+    outdated = checkpoint.header.outdated(defer.begin, defer.end, now=now, max_age=max_age)
+    if outdated is not None:
+        return outdated
     if checkpoint.resume_offset > resume.end:
-        return f"resume offset {checkpoint.resume_offset} beyond the end {resume.end}"
-    age = now - checkpoint.saved_at
-    if age > max_age:
-        return f"{age:.0f} s old (compaction may have dropped tombstones since)"
+        return f"its resume offset {checkpoint.resume_offset} is beyond the end {resume.end}"
     return None
 
 

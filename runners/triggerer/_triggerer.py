@@ -359,6 +359,7 @@ class Triggerer(Lifecycle):
                 task_partitions=task_partitions,
             )
             lane.set_max_pending(options.max_pending or 10 * options.capacity)
+            self.metrics.members.add(lane.figures, lane.label)
             self._lanes.append(lane)
             await lane.start()
         supervisor, emitter = self._supervisor, self._emitter
@@ -367,7 +368,6 @@ class Triggerer(Lifecycle):
             fire_lag=lambda: supervisor.metrics.fire_lag,
             partitions=lambda: [row for lane in self._lanes for row in lane.partitions()],
             backlog=lambda: emitter.backlog,
-            transactions=lambda: emitter.transactions,
         )
         for lane in self._lanes:
             task = asyncio.create_task(lane.run(self._stop_requested), name=f"fetch-{lane.label}")

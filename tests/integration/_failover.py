@@ -318,8 +318,9 @@ async def run_failover(
             what=lambda: (
                 f"every task resumed ({len({r.task.ti_key for r in resumed()})} of {total}; "
                 f"{len(fired())} fired; scheduler {scheduler.phase.phase.value}, writing for "
-                f"{scheduler.owned}, {scheduler.rebalances} rebalances, "
-                f"{scheduler.partitions_fenced} fenced, events lag {scheduler.events_lag})"
+                f"{scheduler.owned}, {scheduler.figures.rebalances} rebalances, "
+                f"{scheduler.figures.partitions_fenced} fenced, "
+                f"events lag {scheduler.housekeeping.events_lag})"
             ),
         )
         await asyncio.sleep(2.0)  # a duplicate, if any, would land now

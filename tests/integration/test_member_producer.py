@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import NewTopic
-from deferline.runners.member import MemberFenced, MemberProducer
+from deferline.runners.member import MemberFenced, MemberFigures, MemberProducer
 from deferline.runners.testing import (
     GroupMetadata,
     commit_offsets_with_generation,
@@ -47,6 +47,7 @@ async def _member_producer(
         group_id=group,
         name="a",
         member=member,
+        figures=MemberFigures(),
         transactions=True,
         transaction_timeout=10.0,
     )

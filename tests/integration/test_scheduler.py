@@ -77,7 +77,7 @@ async def test_defer_fire_resume(settings: Settings) -> None:
         await flow.wait_for(lambda: flow.runs_of(b, "resume"))
         # Every partition of tasks.events is read, each folded to its end.
         await until(
-            lambda: sched.events_lag == dict.fromkeys(range(settings.partitions), 0),
+            lambda: sched.housekeeping.events_lag == dict.fromkeys(range(settings.partitions), 0),
             within=20,
             interval=0.02,
         )

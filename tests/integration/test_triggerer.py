@@ -374,6 +374,28 @@ async def test_graceful_stop_hands_partitions_over(
         )
 
 
+async def test_the_metrics_show_each_lanes_membership(settings: Settings, tmp_path: Path) -> None:
+    """A member alone takes every partition over: its lane's figures, counted by the member
+    core, are served under the triggerer's names, one series per queue."""
+    async with Triggerer(settings, options(tmp_path)) as triggerer:
+        [lane] = triggerer.lanes
+        await until(
+            lambda: bootstrapped(triggerer) and len(lane.owned) == settings.partitions,
+            within=30,
+            interval=0.05,
+        )
+        queue = {"queue": "default"}
+        assert sample(triggerer, "deferline_triggerer_assigned_partitions", **queue) == (
+            settings.partitions
+        )
+        assert (sample(triggerer, "deferline_triggerer_takeovers_total", **queue) or 0) >= (
+            settings.partitions
+        ), "every partition taken over (again, if a rebalance cut a rebuild short)"
+        rebalances = sample(triggerer, "deferline_triggerer_rebalances_total", **queue)
+        assert rebalances == len(lane.rebalance_log) >= 1, "each assignment counted once"
+        assert sample(triggerer, "deferline_triggerer_partitions_fenced_total", **queue) == 0
+
+
 @pytest.mark.brokers_differ("the fetch wait is chosen from the broker's own answers")
 async def test_fetch_wait_is_a_long_poll_only_where_the_broker_answers_early(
     settings: Settings, broker_backend: str, tmp_path: Path

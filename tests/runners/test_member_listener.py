@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from deferline.runners.member import MemberListener, StickyAssignor
+from deferline.runners.member import MemberFigures, MemberListener, StickyAssignor
 
 TOPIC = "deferline.defer"
 
@@ -51,6 +51,7 @@ def listener(
     processor: _Processor,
     assignor: StickyAssignor,
     consumer: SimpleNamespace | None = None,
+    figures: MemberFigures | None = None,
     **options: Any,
 ) -> MemberListener:
     return MemberListener(
@@ -58,6 +59,7 @@ def listener(
         consumer=cast(AIOKafkaConsumer, consumer or SimpleNamespace(_coordinator=coordinator())),
         topic=TOPIC,
         assignor=assignor,
+        figures=figures or MemberFigures(),
         **options,
     )
 
@@ -105,3 +107,15 @@ async def test_a_member_that_joined_again_under_a_new_member_id_is_told_before_i
         ("rejoined", "m-2"),
         ("assign", (10, frozenset({1}))),
     ]
+
+
+async def test_every_assignment_is_counted_as_a_rebalance_of_the_member() -> None:
+    """Whatever the processor does with it, and whichever partitions it names (none of the
+    member's topic, too): the member took part in a rebalance."""
+    figures = MemberFigures()
+    member = listener(_Processor(), StickyAssignor(), figures=figures)
+    await member.on_partitions_revoked({TopicPartition(TOPIC, 0)})
+    assert figures.rebalances == 0, "a revocation is not an assignment"
+    await member.on_partitions_assigned({TopicPartition(TOPIC, 0)})
+    await member.on_partitions_assigned({TopicPartition("another.topic", 1)})
+    assert figures.rebalances == 2

@@ -39,7 +39,7 @@ async def test_writes_handed_over_together_share_one_round() -> None:
     kinds = [kind for kind, _, _ in fake.journal if kind in ("begin", "commit")]
     assert kinds == ["begin", "commit"], "one transaction for both"
     assert kafka.offset_commits(GROUP) == [{TP0: 3, TP1: 7}]
-    assert producer.rounds == 1
+    assert producer.figures.rounds == 1
 
 
 async def test_a_write_while_a_round_commits_goes_in_the_next() -> None:
@@ -55,7 +55,7 @@ async def test_a_write_while_a_round_commits_goes_in_the_next() -> None:
     fake.commit_gate.set()
     await asyncio.gather(first, second, third)
     assert kafka.offset_commits(GROUP) == [{TP0: 1}, {TP0: 2, TP1: 5}]
-    assert producer.rounds == 2
+    assert producer.figures.rounds == 2
 
 
 async def test_a_round_between_generations_is_refused_before_it_begins() -> None:
@@ -84,7 +84,7 @@ async def test_a_round_the_group_refuses_fails_every_writer_in_it_and_is_aborted
     assert all(isinstance(r, MemberFenced) for r in results), results
     assert (fake.commits, fake.aborts) == (0, 1)
     assert kafka.offset_commits(GROUP) == []
-    assert producer.fenced_rounds == 1
+    assert producer.figures.fenced_rounds == 1
 
 
 async def test_after_the_broker_fenced_the_producer_the_next_round_has_a_new_one(

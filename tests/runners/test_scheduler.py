@@ -346,7 +346,7 @@ def test_commits_stop_at_the_first_pending_event(sched: Scheduler) -> None:
 def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     sched.fold.task(b"k", encode(state()), live=True)
     admitted(sched)
-    sched.lag["events"] = 7
+    sched.housekeeping.lag["events"] = 7
     sched.housekeeping.events_lag = {0: 3, 1: 4}
     text = generate_latest(sched.registry).decode()
     assert 'deferline_scheduler_runs_enqueued_total{mode="start"} 1.0' in text
@@ -368,6 +368,20 @@ def test_metrics_are_read_from_the_table(sched: Scheduler) -> None:
     text = generate_latest(sched.registry).decode()
     assert "deferline_scheduler_active 0.0" in text, "a quiesced partition is not written for"
     assert "deferline_scheduler_partitions_owned 0.0" in text
+
+
+def test_the_membership_metrics_keep_their_names_and_types(sched: Scheduler) -> None:
+    """Read from the member core's figures, under the names the scheduler always had."""
+    names = {
+        "rebalances": "counter",
+        "takeovers": "counter",
+        "partitions_fenced": "counter",
+        "partitions_owned": "gauge",
+        "transactions": "counter",
+        "transactions_fenced": "counter",
+    }
+    kinds = {metric.name: metric.type for metric in sched.registry.collect()}
+    assert {name: kinds.get(f"deferline_scheduler_{name}") for name in names} == names
 
 
 async def transactional(sched: Scheduler) -> FakeTransactionalProducer:

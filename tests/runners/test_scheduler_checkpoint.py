@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,14 @@ import pytest
 from aiokafka import TopicPartition
 from click.testing import CliRunner
 from deferline.engine import Emit, TaskTable
-from deferline.runners.member import RocksPartitionDatabase
+from deferline.runners.member import (
+    ROW_PREFIX,
+    CheckpointUnusable,
+    MemberCheckpoint,
+    RocksPartitionDatabase,
+)
 from deferline.runners.scheduler import Scheduler, scheduler_command
-from deferline.runners.scheduler.testing import Checkpoints, SchedulerCheckpoint
+from deferline.runners.scheduler.testing import Checkpoints
 from deferline.runners.testing import CheckpointError, CheckpointInUse
 from deferline.schemas import ResumeTarget, TaskKey, TaskStateRecord
 from deferline.topics import LogIdentity, Settings, TopicIdentity
@@ -41,36 +46,50 @@ def _table(n: int) -> TaskTable:
     return table
 
 
+def _checkpoint(path: Path, partition: int = 0) -> MemberCheckpoint:
+    db = RocksPartitionDatabase(path)
+    return MemberCheckpoint(db, topic="p.tasks", partition=partition)
+
+
+def _write(store: MemberCheckpoint, position: int, table: TaskTable) -> None:
+    rows = table.export_changes().encode()
+    changes = [*((key, None) for key in rows.deletes), *rows.rows]
+    store.write(changes, position=position, payload={"state": rows.state}, identity=IDENTITY)
+
+
 def test_rows_and_positions_are_stored_together_and_restored(tmp_path: Path) -> None:
-    store = SchedulerCheckpoint(tmp_path / "ckpt")
-    store.open()
+    store = _checkpoint(tmp_path / "ckpt")
     table = _table(3)
-    store.write("p.tasks", {0: 5, 1: 7}, table.export_changes().encode(), IDENTITY)
+    _write(store, 5, table)
     table.forget("d/t1/r/-1")
-    store.write("p.tasks", {0: 6, 1: 7}, table.export_changes().encode(), IDENTITY)
+    _write(store, 6, table)
     store.close()
-    store.open()
-    saved = store.load()
+    store = _checkpoint(tmp_path / "ckpt")
+    saved = store.header(IDENTITY)
     assert saved is not None
-    assert (saved.topic, saved.positions, saved.identity) == ("p.tasks", {0: 6, 1: 7}, IDENTITY)
+    assert (saved.topic, saved.partition, saved.position, saved.identity) == (
+        "p.tasks",
+        0,
+        6,
+        IDENTITY,
+    )
     restored = TaskTable()
-    assert restored.restore_rows(store.rows(), saved.state) == 2
+    assert restored.restore_rows(store.rows(), saved.payload["state"], skip=len(ROW_PREFIX)) == 2
     assert restored.snapshot() == table.snapshot()
     store.discard()
-    assert store.load() is None
+    assert store.header() is None
     assert list(store.rows()) == []
     store.close()
 
 
 def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:
     older = RocksPartitionDatabase(tmp_path / "ckpt")
-    older.write([], {"format": 1, "topic": "p.tasks", "positions": {}})
+    older.write([], {"format": 3, "topic": "p.tasks", "positions": {"0": 4}, "state": {}})
     older.close()
-    store = SchedulerCheckpoint(tmp_path / "ckpt")
-    store.open()
+    store = _checkpoint(tmp_path / "ckpt")
     try:
-        with pytest.raises(CheckpointError, match="of format 1"):
-            store.load()
+        with pytest.raises(CheckpointUnusable, match="of format 3, this version reads 4"):
+            store.header()
     finally:
         store.close()
 
@@ -83,7 +102,7 @@ def test_a_partition_held_by_another_process_is_left_to_it(
     second = Checkpoints(tmp_path, interval=1.0, max_age=3600.0)
     try:
         with pytest.raises(CheckpointInUse, match="in use by another process"):
-            SchedulerCheckpoint(first.path("p.tasks", 0)).open()
+            RocksPartitionDatabase(first.path("p.tasks", 0))
         with caplog.at_level(logging.INFO):
             second.open("p.tasks", [0, 1], total=2)
         assert sorted(second._stores) == [1], "partition 0 is the first one's"
@@ -132,11 +151,16 @@ class FlakyStore:
         self.written: list[tuple[dict[int, int], int]] = []
 
     def write(
-        self, topic: str, positions: dict[int, int], rows: Any, identity: LogIdentity | None
+        self,
+        changes: Iterable[tuple[bytes, bytes | None]],
+        *,
+        position: int,
+        payload: Mapping[str, Any],
+        identity: LogIdentity | None,
     ) -> None:
         if self.fail:
             raise CheckpointError("disk full")
-        self.written.append((positions, len(rows.rows)))
+        self.written.append(({0: position}, sum(value is not None for _, value in changes)))
 
 
 class StillReader:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from deferline.engine.triggers import DateTimeTrigger
+from deferline.runners.member import MemberFigures
 from deferline.runners.testing import JsonFormatter, MetricsServer, TextFormatter
 from deferline.runners.triggerer import TriggererOptions
 from deferline.runners.triggerer.testing import (
@@ -41,6 +42,8 @@ from prometheus_client import CollectorRegistry, Counter
 from tests import fakes
 from tests._until import until
 from tests.fakes import FakeKafka
+
+from .test_triggerer_release import FiringEmitter, make_lane
 
 ALLOWED = ("deferline.engine.triggers",)
 TASK = TaskKey(dag_id="d", task_id="t", run_id="r")
@@ -310,8 +313,11 @@ def test_triggerer_metrics_read_live_sources_at_scrape_time() -> None:
         fire_lag=lambda: lag,
         partitions=lambda: [("default", 0, 10, 2), ("default", 1, 4, 0)],
         backlog=lambda: 3,
-        transactions=lambda: 12,
     )
+    lane = MemberFigures()  # the default queue's lane, as a member: its rounds
+    metrics.members.add(lane, "default")
+    for _ in range(12):
+        lane.round_committed()
     metrics.events.labels(queue="default", status="fired").inc(7)
     text = generate_latest(metrics.registry).decode()
     for line in (
@@ -336,6 +342,51 @@ def test_triggerer_metrics_read_live_sources_at_scrape_time() -> None:
     assert "deferline_triggers_running 6.0" in some
     assert 'deferline_triggerer_consumer_lag{partition="0",queue="default"} 2.0' in some
     assert "deferline_triggerer_emitter_backlog" not in some
+
+
+def test_the_membership_metrics_keep_their_names_types_and_labels() -> None:
+    """Read from the member core's figures of each lane, under the names the triggerer
+    always had (and the two a scheduler had too: takeovers, fenced transactions)."""
+    from prometheus_client import generate_latest
+
+    metrics = TriggererMetrics()
+    metrics.members.add(MemberFigures(), "default")
+    kinds = {metric.name: metric.type for metric in metrics.registry.collect()}
+    names = {
+        "rebalances": "counter",
+        "takeovers": "counter",
+        "partitions_fenced": "counter",
+        "assigned_partitions": "gauge",
+        "transactions": "counter",
+        "transactions_fenced": "counter",
+    }
+    assert {name: kinds.get(f"deferline_triggerer_{name}") for name in names} == names
+    text = generate_latest(metrics.registry).decode()
+    for line in (
+        'deferline_triggerer_rebalances_total{queue="default"} 0.0',
+        'deferline_triggerer_assigned_partitions{queue="default"} 0.0',
+        "deferline_triggerer_transactions_total 0.0",  # the process's, every queue's
+    ):
+        assert line in text, line
+
+
+async def test_a_lane_fenced_by_the_group_counts_its_partitions_and_owns_none() -> None:
+    """The group refused a round of the lane's member producer: its partitions are dropped
+    without emitting, counted as fenced, and no longer shown as assigned."""
+    from prometheus_client import generate_latest
+
+    lane, _ = make_lane(FiringEmitter())
+    metrics = TriggererMetrics()
+    metrics.members.add(lane.figures, lane.label)  # as the triggerer adds each lane's
+    text = generate_latest(metrics.registry).decode()
+    assert 'deferline_triggerer_assigned_partitions{queue="default"} 1.0' in text
+    assert 'deferline_triggerer_partitions_fenced_total{queue="default"} 0.0' in text
+    lane._fenced()
+    await lane._await_losing()
+    assert lane.owned == []
+    text = generate_latest(metrics.registry).decode()
+    assert 'deferline_triggerer_assigned_partitions{queue="default"} 0.0' in text
+    assert 'deferline_triggerer_partitions_fenced_total{queue="default"} 1.0' in text
 
 
 # -- logs and options --------------------------------------------------------------------------
