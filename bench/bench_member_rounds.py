@@ -1,0 +1,158 @@
+"""What the group's offsets add to a member producer's round, step by step (Apache Kafka).
+
+A triggerer's round carries the read offsets of its partitions, committed for the group with
+its generation (KIP-447): AddPartitionsToTxn, then AddOffsetsToTxn and TxnOffsetCommit, then
+EndTxn. A round without offsets is AddPartitionsToTxn, Produce, EndTxn. This bench writes
+one-record rounds through :class:`~deferline.runners.member.MemberProducer`, one at a time,
+``--gap`` ms apart, alternately a block with the offsets and a block without, and times each
+round and each of the producer's requests to the transaction and group coordinators.
+
+Usage, from this checkout's root::
+
+    .venv/bin/python -m bench.bench_member_rounds [--rounds 500] [--blocks 3] [--gap 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
+from aiokafka.producer import sender as aiokafka_sender
+from deferline.runners.member import MemberFigures, MemberProducer
+from deferline.runners.testing import group_metadata
+from deferline.topics import Settings, make_admin, make_consumer, stop_client
+
+from bench._figures import Figure, Peer, Sitting
+from bench._harness import local_broker, machine_line
+
+PARTITIONS = 3
+STEPS = {
+    "_do_add_partitions_to_txn": "AddPartitionsToTxn",
+    "_do_add_offsets_to_txn": "AddOffsetsToTxn",
+    "_do_txn_offset_commit": "TxnOffsetCommit",
+    "_do_txn_commit": "EndTxn",
+}
+
+
+def _timed(call: Callable[..., Awaitable[Any]], into: list[float]) -> Callable[..., Any]:
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return await call(*args, **kwargs)
+        finally:
+            into.append((time.perf_counter() - began) * 1000)
+
+    return timed
+
+
+def _quantile(sorted_ms: list[float], q: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * q))]
+
+
+async def bench(rounds: int, blocks: int, gap: float) -> dict[str, list[tuple[float, float]]]:
+    """Per mode ("offsets", "none"), each block's round p50 and p99 in ms."""
+    steps: dict[str, list[float]] = {name: [] for name in STEPS.values()}
+    for method, name in STEPS.items():  # every producer's requests, timed where they are sent
+        if method != "_do_txn_offset_commit":  # the member producer's own, patched per producer
+            original = getattr(aiokafka_sender.Sender, method)
+
+            def bound(original: Any = original, name: str = name) -> Any:
+                into = steps[name]
+                return lambda self, *a, **k: _timed(original, into)(self, *a, **k)
+
+            setattr(aiokafka_sender.Sender, method, bound())
+    found: dict[str, list[tuple[float, float]]] = {"offsets": [], "none": []}
+    async with local_broker("kafka") as bootstrap:
+        settings = Settings(bootstrap_servers=bootstrap, topic_prefix="rounds.")
+        admin = make_admin(settings)
+        await admin.start()
+        await admin.create_topics([NewTopic(f"rounds.{t}", PARTITIONS, 1) for t in ("in", "out")])
+        await admin.close()
+        consumer = make_consumer(settings, group_id="rounds.g")
+        await consumer.start()
+        consumer.subscribe(["rounds.in"])
+        while len(consumer.assignment()) < PARTITIONS:
+            await consumer.getmany(timeout_ms=100)
+        producer = MemberProducer(
+            settings,
+            group_id="rounds.g",
+            name="bench",
+            member=lambda: group_metadata(consumer),
+            figures=MemberFigures(),
+            transactions=True,
+            transaction_timeout=30.0,
+        )
+        await producer.start()
+        for inner in producer._producers:
+            sender: Any = inner._sender
+            sender._do_txn_offset_commit = _timed(
+                sender._do_txn_offset_commit, steps["TxnOffsetCommit"]
+            )
+        tp = TopicPartition("rounds.in", 0)
+        try:
+            for block in range(blocks):
+                for mode in ("offsets", "none"):
+                    for times in steps.values():
+                        times.clear()  # in place: the timers hold these lists
+                    took = []
+                    for i in range(rounds):
+                        offsets = {tp: block * rounds + i} if mode == "offsets" else {}
+                        began = time.perf_counter()
+                        await producer.write_placed([("rounds.out", b"k", b"v", 0)], offsets)
+                        took.append((time.perf_counter() - began) * 1000)
+                        await asyncio.sleep(gap / 1000)
+                    took.sort()
+                    p50, p99 = _quantile(took, 0.5), _quantile(took, 0.99)
+                    found[mode].append((p50, p99))
+                    print(f"block {block + 1} {mode:<7} round p50 {p50:5.2f} ms  p99 {p99:6.2f} ms")
+                    for name in STEPS.values():
+                        times = sorted(steps[name])
+                        if times:
+                            slow = sum(t > 4.0 for t in times)
+                            print(
+                                f"    {name:<19} p50 {_quantile(times, 0.5):5.2f}  "
+                                f"p98 {_quantile(times, 0.98):5.2f}  "
+                                f"p99 {_quantile(times, 0.99):5.2f}  "
+                                f"max {times[-1]:5.1f} ms  over 4 ms: {slow}/{len(times)}"
+                            )
+        finally:
+            await producer.stop()
+            await stop_client(consumer, grace=10.0, name="bench consumer")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=500, help="rounds per block")
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--gap", type=float, default=5.0, help="ms between rounds")
+    args = parser.parse_args()
+    sitting = Sitting.begin("member_rounds", broker="kafka")
+    print(machine_line())
+    found = asyncio.run(bench(args.rounds, args.blocks, args.gap))
+
+    def shown(mode: str) -> str:
+        return ", ".join(f"{p50:.1f} / {p99:.1f}" for p50, p99 in found[mode])
+
+    sitting.write(
+        [
+            Figure(
+                "triggerer.member_round_latency",
+                "one-record round of the member producer with the group's offsets "
+                "(AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn): p50 / p99",
+                shown("offsets"),
+                "ms",
+                peer=Peer("the same rounds without offsets, same run", shown("none") + " ms"),
+                note=f"{args.rounds} rounds per block, {args.gap:g} ms apart, blocks alternated",
+            )
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
