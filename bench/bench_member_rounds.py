@@ -1,11 +1,15 @@
 """What the group's offsets add to a member producer's round, step by step (Apache Kafka).
 
 A triggerer's round carries the read offsets of its partitions, committed for the group with
-its generation (KIP-447): AddPartitionsToTxn, then AddOffsetsToTxn and TxnOffsetCommit, then
-EndTxn. A round without offsets is AddPartitionsToTxn, Produce, EndTxn. This bench writes
-one-record rounds through :class:`~deferline.runners.member.MemberProducer`, one at a time,
-``--gap`` ms apart, alternately a block with the offsets and a block without, and times each
-round and each of the producer's requests to the transaction and group coordinators.
+its generation (KIP-447): AddPartitionsToTxn, then AddOffsetsToTxn and TxnOffsetCommit (while
+the records are produced), then EndTxn. A round without offsets is AddPartitionsToTxn,
+Produce, EndTxn. This bench writes one-record rounds through
+:class:`~deferline.runners.member.MemberProducer`, one at a time, ``--gap`` ms apart,
+alternately a block with the offsets and a block without, and times each round and each of
+the producer's requests to the transaction and group coordinators, as the client sees them
+(aiokafka sends EndTxn once the round's records are acknowledged: its step includes that
+wait). Then, from the broker's request log, the same requests as the broker served them: how
+long each took there, and where the slow ones spent it.
 
 Usage, from this checkout's root::
 
@@ -16,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -25,18 +32,20 @@ from aiokafka.admin import NewTopic
 from aiokafka.producer import sender as aiokafka_sender
 from deferline.runners.member import MemberFigures, MemberProducer
 from deferline.runners.testing import group_metadata
-from deferline.topics import Settings, make_admin, make_consumer, stop_client
+from deferline.topics import KRaftBroker, Settings, make_admin, make_consumer, stop_client
 
 from bench._figures import Figure, Peer, Sitting
-from bench._harness import local_broker, machine_line
+from bench._harness import machine_line
 
 PARTITIONS = 3
 STEPS = {
     "_do_add_partitions_to_txn": "AddPartitionsToTxn",
     "_do_add_offsets_to_txn": "AddOffsetsToTxn",
     "_do_txn_offset_commit": "TxnOffsetCommit",
-    "_do_txn_commit": "EndTxn",
+    "_do_txn_commit": "EndTxn, after the acks",
 }
+SERVED = ("ADD_PARTITIONS_TO_TXN", "ADD_OFFSETS_TO_TXN", "TXN_OFFSET_COMMIT", "PRODUCE", "END_TXN")
+PARTS = ("requestQueueTimeMs", "localTimeMs", "remoteTimeMs", "responseQueueTimeMs")
 
 
 def _timed(call: Callable[..., Awaitable[Any]], into: list[float]) -> Callable[..., Any]:
@@ -54,7 +63,36 @@ def _quantile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * q))]
 
 
-async def bench(rounds: int, blocks: int, gap: float) -> dict[str, list[tuple[float, float]]]:
+def served(request_log: Path) -> None:
+    """How the broker served the round's requests: per API, its time there, and where the
+    requests over 4 ms spent theirs (queued, working, in purgatory, answer queued)."""
+    times: dict[str, list[dict[str, Any]]] = {name: [] for name in SERVED}
+    for line in request_log.read_text().splitlines():
+        _, _, body = line.partition("Completed request:")
+        if body:
+            request = json.loads(body)
+            name = request["requestHeader"]["requestApiKeyName"]
+            if name in times:
+                times[name].append(request)
+    print("as the broker served them (every block):")
+    for name, requests in times.items():
+        total = sorted(r["totalTimeMs"] for r in requests)
+        if not total:
+            continue
+        slow = [r for r in requests if r["totalTimeMs"] > 4.0]
+        where = ", ".join(
+            f"{part[:-6]} {sum(r[part] for r in slow) / len(slow):.1f}" for part in PARTS
+        )
+        print(
+            f"    {name:<22} p50 {_quantile(total, 0.5):5.2f}  p99 {_quantile(total, 0.99):5.2f}"
+            f"  max {total[-1]:5.1f} ms  over 4 ms: {len(slow)}/{len(total)}"
+            + (f" (mean ms: {where})" if slow else "")
+        )
+
+
+async def bench(
+    rounds: int, blocks: int, gap: float, request_log: Path
+) -> dict[str, list[tuple[float, float]]]:
     """Per mode ("offsets", "none"), each block's round p50 and p99 in ms."""
     steps: dict[str, list[float]] = {name: [] for name in STEPS.values()}
     for method, name in STEPS.items():  # every producer's requests, timed where they are sent
@@ -67,8 +105,8 @@ async def bench(rounds: int, blocks: int, gap: float) -> dict[str, list[tuple[fl
 
             setattr(aiokafka_sender.Sender, method, bound())
     found: dict[str, list[tuple[float, float]]] = {"offsets": [], "none": []}
-    async with local_broker("kafka") as bootstrap:
-        settings = Settings(bootstrap_servers=bootstrap, topic_prefix="rounds.")
+    async with KRaftBroker(request_log=request_log) as broker:
+        settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix="rounds.")
         admin = make_admin(settings)
         await admin.start()
         await admin.create_topics([NewTopic(f"rounds.{t}", PARTITIONS, 1) for t in ("in", "out")])
@@ -134,7 +172,10 @@ def main() -> None:
     args = parser.parse_args()
     sitting = Sitting.begin("member_rounds", broker="kafka")
     print(machine_line())
-    found = asyncio.run(bench(args.rounds, args.blocks, args.gap))
+    with tempfile.TemporaryDirectory() as scratch:
+        request_log = Path(scratch) / "requests.log"
+        found = asyncio.run(bench(args.rounds, args.blocks, args.gap, request_log))
+        served(request_log)
 
     def shown(mode: str) -> str:
         return ", ".join(f"{p50:.1f} / {p99:.1f}" for p50, p99 in found[mode])

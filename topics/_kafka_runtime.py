@@ -101,8 +101,17 @@ def _new_cluster_id() -> str:
             return cluster_id
 
 
-def _jvm(java: str, lib: Path, workdir: Path, heap: str) -> list[str]:
-    (workdir / "log4j2.properties").write_text(_LOG4J2_PROPERTIES)
+def _jvm(
+    java: str, lib: Path, workdir: Path, heap: str, request_log: Path | None = None
+) -> list[str]:
+    """The JVM command line of a broker (or one of its tools) from ``lib``'s jars; with
+    ``request_log``, the broker writes a line per request it completed there (Kafka's
+    ``kafka.request.logger`` at DEBUG: its API, and the time it spent queued, working,
+    waiting in purgatory and sending)."""
+    log4j = _LOG4J2_PROPERTIES
+    if request_log is not None:
+        log4j += _REQUEST_LOG_PROPERTIES.format(path=request_log)
+    (workdir / "log4j2.properties").write_text(log4j)
     return [
         java,
         f"-Xms{min(256, _megabytes(heap))}m",
@@ -188,4 +197,16 @@ appender.out.layout.type = PatternLayout
 appender.out.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.out.ref = OUT
+"""
+
+_REQUEST_LOG_PROPERTIES = """\
+appender.requests.type = File
+appender.requests.name = REQUESTS
+appender.requests.fileName = {path}
+appender.requests.layout.type = PatternLayout
+appender.requests.layout.pattern = %m%n
+logger.requests.name = kafka.request.logger
+logger.requests.level = DEBUG
+logger.requests.additivity = false
+logger.requests.appenderRef.requests.ref = REQUESTS
 """

@@ -35,6 +35,8 @@ class KRaftBroker(_BrokerProcess):
 
     ``data_dir``: keep the configuration, log and data there, and start from that data again
     next time (formatted on first use only); default a temporary folder removed on stop.
+    ``request_log``: a file the broker writes a line to per request it completed, with its
+    timings (``kafka.request.logger`` at DEBUG; for benchmarks that look inside a request).
     """
 
     name = "kafka"
@@ -50,8 +52,11 @@ class KRaftBroker(_BrokerProcess):
         heap: str = "768m",
         security: BrokerSecurity | None = None,
         data_dir: str | os.PathLike[str] | None = None,
+        request_log: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(host=host, port=port, startup_timeout=startup_timeout, data_dir=data_dir)
+        self.request_log = Path(request_log) if request_log is not None else None
+        """Where the broker logs each request it completed (with its timings); None: not."""
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.version = version
         self.heap = heap
@@ -161,7 +166,7 @@ class KRaftBroker(_BrokerProcess):
             )
             scram = _scram_arguments(self.security)
         properties.write_text(text)
-        jvm = self._jvm = _jvm(java, lib, workdir, self.heap)
+        jvm = self._jvm = _jvm(java, lib, workdir, self.heap, self.request_log)
         if not (workdir / "data" / "meta.properties").exists():
             await _format_storage(jvm, properties, _new_cluster_id(), scram)
         return [*jvm, "kafka.Kafka", str(properties)]

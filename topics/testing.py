@@ -2,6 +2,7 @@
 
 from ._acls import create_acls
 from ._clients import connection_kwargs, is_bootstrap_failure
+from ._kafka_runtime import _jvm as jvm_command
 from ._kafka_runtime import _new_cluster_id as new_cluster_id
 from ._kraft import _scram_arguments as scram_arguments
 from ._kraft import _secured_properties as secured_properties
@@ -20,6 +21,7 @@ __all__ = [
     "create_acls",
     "free_port",
     "is_bootstrap_failure",
+    "jvm_command",
     "metadata_has_broker",
     "murmur2_python",
     "murmur2_reference",

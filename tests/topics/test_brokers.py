@@ -129,3 +129,20 @@ def test_a_cluster_id_never_reads_as_an_option(monkeypatch):
     cluster_id = new_cluster_id()
     assert not cluster_id.startswith("-")
     assert cluster_id == "AAAAAAAAAAAAAAAAAAAAAQ"
+
+
+def test_a_request_log_is_configured_only_when_asked_for(tmp_path: Path) -> None:
+    from deferline.topics.testing import jvm_command
+
+    lib = tmp_path / "lib"
+    plain, logged = tmp_path / "plain", tmp_path / "logged"
+    plain.mkdir()
+    logged.mkdir()
+    jvm_command("java", lib, plain, "256m")
+    assert "kafka.request.logger" not in (plain / "log4j2.properties").read_text()
+    requests = tmp_path / "requests.log"
+    jvm_command("java", lib, logged, "256m", request_log=requests)
+    config = (logged / "log4j2.properties").read_text()
+    assert "logger.requests.name = kafka.request.logger" in config
+    assert "logger.requests.level = DEBUG" in config
+    assert f"appender.requests.fileName = {requests}" in config
