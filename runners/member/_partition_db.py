@@ -49,7 +49,9 @@ class PartitionDatabase(Protocol):
 
     def rows(self) -> Iterator[tuple[bytes, bytes]]:
         """Every row as stored, in key order: (``ROW_PREFIX`` + key, value). A restore of a
-        million rows takes them without a Python step per row."""
+        million rows takes them without a Python step per row, so a row that cannot be read
+        raises from the iteration whatever the database raises (rocksdict: a bare
+        Exception): the reader treats any error there as an unreadable checkpoint."""
 
     def write(self, changes: Iterable[Row], header: Mapping[str, Any]) -> None:
         """Put each (key, value) row (``None``: delete the key), then the header, never
@@ -87,7 +89,10 @@ class RocksPartitionDatabase:
         return str(self.path)
 
     def header(self) -> dict[str, Any] | None:
-        raw = self._db.get(_HEADER_KEY)
+        try:
+            raw = self._db.get(_HEADER_KEY)
+        except Exception as exc:  # rocksdict raises a bare Exception (a corrupt block, say)
+            raise CheckpointError(f"cannot read checkpoint {self.where}: {exc}") from exc
         return None if raw is None else _parse_header(raw, self.where)
 
     def rows(self) -> Iterator[tuple[bytes, bytes]]:

@@ -255,7 +255,7 @@ class Checkpoints:
                 state,
                 skip=len(ROW_PREFIX),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except Exception as exc:  # a row the table refuses, or one the database cannot read
             fold.reset()
             for p, store in zip(sorted(usable), stores, strict=True):
                 discards.add(p, f"it cannot be restored ({exc!r})")

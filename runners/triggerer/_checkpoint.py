@@ -90,7 +90,7 @@ def _read(checkpoint: MemberCheckpoint, header: CheckpointHeader) -> PartitionCh
             offset, timestamp = _ENTRY.unpack_from(value)
             entries[key[start:]] = TableEntry(offset, timestamp, value[_ENTRY.size :])
         resume_offset = int(header.payload["resume_offset"])
-    except (struct.error, KeyError, TypeError, ValueError) as exc:
+    except Exception as exc:  # a row it cannot parse, or one the database cannot read
         raise CheckpointError(f"checkpoint {checkpoint.where} is corrupt: {exc!r}") from exc
     return PartitionCheckpoint(header=header, resume_offset=resume_offset, entries=entries)
 

@@ -252,6 +252,28 @@ def test_a_corrupt_header_is_a_clear_error(databases: Databases, corrupt: str) -
     assert not isinstance(failed.value, CheckpointUnusable)
 
 
+class _CorruptBlock:
+    """What rocksdict does when a block of the database cannot be read: a bare Exception."""
+
+    def get(self, key: bytes) -> bytes:
+        raise Exception("Corruption: block checksum mismatch")
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_header_the_database_cannot_read_is_a_clear_error(tmp_path: Path) -> None:
+    db = RocksPartitionDatabase(tmp_path / "0")
+    db.write([], _VALID)
+    db.close()
+    db = RocksPartitionDatabase(tmp_path / "0")
+    db._db.close()
+    db._db = _CorruptBlock()
+    with pytest.raises(CheckpointError, match=r"cannot read checkpoint .*block checksum"):
+        MemberCheckpoint(db, topic=TOPIC, partition=0).header(LOG_A)
+
+
 def test_a_header_is_outdated_outside_the_partition_or_past_its_age() -> None:
     header = CheckpointHeader(
         topic=TOPIC, partition=0, position=5, saved_at=1000.0, identity=None, payload={}
@@ -552,5 +574,36 @@ async def test_an_unreadable_checkpoint_is_discarded_naming_it_and_written_again
     assert "is corrupt: KeyError('position')" in line
     assert f"rebuilding partitions [0] of {role.topic} from the topics" in line
     assert role.mismatches == 0
+    await role.save(0, log)
+    assert await role.restore([0], log) == {0: 3}, "checkpointed afresh"
+
+
+class _UnreadableRows:
+    """Rows whose iteration fails as a bad block's does in rocksdict: a bare Exception."""
+
+    def __iter__(self) -> _UnreadableRows:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        raise Exception("Corruption: block checksum mismatch")
+
+
+async def test_rows_the_database_cannot_read_discard_the_checkpoint_and_it_is_written_again(
+    role: Role, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _log_of(role.topic, "a")
+    await role.save(0, log)
+
+    def corrupt(self: PartitionDatabase) -> Iterator[tuple[bytes, bytes]]:
+        return _UnreadableRows()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RocksPartitionDatabase, "rows", corrupt)
+        patched.setattr(MemoryPartitionDatabase, "rows", corrupt)
+        with caplog.at_level(logging.WARNING):
+            assert await role.restore([0], log) == {}
+            [line] = _discarded(caplog)
+    assert "block checksum mismatch" in line
+    assert f"rebuilding partitions [0] of {role.topic} from the topics" in line
     await role.save(0, log)
     assert await role.restore([0], log) == {0: 3}, "checkpointed afresh"
