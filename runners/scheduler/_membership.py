@@ -94,13 +94,7 @@ class Membership:
         shell: MembershipShell,
     ) -> None:
         self.clients = clients
-        self.settings = clients.settings
-        self.names = clients.names
-        self.group_id = clients.group_id
         self.writers = writers
-        self.fold = writers.fold
-        self.router = writers.router
-        self.offsets = writers.offsets
         self.ownership = ownership
         self.checkpoints = checkpoints
         self.checkpointer = checkpointer
@@ -168,21 +162,23 @@ class Membership:
             change = self.ownership.assign(mine)
             for p in change.kept:
                 part = self.writers[p]
-                done = self.offsets.done.get(part.events_tp)
+                done = self.writers.offsets.done.get(part.events_tp)
                 if done is not None:
                     events.seek(part.events_tp, done)
                 self.writers.publish([], [], offsets=(p,))  # sends what was held while quiesced
             for p in change.acquired:
                 self.writers.add(p)
         if change.acquired:
-            events.pause(*(TopicPartition(self.names.task_events, p) for p in change.acquired))
+            events.pause(
+                *(TopicPartition(self.clients.names.task_events, p) for p in change.acquired)
+            )
         for p in change.released:
             await self.release(p)
         self._shell.ownership_moved()
         logger.info(
             "scheduler partitions assigned",
             extra={
-                "group_id": self.group_id,
+                "group_id": self.clients.group_id,
                 "generation": generation,
                 "partitions": sorted(mine),
                 "kept": list(change.kept),
@@ -210,7 +206,7 @@ class Membership:
             return
         logger.warning(
             "scheduler rejoined as a new member: its partitions are taken over afresh",
-            extra={"group_id": self.group_id, "member_id": member_id, "partitions": lost},
+            extra={"group_id": self.clients.group_id, "member_id": member_id, "partitions": lost},
         )
         for p in lost:  # those assigned again are acquired, their events paused till then
             await self.release(p)
@@ -238,7 +234,7 @@ class Membership:
                 committed = await self.writers.producer.committed(events_tps)
             stable = time.monotonic()
             warm = self.standby.take(numbers) if self.standby is not None else {}
-            table = self.fold.table
+            table = self.writers.fold.table
             fold = TaskFold(table.pools, ledger=table.ledger)
             if self.checkpoints is not None:
                 fold.table.track_changes()
@@ -253,12 +249,12 @@ class Membership:
                     await channel.lead(ends[channel.tp])  # the previous grants are decided
                 side = clients.tasks_reader(consumer, fold)
                 await side.recover(
-                    self.names.tasks,
+                    self.clients.names.tasks,
                     set(numbers),
                     self.checkpoints,
-                    prefix=self.settings.topic_prefix,
-                    group=self.group_id,
-                    total=self.router.partitions,
+                    prefix=self.clients.settings.topic_prefix,
+                    group=self.clients.group_id,
+                    total=self.writers.router.partitions,
                     warm=warm,
                 )
                 positions = dict(side.positions)
@@ -286,14 +282,14 @@ class Membership:
             locked = time.monotonic()
             self._absorbing = True  # a revocation now waits for the end of this
             try:
-                self.fold.table.absorb(fold.table)
+                self.writers.fold.table.absorb(fold.table)
                 await reader.take(positions)
                 for part in parts:
-                    channel.own(part.number, self.fold.table)
+                    channel.own(part.number, self.writers.fold.table)
                     self.ownership.acquired(part.number)
                     offset = committed[part.events_tp]
                     if offset is not None:
-                        self.offsets.committed[part.events_tp] = offset
+                        self.writers.offsets.committed[part.events_tp] = offset
                     if transactional:
                         assert offset is not None
                         events.seek(part.events_tp, offset)  # read from the stable offset
@@ -302,8 +298,8 @@ class Membership:
                         # between a batch's task states and its RunTasks (no transactions):
                         # folding them again re-sends the RunTask of a task still queued
                         # on one of them (see TaskTable.apply(resend=...)).
-                        self.offsets.reread[part.events_tp] = ends[part.events_tp]
-                handed = self.writers.publish(self.fold.drain(), [])
+                        self.writers.offsets.reread[part.events_tp] = ends[part.events_tp]
+                handed = self.writers.publish(self.writers.fold.drain(), [])
                 events.resume(*events_tps)
             finally:
                 self._absorbing = False
@@ -314,11 +310,11 @@ class Membership:
         logger.info(
             "scheduler partitions acquired",
             extra={
-                "group_id": self.group_id,
+                "group_id": self.clients.group_id,
                 "partitions": list(numbers),
                 "transactional": transactional,
                 "takeover_seconds": round(seconds, 3),
-                "tasks": len(self.fold.table),
+                "tasks": len(self.writers.fold.table),
                 "from_standby": side.from_standby,
                 "records_folded": side.recovered_records,
                 "phases": {
@@ -346,7 +342,7 @@ class Membership:
         tracks, so a metadata refresh between two acquisitions forgets the others. Waits for
         one metadata request when a topic is not tracked, else for nothing."""
         channel = self.clients.pool_channel
-        topics = [self.names.tasks, self.names.task_events]
+        topics = [self.clients.names.tasks, self.clients.names.task_events]
         if channel is not None:
             topics.append(channel.tp.topic)
         await client_of(consumer).set_topics(topics)
@@ -383,14 +379,14 @@ class Membership:
             channel.disown(p)
             if p == LEDGER_PARTITION:
                 channel.resign()
-        self.fold.table.drop_where(lambda key: self.router.partition_of(key) == p)
-        self.router.forget(p)
+        self.writers.fold.table.drop_where(lambda key: self.writers.router.partition_of(key) == p)
+        self.writers.router.forget(p)
         if self.standby is not None:
             self.standby.follow([p])
         if part is None:
             return
-        self.fold.forget_unread_writes()  # those of the partition are no longer awaited
-        self.offsets.forget(part.events_tp)
+        self.writers.fold.forget_unread_writes()  # those of the partition are no longer awaited
+        self.writers.offsets.forget(part.events_tp)
         self._shell.partition_released(p)
         if self.clients.reader is not None:
             await self.clients.reader.drop({p})
@@ -405,14 +401,14 @@ class Membership:
             lost = [p for p in self.writers.fenced() if self.ownership.lose(p)]
         for p in lost:
             if self.clients.events is not None:
-                self.clients.events.pause(TopicPartition(self.names.task_events, p))
+                self.clients.events.pause(TopicPartition(self.clients.names.task_events, p))
             await self.release(p)
         self.figures.fenced(len(lost))
         if lost:
             self._shell.ownership_moved()
             logger.warning(
                 "scheduler fenced: partitions taken over by another member dropped",
-                extra={"group_id": self.group_id, "partitions": lost},
+                extra={"group_id": self.clients.group_id, "partitions": lost},
             )
             if self.clients.events is not None:
                 request_rejoin(self.clients.events)
