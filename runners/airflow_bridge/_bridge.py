@@ -373,7 +373,10 @@ class AirflowBridge(Lifecycle):
         db, _ = self._require()
         while True:
             await asyncio.sleep(db.heartrate)
-            await self._db(db.heartbeat)
+            try:
+                await self._db(db.heartbeat)
+            except db.transient as exc:  # the database busy or away for a moment: next beat
+                logger.warning("heartbeat: Airflow's database failed: %s", exc)
 
     async def _claim_loop(self) -> None:
         db, _ = self._require()
