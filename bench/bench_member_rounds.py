@@ -11,9 +11,16 @@ the producer's requests to the transaction and group coordinators, as the client
 wait). Then, from the broker's request log, the same requests as the broker served them: how
 long each took there, and where the slow ones spent it.
 
+``--placed N`` measures instead what a burst's round costs the member's process: rounds of
+N fired triggers' records (each an event placed by its key and the tombstone of its request
+in a named partition, 12 partitions each, as a triggerer writes them), the CPU and the time
+of each round. It uses no API newer than the member producer's first, so another checkout's
+interpreter can run it (``--placed`` figures of the build before).
+
 Usage, from this checkout's root::
 
     .venv/bin/python -m bench.bench_member_rounds [--rounds 500] [--blocks 3] [--gap 5]
+    <checkout>/.venv/bin/python -m bench.bench_member_rounds --placed 10000 [--rounds 10]
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +38,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 from aiokafka.producer import sender as aiokafka_sender
-from deferline.runners.member import MemberFigures, MemberProducer
+from deferline.runners.member import MemberFigures, MemberProducer, Placed
 from deferline.runners.testing import group_metadata
 from deferline.topics import KRaftBroker, Settings, make_admin, make_consumer, stop_client
 
@@ -164,12 +172,66 @@ async def bench(
     return found
 
 
+async def placed_rounds(triggers: int, rounds: int) -> tuple[list[float], list[float]]:
+    """Per round of ``triggers`` fired triggers' records: its wall and CPU milliseconds."""
+    async with KRaftBroker() as broker:
+        settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix="placed.")
+        admin = make_admin(settings)
+        await admin.start()
+        await admin.create_topics([NewTopic(f"placed.{t}", 12, 1) for t in ("defer", "resume")])
+        await admin.close()
+        consumer = make_consumer(settings, group_id="placed.g")
+        await consumer.start()
+        consumer.subscribe(["placed.defer"])
+        while len(consumer.assignment()) < 12:
+            await consumer.getmany(timeout_ms=100)
+        producer = MemberProducer(
+            settings,
+            group_id="placed.g",
+            name="bench",
+            member=lambda: group_metadata(consumer),
+            figures=MemberFigures(),
+            transactions=True,
+            transaction_timeout=30.0,
+        )
+        await producer.start()
+        event = b'{"version":1,"kind":"trigger_event","status":"fired","payload":0}' * 5
+        offsets = {TopicPartition("placed.defer", p): 1 for p in range(12)}
+        walls, cpus = [], []
+        try:
+            for r in range(rounds + 2):  # the first two warm the producers up
+                records: list[Placed] = []
+                for i in range(triggers):
+                    key = f"{r}.{i}".encode()
+                    records.append(("placed.resume", key, event, None))
+                    records.append(("placed.defer", key, None, i % 12))
+                began, cpu = time.perf_counter(), time.process_time()
+                await producer.write_placed(records, offsets)
+                if r >= 2:
+                    walls.append((time.perf_counter() - began) * 1000)
+                    cpus.append((time.process_time() - cpu) * 1000)
+        finally:
+            await producer.stop()
+            await stop_client(consumer, grace=10.0, name="bench consumer")
+    return walls, cpus
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=500, help="rounds per block")
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--gap", type=float, default=5.0, help="ms between rounds")
+    parser.add_argument("--placed", type=int, help="fired triggers per round (see above)")
     args = parser.parse_args()
+    if args.placed:
+        walls, cpus = asyncio.run(placed_rounds(args.placed, args.rounds))
+        print(
+            f"{args.rounds} rounds of {args.placed:,} fired triggers ({2 * args.placed:,} "
+            f"records): CPU per round median {statistics.median(cpus):.1f} ms "
+            f"({statistics.median(cpus) / args.placed * 1000:.1f} µs per trigger), wall "
+            f"median {statistics.median(walls):.1f} ms"
+        )
+        return
     sitting = Sitting.begin("member_rounds", broker="kafka")
     print(machine_line())
     with tempfile.TemporaryDirectory() as scratch:

@@ -44,7 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -99,6 +100,10 @@ computes it."""
 Placed = tuple[str, bytes | None, bytes | None, int | None]  # topic, key, value, partition
 """A record to write to the partition it names (a defer partition's tombstone, say: it goes
 where the record it deletes is, whatever client wrote that); None: its key's."""
+
+_Slot = tuple[asyncio.Future[Any] | BaseException, int]
+"""Where a placed record went: the future of the record batch holding it (or why it was not
+sent) and its place in that batch."""
 
 
 _NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
@@ -348,11 +353,15 @@ class MemberProducer:
                 for wave in batch.waves
                 for f in await self._send(producer, wave, chosen)
             ]
+            refused = False
             for batch in batches:
                 if batch.placed is not None:
-                    batch.sent = await self._send_placed(producer, batch.placed)
-                    futures += [f for f, _ in batch.sent if isinstance(f, asyncio.Future)]
-            if any(isinstance(f, BaseException) for batch in batches for f, _ in batch.sent):
+                    batch.sent, queued, any_refused = await self._send_placed(
+                        producer, batch.placed
+                    )
+                    futures += queued
+                    refused = refused or any_refused
+            if refused:
                 raise _Refused()
             if offsets:
                 await producer.send_offsets_to_transaction(offsets, self.group_id)
@@ -430,33 +439,42 @@ class MemberProducer:
 
     async def _send_placed(
         self, producer: AIOKafkaProducer, records: Sequence[Placed]
-    ) -> list[tuple[asyncio.Future[Any] | BaseException, int]]:
-        """Queue placed records, one record batch per partition; per record, the future of
-        the batch holding it and its place there (or why it was not sent)."""
+    ) -> tuple[list[_Slot], list[asyncio.Future[Any]], bool]:
+        """Queue placed records, one record batch per partition. Returns per record the
+        future of the batch holding it and its place there (or why it was not sent), the
+        batches' futures, and whether any record was refused."""
         by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
         places: list[tuple[str, int]] = []
+        known: dict[str, list[int]] = {}  # a topic's partitions, asked once a call
         for topic, key, value, partition in records:
             if partition is None:
-                ids = sorted(await producer.partitions_for(topic))
+                ids = known.get(topic)
+                if ids is None:
+                    ids = known[topic] = sorted(await producer.partitions_for(topic))
                 partition = (
                     self._partitioner(key, ids, ids)
                     if key is None
                     else ids[partition_for(key, len(ids))]
                 )
-            places.append((topic, partition))
-            by_partition.setdefault((topic, partition), []).append((key, value))
-        sent: dict[tuple[str, int], list[tuple[asyncio.Future[Any] | BaseException, int]]] = {}
+            place = (topic, partition)
+            places.append(place)
+            group = by_partition.get(place)
+            if group is None:
+                group = by_partition[place] = []
+            group.append((key, value))
+        slots: dict[tuple[str, int], Iterator[_Slot]] = {}
+        futures: list[asyncio.Future[Any]] = []
+        refused = False
         for (topic, partition), group in by_partition.items():
-            slots = sent[topic, partition] = []
-            for future, count in await self._pack(producer, topic, partition, group):
-                slots.extend((future, position) for position in range(count))
-        cursors = dict.fromkeys(sent, 0)
-        placed = []
-        for place in places:
-            at = cursors[place]
-            cursors[place] = at + 1
-            placed.append(sent[place][at])
-        return placed
+            mine: list[_Slot] = []
+            for sent, count in await self._pack(producer, topic, partition, group):
+                if isinstance(sent, asyncio.Future):
+                    futures.append(sent)
+                else:
+                    refused = True
+                mine.extend(zip(repeat(sent, count), range(count), strict=True))
+            slots[topic, partition] = iter(mine)
+        return [next(slots[place]) for place in places], futures, refused
 
     async def _pack(
         self,
@@ -545,7 +563,7 @@ class _Batch:
         self.placed = placed
         self.foreign = foreign
         self.done: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
-        self.sent: list[tuple[asyncio.Future[Any] | BaseException, int]] = []
+        self.sent: list[_Slot] = []
 
     def acked(self) -> list[int] | None:
         """Its placed records' offsets, its round committed (None: it placed none)."""

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import ProducerFenced
-from deferline.runners.member import MemberFenced, MemberProducer
+from deferline.runners.member import MemberFenced, MemberProducer, Placed
 from deferline.runners.testing import FencedByGroup, GroupMetadata
 
 from tests.fakes import FakeKafka, FakeTransactionalProducer, fake_member_producer
@@ -118,3 +118,26 @@ async def test_rounds_alternate_between_the_members_two_producers() -> None:
         await producer.write(record(n), {TP0: n})
     assert (first.commits, second.commits) == (2, 1)
     assert kafka.offset_commits(GROUP) == [{TP0: 0}, {TP0: 1}, {TP0: 2}]
+
+
+async def test_placed_records_learn_where_each_landed_across_partitions_and_batches() -> None:
+    """Records placed in several partitions, named and by key, interleaved and split over
+    several record batches, each get back their own offset, in the order handed over."""
+    kafka = FakeKafka()
+    producer, _ = await fake_member_producer(
+        kafka, GROUP, lambda: IN_GROUP, max_batch_size=1 << 20, max_batch_records=2
+    )
+    kafka.create_topic("p.out", 3)
+    kafka.create_topic("p.defer", 3)
+    records: list[Placed] = []
+    for n in range(7):
+        records.append(("p.out", f"k{n}".encode(), f"event {n}".encode(), None))
+        records.append(("p.defer", f"k{n}".encode(), f"copy {n}".encode(), n % 3))
+    offsets = await producer.write_placed(records, {TP0: 9})
+    stored = {(r.topic, r.offset, r.value): r.partition for r in kafka.records()}
+    assert len(stored) == len(records)
+    for (topic, _, value, partition), offset in zip(records, offsets, strict=True):
+        landed = stored.get((topic, offset, value))
+        assert landed is not None, f"{value!r} is not at offset {offset} of {topic}"
+        assert partition is None or landed == partition
+    assert kafka.offset_commits(GROUP) == [{TP0: 9}]
