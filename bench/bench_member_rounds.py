@@ -12,10 +12,11 @@ wait). Then, from the broker's request log, the same requests as the broker serv
 long each took there, and where the slow ones spent it.
 
 ``--placed N`` measures instead what a burst's round costs the member's process: rounds of
-N fired triggers' records (each an event placed by its key and the tombstone of its request
-in a named partition, 12 partitions each, as a triggerer writes them), the CPU and the time
-of each round. It uses no API newer than the member producer's first, so another checkout's
-interpreter can run it (``--placed`` figures of the build before).
+N fired triggers' records as a triggerer writes them (each its event in its partition of
+the resume topic, the event's copy in its task's partition of tasks.events and the tombstone
+of its request, 12 partitions each), the CPU and the time of each round. It uses no API
+newer than the member producer's first, so another checkout's interpreter can run it
+(``--placed`` figures of the build before).
 
 Usage, from this checkout's root::
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import tempfile
@@ -40,7 +42,14 @@ from aiokafka.admin import NewTopic
 from aiokafka.producer import sender as aiokafka_sender
 from deferline.runners.member import MemberFigures, MemberProducer, Placed
 from deferline.runners.testing import group_metadata
-from deferline.topics import KRaftBroker, Settings, make_admin, make_consumer, stop_client
+from deferline.topics import (
+    KRaftBroker,
+    Settings,
+    make_admin,
+    make_consumer,
+    partition_for,
+    stop_client,
+)
 
 from bench._figures import Figure, Peer, Sitting
 from bench._harness import machine_line
@@ -174,11 +183,13 @@ async def bench(
 
 async def placed_rounds(triggers: int, rounds: int) -> tuple[list[float], list[float]]:
     """Per round of ``triggers`` fired triggers' records: its wall and CPU milliseconds."""
+    gc.set_threshold(50_000, 20, 100)  # the collector's cadence in a member's process
     async with KRaftBroker() as broker:
         settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix="placed.")
         admin = make_admin(settings)
         await admin.start()
-        await admin.create_topics([NewTopic(f"placed.{t}", 12, 1) for t in ("defer", "resume")])
+        topics = ("defer", "resume", "events")
+        await admin.create_topics([NewTopic(f"placed.{t}", 12, 1) for t in topics])
         await admin.close()
         consumer = make_consumer(settings, group_id="placed.g")
         await consumer.start()
@@ -203,7 +214,8 @@ async def placed_rounds(triggers: int, rounds: int) -> tuple[list[float], list[f
                 records: list[Placed] = []
                 for i in range(triggers):
                     key = f"{r}.{i}".encode()
-                    records.append(("placed.resume", key, event, None))
+                    records.append(("placed.resume", key, event, i % 12))
+                    records.append(("placed.events", key, event, partition_for(key, 12)))
                     records.append(("placed.defer", key, None, i % 12))
                 began, cpu = time.perf_counter(), time.process_time()
                 await producer.write_placed(records, offsets)
@@ -226,7 +238,7 @@ def main() -> None:
     if args.placed:
         walls, cpus = asyncio.run(placed_rounds(args.placed, args.rounds))
         print(
-            f"{args.rounds} rounds of {args.placed:,} fired triggers ({2 * args.placed:,} "
+            f"{args.rounds} rounds of {args.placed:,} fired triggers ({3 * args.placed:,} "
             f"records): CPU per round median {statistics.median(cpus):.1f} ms "
             f"({statistics.median(cpus) / args.placed * 1000:.1f} µs per trigger), wall "
             f"median {statistics.median(walls):.1f} ms"

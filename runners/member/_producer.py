@@ -101,10 +101,6 @@ Placed = tuple[str, bytes | None, bytes | None, int | None]  # topic, key, value
 """A record to write to the partition it names (a defer partition's tombstone, say: it goes
 where the record it deletes is, whatever client wrote that); None: its key's."""
 
-_Slot = tuple[asyncio.Future[Any] | BaseException, int]
-"""Where a placed record went: the future of the record batch holding it (or why it was not
-sent) and its place in that batch."""
-
 
 _NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
 _NO_MEMBER = GroupMetadata(group_id="", generation=-1, member_id="")
@@ -356,11 +352,9 @@ class MemberProducer:
             refused = False
             for batch in batches:
                 if batch.placed is not None:
-                    batch.sent, queued, any_refused = await self._send_placed(
-                        producer, batch.placed
-                    )
-                    futures += queued
-                    refused = refused or any_refused
+                    batch.placement = await self._send_placed(producer, batch.placed)
+                    futures += batch.placement.futures()
+                    refused = refused or batch.placement.refused()
             if refused:
                 raise _Refused()
             if offsets:
@@ -439,10 +433,8 @@ class MemberProducer:
 
     async def _send_placed(
         self, producer: AIOKafkaProducer, records: Sequence[Placed]
-    ) -> tuple[list[_Slot], list[asyncio.Future[Any]], bool]:
-        """Queue placed records, one record batch per partition. Returns per record the
-        future of the batch holding it and its place there (or why it was not sent), the
-        batches' futures, and whether any record was refused."""
+    ) -> _Placement:
+        """Queue placed records, one record batch per partition; where each went."""
         by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
         places: list[tuple[str, int]] = []
         known: dict[str, list[int]] = {}  # a topic's partitions, asked once a call
@@ -462,19 +454,15 @@ class MemberProducer:
             if group is None:
                 group = by_partition[place] = []
             group.append((key, value))
-        slots: dict[tuple[str, int], Iterator[_Slot]] = {}
-        futures: list[asyncio.Future[Any]] = []
-        refused = False
+        sent: list[asyncio.Future[Any] | BaseException] = []
+        slots: dict[tuple[str, int], Iterator[tuple[int, int]]] = {}
         for (topic, partition), group in by_partition.items():
-            mine: list[_Slot] = []
-            for sent, count in await self._pack(producer, topic, partition, group):
-                if isinstance(sent, asyncio.Future):
-                    futures.append(sent)
-                else:
-                    refused = True
-                mine.extend(zip(repeat(sent, count), range(count), strict=True))
+            mine: list[tuple[int, int]] = []
+            for batch, count in await self._pack(producer, topic, partition, group):
+                mine.extend(zip(repeat(len(sent), count), range(count), strict=True))
+                sent.append(batch)
             slots[topic, partition] = iter(mine)
-        return [next(slots[place]) for place in places], futures, refused
+        return _Placement(sent, [next(slots[place]) for place in places])
 
     async def _pack(
         self,
@@ -545,10 +533,43 @@ class MemberProducer:
                 await asyncio.sleep(_STABLE_POLL)
 
 
+class _Placement:
+    """Where a batch's placed records went: the record batches sent for them (each its
+    future, or why it was refused before it was sent) and, per record in the order handed
+    over, the index of its record batch and its place there."""
+
+    __slots__ = ("sent", "slots")
+
+    def __init__(
+        self, sent: list[asyncio.Future[Any] | BaseException], slots: list[tuple[int, int]]
+    ) -> None:
+        self.sent = sent
+        self.slots = slots
+
+    def futures(self) -> list[asyncio.Future[Any]]:
+        return [batch for batch in self.sent if isinstance(batch, asyncio.Future)]
+
+    def refused(self) -> bool:
+        return any(isinstance(batch, BaseException) for batch in self.sent)
+
+    def offsets(self) -> list[int]:
+        """Each record's offset, its round committed (so no record was refused)."""
+        firsts = [int(batch.result().offset) for batch in self.futures()]  # all of them
+        return [firsts[index] + place for index, place in self.slots]
+
+    def errors(self) -> list[BaseException | None]:
+        """Per record, why it was refused (None: it was not)."""
+        sent = self.sent
+        return [
+            batch if isinstance(batch := sent[index], BaseException) else None
+            for index, _ in self.slots
+        ]
+
+
 class _Batch:
     """A writer's batch waiting for its round."""
 
-    __slots__ = ("done", "foreign", "offsets", "placed", "sent", "waves")
+    __slots__ = ("done", "foreign", "offsets", "placed", "placement", "waves")
 
     def __init__(
         self,
@@ -563,17 +584,11 @@ class _Batch:
         self.placed = placed
         self.foreign = foreign
         self.done: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
-        self.sent: list[_Slot] = []
+        self.placement: _Placement | None = None  # once its records are sent
 
     def acked(self) -> list[int] | None:
         """Its placed records' offsets, its round committed (None: it placed none)."""
-        if self.placed is None:
-            return None
-        return [
-            int(sent.result().offset) + position
-            for sent, position in self.sent
-            if isinstance(sent, asyncio.Future)  # all of them: a refused one aborts the round
-        ]
+        return None if self.placement is None else self.placement.offsets()
 
 
 class _Refused(Exception):
@@ -584,11 +599,7 @@ class _Refused(Exception):
 def _as_written(exc: BaseException, transactional_id: str, batch: _Batch) -> BaseException:
     """What a writer whose round failed gets."""
     if isinstance(exc, _Refused):
-        return RecordsRefused(
-            [f if isinstance(f, BaseException) else None for f, _ in batch.sent]
-            if batch.placed is not None
-            else []
-        )
+        return RecordsRefused([] if batch.placement is None else batch.placement.errors())
     if isinstance(exc, FencedByGroup):
         return MemberFenced(
             f"the group went on without this member: {transactional_id}'s round was aborted ({exc})"
