@@ -44,8 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import repeat
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -102,6 +101,10 @@ Placed = tuple[str, bytes | None, bytes | None, int | None]  # topic, key, value
 where the record it deletes is, whatever client wrote that); None: its key's."""
 
 
+_Records = list[bytes | None]
+"""One partition's records in a round, flat: key, value, key, value, and so on (no tuple per
+record)."""
+
 _NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
 _NO_MEMBER = GroupMetadata(group_id="", generation=-1, member_id="")
 _STABLE_POLL = 0.02  # seconds between asks for offsets a transaction holds
@@ -110,6 +113,17 @@ _COORDINATOR_MOVING = (
     NotCoordinatorError,
     CoordinatorLoadInProgressError,
 )
+
+
+def _group(groups: dict[str, dict[int, _Records]], topic: str, partition: int) -> _Records:
+    """The records of ``topic``'s ``partition`` in ``groups``, a new list the first time."""
+    parts = groups.get(topic)
+    if parts is None:
+        parts = groups[topic] = {}
+    records = parts.get(partition)
+    if records is None:
+        records = parts[partition] = []
+    return records
 
 
 class MemberFenced(DeferlineError):
@@ -404,7 +418,7 @@ class MemberProducer:
 
         ``chosen`` keeps each key's partition index (per partition count) across the waves of
         one write: a task's state and its RunTask share the key, so it is hashed once."""
-        by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
+        groups: dict[str, dict[int, _Records]] = {}
         partitions: dict[str, tuple[list[int], dict[bytes, int]]] = {}
         for topic, key, value in wave:
             known = partitions.get(topic)
@@ -419,24 +433,24 @@ class MemberProducer:
                 if index is None:
                     index = indexes[key] = partition_for(key, len(ids))
                 partition = ids[index]
-            records = by_partition.get((topic, partition))
-            if records is None:
-                records = by_partition[topic, partition] = []
-            records.append((key, value))
+            records = _group(groups, topic, partition)
+            records.append(key)
+            records.append(value)
         futures: list[asyncio.Future[Any]] = []
-        for (topic, partition), records in by_partition.items():
-            for sent, _ in await self._pack(producer, topic, partition, records):
-                if not isinstance(sent, asyncio.Future):
-                    raise sent
-                futures.append(sent)
+        for topic, parts in groups.items():
+            for partition, records in parts.items():
+                for sent, _ in await self._pack(producer, topic, partition, records):
+                    if not isinstance(sent, asyncio.Future):
+                        raise sent
+                    futures.append(sent)
         return futures
 
     async def _send_placed(
         self, producer: AIOKafkaProducer, records: Sequence[Placed]
     ) -> _Placement:
         """Queue placed records, one record batch per partition; where each went."""
-        by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = {}
-        places: list[tuple[str, int]] = []
+        groups: dict[str, dict[int, _Records]] = {}
+        order: list[_Records] = []  # per record, the records of its partition
         known: dict[str, list[int]] = {}  # a topic's partitions, asked once a call
         for topic, key, value, partition in records:
             if partition is None:
@@ -448,35 +462,34 @@ class MemberProducer:
                     if key is None
                     else ids[partition_for(key, len(ids))]
                 )
-            place = (topic, partition)
-            places.append(place)
-            group = by_partition.get(place)
-            if group is None:
-                group = by_partition[place] = []
-            group.append((key, value))
+            group = _group(groups, topic, partition)
+            group.append(key)
+            group.append(value)
+            order.append(group)
         sent: list[asyncio.Future[Any] | BaseException] = []
-        slots: dict[tuple[str, int], Iterator[tuple[int, int]]] = {}
-        for (topic, partition), group in by_partition.items():
-            mine: list[tuple[int, int]] = []
-            for batch, count in await self._pack(producer, topic, partition, group):
-                mine.extend(zip(repeat(len(sent), count), range(count), strict=True))
-                sent.append(batch)
-            slots[topic, partition] = iter(mine)
-        return _Placement(sent, [next(slots[place]) for place in places])
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for topic, parts in groups.items():
+            for partition, group in parts.items():
+                batches = spans[id(group)] = []
+                for batch, count in await self._pack(producer, topic, partition, group):
+                    batches.append((len(sent), count))
+                    sent.append(batch)
+        return _Placement(sent, order, spans)
 
     async def _pack(
         self,
         producer: AIOKafkaProducer,
         topic: str,
         partition: int,
-        records: Sequence[tuple[bytes | None, bytes | None]],
+        records: _Records,
     ) -> list[tuple[asyncio.Future[Any] | BaseException, int]]:
         """Queue ``records`` for one partition as few record batches as hold them; per batch,
         in order, its future (or why it was refused) and how many records it holds."""
         traced = tracing_on()  # asked once a call, not per record
         sent: list[tuple[asyncio.Future[Any] | BaseException, int]] = []
         batch = producer.create_batch()
-        for key, value in records:
+        pairs = iter(records)
+        for key, value in zip(pairs, pairs, strict=True):
             headers = trace_send(topic, value) if traced else _NO_HEADERS
             if batch.append(key=key, value=value, timestamp=None, headers=headers) is not None:
                 continue
@@ -534,17 +547,25 @@ class MemberProducer:
 
 
 class _Placement:
-    """Where a batch's placed records went: the record batches sent for them (each its
-    future, or why it was refused before it was sent) and, per record in the order handed
-    over, the index of its record batch and its place there."""
+    """Where a writer's placed records went, without an object per record (a round holds
+    tens of thousands, and each object alive through it counts towards the collector's next
+    pass, in a process that may hold millions): the record batches sent for them (each its
+    future, or why it was refused before it was sent); per record, in the order handed over,
+    the records of its partition (:data:`_Records`); and per partition, by the ``id`` of
+    those records, its record batches in order: each one's index in ``sent`` and how many
+    records it holds."""
 
-    __slots__ = ("sent", "slots")
+    __slots__ = ("order", "sent", "spans")
 
     def __init__(
-        self, sent: list[asyncio.Future[Any] | BaseException], slots: list[tuple[int, int]]
+        self,
+        sent: list[asyncio.Future[Any] | BaseException],
+        order: list[_Records],
+        spans: dict[int, list[tuple[int, int]]],
     ) -> None:
         self.sent = sent
-        self.slots = slots
+        self.order = order
+        self.spans = spans
 
     def futures(self) -> list[asyncio.Future[Any]]:
         return [batch for batch in self.sent if isinstance(batch, asyncio.Future)]
@@ -555,15 +576,20 @@ class _Placement:
     def offsets(self) -> list[int]:
         """Each record's offset, its round committed (so no record was refused)."""
         firsts = [int(batch.result().offset) for batch in self.futures()]  # all of them
-        return [firsts[index] + place for index, place in self.slots]
+        per_partition = {
+            key: iter([firsts[index] + place for index, count in batches for place in range(count)])
+            for key, batches in self.spans.items()
+        }
+        return [next(per_partition[id(records)]) for records in self.order]
 
     def errors(self) -> list[BaseException | None]:
         """Per record, why it was refused (None: it was not)."""
-        sent = self.sent
-        return [
-            batch if isinstance(batch := sent[index], BaseException) else None
-            for index, _ in self.slots
-        ]
+        refusals = [None if isinstance(b, asyncio.Future) else b for b in self.sent]
+        per_partition = {
+            key: iter([refusals[index] for index, count in batches for _ in range(count)])
+            for key, batches in self.spans.items()
+        }
+        return [next(per_partition[id(records)]) for records in self.order]
 
 
 class _Batch:
