@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,39 @@ def _timed(call: Callable[..., Awaitable[Any]], into: list[float]) -> Callable[.
             into.append((time.perf_counter() - began) * 1000)
 
     return timed
+
+
+@contextlib.asynccontextmanager
+async def _member(
+    bootstrap: str, prefix: str, topics: tuple[str, ...], partitions: int
+) -> AsyncIterator[MemberProducer]:
+    """The started transactional producer of a member of group ``<prefix>g``: ``topics``
+    created with ``partitions`` each, the member assigned the whole of the first."""
+    settings = Settings(bootstrap_servers=bootstrap, topic_prefix=prefix)
+    admin = make_admin(settings)
+    await admin.start()
+    await admin.create_topics([NewTopic(f"{prefix}{t}", partitions, 1) for t in topics])
+    await admin.close()
+    consumer = make_consumer(settings, group_id=f"{prefix}g")
+    await consumer.start()
+    consumer.subscribe([f"{prefix}{topics[0]}"])
+    while len(consumer.assignment()) < partitions:
+        await consumer.getmany(timeout_ms=100)
+    producer = MemberProducer(
+        settings,
+        group_id=f"{prefix}g",
+        name="bench",
+        member=lambda: group_metadata(consumer),
+        figures=MemberFigures(),
+        transactions=True,
+        transaction_timeout=30.0,
+    )
+    await producer.start()
+    try:
+        yield producer
+    finally:
+        await producer.stop()
+        await stop_client(consumer, grace=10.0, name="bench consumer")
 
 
 def _quantile(sorted_ms: list[float], q: float) -> float:
@@ -122,109 +156,66 @@ async def bench(
 
             setattr(aiokafka_sender.Sender, method, bound())
     found: dict[str, list[tuple[float, float]]] = {"offsets": [], "none": []}
-    async with KRaftBroker(request_log=request_log) as broker:
-        settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix="rounds.")
-        admin = make_admin(settings)
-        await admin.start()
-        await admin.create_topics([NewTopic(f"rounds.{t}", PARTITIONS, 1) for t in ("in", "out")])
-        await admin.close()
-        consumer = make_consumer(settings, group_id="rounds.g")
-        await consumer.start()
-        consumer.subscribe(["rounds.in"])
-        while len(consumer.assignment()) < PARTITIONS:
-            await consumer.getmany(timeout_ms=100)
-        producer = MemberProducer(
-            settings,
-            group_id="rounds.g",
-            name="bench",
-            member=lambda: group_metadata(consumer),
-            figures=MemberFigures(),
-            transactions=True,
-            transaction_timeout=30.0,
-        )
-        await producer.start()
+    async with (
+        KRaftBroker(request_log=request_log) as broker,
+        _member(broker.bootstrap, "rounds.", ("in", "out"), PARTITIONS) as producer,
+    ):
         for inner in producer._producers:
             sender: Any = inner._sender
             sender._do_txn_offset_commit = _timed(
                 sender._do_txn_offset_commit, steps["TxnOffsetCommit"]
             )
         tp = TopicPartition("rounds.in", 0)
-        try:
-            for block in range(blocks):
-                for mode in ("offsets", "none"):
-                    for times in steps.values():
-                        times.clear()  # in place: the timers hold these lists
-                    took = []
-                    for i in range(rounds):
-                        offsets = {tp: block * rounds + i} if mode == "offsets" else {}
-                        began = time.perf_counter()
-                        await producer.write_placed([("rounds.out", b"k", b"v", 0)], offsets)
-                        took.append((time.perf_counter() - began) * 1000)
-                        await asyncio.sleep(gap / 1000)
-                    took.sort()
-                    p50, p99 = _quantile(took, 0.5), _quantile(took, 0.99)
-                    found[mode].append((p50, p99))
-                    print(f"block {block + 1} {mode:<7} round p50 {p50:5.2f} ms  p99 {p99:6.2f} ms")
-                    for name in STEPS.values():
-                        times = sorted(steps[name])
-                        if times:
-                            slow = sum(t > 4.0 for t in times)
-                            print(
-                                f"    {name:<19} p50 {_quantile(times, 0.5):5.2f}  "
-                                f"p98 {_quantile(times, 0.98):5.2f}  "
-                                f"p99 {_quantile(times, 0.99):5.2f}  "
-                                f"max {times[-1]:5.1f} ms  over 4 ms: {slow}/{len(times)}"
-                            )
-        finally:
-            await producer.stop()
-            await stop_client(consumer, grace=10.0, name="bench consumer")
+        for block in range(blocks):
+            for mode in ("offsets", "none"):
+                for times in steps.values():
+                    times.clear()  # in place: the timers hold these lists
+                took = []
+                for i in range(rounds):
+                    offsets = {tp: block * rounds + i} if mode == "offsets" else {}
+                    began = time.perf_counter()
+                    await producer.write_placed([("rounds.out", b"k", b"v", 0)], offsets)
+                    took.append((time.perf_counter() - began) * 1000)
+                    await asyncio.sleep(gap / 1000)
+                took.sort()
+                p50, p99 = _quantile(took, 0.5), _quantile(took, 0.99)
+                found[mode].append((p50, p99))
+                print(f"block {block + 1} {mode:<7} round p50 {p50:5.2f} ms  p99 {p99:6.2f} ms")
+                for name in STEPS.values():
+                    times = sorted(steps[name])
+                    if times:
+                        slow = sum(t > 4.0 for t in times)
+                        print(
+                            f"    {name:<19} p50 {_quantile(times, 0.5):5.2f}  "
+                            f"p98 {_quantile(times, 0.98):5.2f}  "
+                            f"p99 {_quantile(times, 0.99):5.2f}  "
+                            f"max {times[-1]:5.1f} ms  over 4 ms: {slow}/{len(times)}"
+                        )
     return found
 
 
 async def placed_rounds(triggers: int, rounds: int) -> tuple[list[float], list[float]]:
     """Per round of ``triggers`` fired triggers' records: its wall and CPU milliseconds."""
     gc.set_threshold(50_000, 20, 100)  # the collector's cadence in a member's process
-    async with KRaftBroker() as broker:
-        settings = Settings(bootstrap_servers=broker.bootstrap, topic_prefix="placed.")
-        admin = make_admin(settings)
-        await admin.start()
-        topics = ("defer", "resume", "events")
-        await admin.create_topics([NewTopic(f"placed.{t}", 12, 1) for t in topics])
-        await admin.close()
-        consumer = make_consumer(settings, group_id="placed.g")
-        await consumer.start()
-        consumer.subscribe(["placed.defer"])
-        while len(consumer.assignment()) < 12:
-            await consumer.getmany(timeout_ms=100)
-        producer = MemberProducer(
-            settings,
-            group_id="placed.g",
-            name="bench",
-            member=lambda: group_metadata(consumer),
-            figures=MemberFigures(),
-            transactions=True,
-            transaction_timeout=30.0,
-        )
-        await producer.start()
+    async with (
+        KRaftBroker() as broker,
+        _member(broker.bootstrap, "placed.", ("defer", "resume", "events"), 12) as producer,
+    ):
         event = b'{"version":1,"kind":"trigger_event","status":"fired","payload":0}' * 5
         offsets = {TopicPartition("placed.defer", p): 1 for p in range(12)}
         walls, cpus = [], []
-        try:
-            for r in range(rounds + 2):  # the first two warm the producers up
-                records: list[Placed] = []
-                for i in range(triggers):
-                    key = f"{r}.{i}".encode()
-                    records.append(("placed.resume", key, event, i % 12))
-                    records.append(("placed.events", key, event, partition_for(key, 12)))
-                    records.append(("placed.defer", key, None, i % 12))
-                began, cpu = time.perf_counter(), time.process_time()
-                await producer.write_placed(records, offsets)
-                if r >= 2:
-                    walls.append((time.perf_counter() - began) * 1000)
-                    cpus.append((time.process_time() - cpu) * 1000)
-        finally:
-            await producer.stop()
-            await stop_client(consumer, grace=10.0, name="bench consumer")
+        for r in range(rounds + 2):  # the first two warm the producers up
+            records: list[Placed] = []
+            for i in range(triggers):
+                key = f"{r}.{i}".encode()
+                records.append(("placed.resume", key, event, i % 12))
+                records.append(("placed.events", key, event, partition_for(key, 12)))
+                records.append(("placed.defer", key, None, i % 12))
+            began, cpu = time.perf_counter(), time.process_time()
+            await producer.write_placed(records, offsets)
+            if r >= 2:
+                walls.append((time.perf_counter() - began) * 1000)
+                cpus.append((time.process_time() - cpu) * 1000)
     return walls, cpus
 
 
