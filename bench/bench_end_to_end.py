@@ -5,7 +5,11 @@ then its DeferRequest for a DateTimeTrigger); all triggers fall due at one momen
 the task states are written: at least 10 s after and 1 s per 5,000 tasks, so that the
 triggerer and the scheduler have read everything by then (a line says so when they were
 still busy in the 2 s before). One
-``deferline triggerer`` and one ``deferline scheduler`` process run on the same machine.
+``deferline triggerer`` and one ``deferline scheduler`` process run on the same machine; the
+triggerer's ``--capacity`` is sized for the N timers (as ``bench_triggerer``'s bursts are):
+at the default (10,000, and ten times that pending) a member holds the rest of a larger burst
+unread, and the figure would be its reading a slice at a time after the due moment
+(docs/operations.md, "Capacity and backpressure").
 Reported: due time → no task ``deferred`` on the tasks topic, the scheduler's CPU over that
 span and its peak RSS, and the CPU of the triggerer and (when the bench started it) the
 broker over the same span: on a small machine they share its cores. The same method as
@@ -15,7 +19,7 @@ Airflow's figure in ANCHORS.md.
 waited for until the group has settled); CPU and RSS are then the sum and the largest.
 
 ``DEFERLINE_BENCH_TRIGGERER_FLAGS`` and ``DEFERLINE_BENCH_SCHEDULER_FLAGS`` add flags to the
-triggerer's and the schedulers' command lines (``--capacity 1000010``, say).
+triggerer's and the schedulers' command lines (``--capacity 10000`` for the default, say).
 
 ``--deferline`` picks the executable (another checkout's, for before/after figures):
 
@@ -41,6 +45,7 @@ from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaProducer, TopicPartition
+from deferline.runners.triggerer import DEFAULT_CAPACITY
 from deferline.schemas import (
     DeferRequest,
     ResumeTarget,
@@ -169,6 +174,7 @@ async def run_one(
     triggerer = Process(
         exe, "triggerer", settings, workdir, "--member", "t1", "--state-dir",
         str(workdir / f"state-{settings.topic_prefix}"), "--log-level", "WARNING",
+        "--capacity", str(max(DEFAULT_CAPACITY, n + 10)),
         *os.environ.get("DEFERLINE_BENCH_TRIGGERER_FLAGS", "").split(),
     )  # fmt: skip
     processes = [
