@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import gc
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -35,6 +34,7 @@ from deferline.schemas import decode
 from deferline.topics import Settings
 
 from bench._figures import Figure, Peer, Sitting
+from bench._harness import member_gc_cadence
 from bench.bench_triggerer import cheap_requests
 
 
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     sitting = Sitting.begin("ingest")
-    gc.set_threshold(50_000, 20, 100)  # as the triggerer process sets it
+    member_gc_cadence()  # as the build's member processes collect
     due = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     pairs = cheap_requests(args.n, due, "ingest")
     records = [Record(i, key, value, 0) for i, (key, value) in enumerate(pairs)]

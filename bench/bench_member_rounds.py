@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import statistics
 import tempfile
@@ -53,7 +52,7 @@ from deferline.topics import (
 )
 
 from bench._figures import Figure, Peer, Sitting
-from bench._harness import machine_line
+from bench._harness import machine_line, member_gc_cadence
 
 PARTITIONS = 3
 STEPS = {
@@ -196,7 +195,7 @@ async def bench(
 
 async def placed_rounds(triggers: int, rounds: int) -> tuple[list[float], list[float]]:
     """Per round of ``triggers`` fired triggers' records: its wall and CPU milliseconds."""
-    gc.set_threshold(50_000, 20, 100)  # the collector's cadence in a member's process
+    member_gc_cadence()  # as the build's member processes collect
     async with (
         KRaftBroker() as broker,
         _member(broker.bootstrap, "placed.", ("defer", "resume", "events"), 12) as producer,

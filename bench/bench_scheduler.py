@@ -76,7 +76,7 @@ from deferline.schemas import (
 from deferline.topics import Settings, TopicNames, make_producer
 
 from bench._figures import Figure, Sitting, size_slug
-from bench._harness import cpu_seconds, local_broker, produce_batched
+from bench._harness import cpu_seconds, local_broker, member_gc_cadence, produce_batched
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 TARGET = ResumeTarget(operator="pkg.Op")
@@ -636,7 +636,7 @@ def main() -> None:
         deferline=args.deferline if "idle" in args.only else None,
     )
     if not args.default_gc:
-        gc.set_threshold(50_000, 20, 100)  # as `deferline scheduler` sets them
+        member_gc_cadence()  # as the build's member processes collect
     figures: list[Figure] = []
     if "fold" in args.only:
         figures += bench_fold(args.n)

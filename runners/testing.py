@@ -20,6 +20,7 @@ from ._aiokafka import (
 from ._aiokafka import _GenerationTxnOffsetCommit as GenerationTxnOffsetCommit
 from ._aiokafka import _StableOffsetFetch as StableOffsetFetch
 from ._broker_cmd import broker
+from ._gc import collect_less_often
 from ._local_state import CheckpointError, CheckpointInUse
 from ._logging import JsonFormatter, TextFormatter
 from ._metrics import MetricsServer
@@ -47,6 +48,7 @@ __all__ = [
     "as_json",
     "broker",
     "client_of",
+    "collect_less_often",
     "commit_offsets_with_generation",
     "connection_options",
     "fetch_stable_offsets",
