@@ -14,7 +14,7 @@ Above what a member holds in flight at once: a round of 10,000 fired triggers, o
 as many events with its decisions, is some 100,000 tracked objects that die when the round
 commits. Collected every 50,000, each round was walked once or twice before it died, and at a
 million tasks every pass missed the cache on the old objects they point at (about 1.2 µs an
-object): 116 passes of 50 to 85 ms, a fifth of the scheduler's CPU, while a million timers
+object): 116 passes of 50 to 85 ms, a sixth of the scheduler's CPU, while a million timers
 fired (docs/history/2026-12-07.md, "A million due at once"). The price is a longer pause
 when one comes: up to about 0.3 s at a million tasks, 50 to 85 ms before.
 """
