@@ -44,8 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (
@@ -105,6 +105,7 @@ _Records = list[bytes | None]
 """One partition's records in a round, flat: key, value, key, value, and so on (no tuple per
 record)."""
 
+_T = TypeVar("_T")
 _NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
 _NO_MEMBER = GroupMetadata(group_id="", generation=-1, member_id="")
 _STABLE_POLL = 0.02  # seconds between asks for offsets a transaction holds
@@ -576,17 +577,18 @@ class _Placement:
     def offsets(self) -> list[int]:
         """Each record's offset, its round committed (so no record was refused)."""
         firsts = [int(batch.result().offset) for batch in self.futures()]  # all of them
-        per_partition = {
-            key: iter([firsts[index] + place for index, count in batches for place in range(count)])
-            for key, batches in self.spans.items()
-        }
-        return [next(per_partition[id(records)]) for records in self.order]
+        return self._per_record(lambda index, count: range(firsts[index], firsts[index] + count))
 
     def errors(self) -> list[BaseException | None]:
         """Per record, why it was refused (None: it was not)."""
         refusals = [None if isinstance(b, asyncio.Future) else b for b in self.sent]
+        return self._per_record(lambda index, count: [refusals[index]] * count)
+
+    def _per_record(self, each: Callable[[int, int], Iterable[_T]]) -> list[_T]:
+        """Per record, in the order handed over: its share of what ``each(index, count)``
+        gives for the record batch at ``index`` in ``sent``, which holds ``count`` records."""
         per_partition = {
-            key: iter([refusals[index] for index, count in batches for _ in range(count)])
+            key: iter([value for index, count in batches for value in each(index, count)])
             for key, batches in self.spans.items()
         }
         return [next(per_partition[id(records)]) for records in self.order]
