@@ -199,8 +199,21 @@ class TaskTable:
         if isinstance(record, _Slim):
             key = record.ti_key
             view = self._views.get(key)
-            if view is not None and any(own is record for own in view.inflight):
-                return self._apply_state(record, key)  # one of this table's writes, read back
+            if view is not None:
+                inflight = view.inflight
+                # One of this table's writes read back, usually the oldest on its way and
+                # still the task's state, with no cancel of it waiting: then it only lands.
+                if (
+                    inflight
+                    and inflight[0] is record
+                    and view.record is record
+                    and key not in self._cancel
+                ):
+                    view.inflight = inflight[1:]
+                    view.needs_repair = False
+                    return "echo"
+                if any(own is record for own in inflight):
+                    return self._apply_state(record, key)
             record = record.full()  # not a write this table waits for: fold it as any
         return self._apply_state(record)
 

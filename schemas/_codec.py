@@ -16,13 +16,14 @@ import math
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from ._errors import SchemaError
 
 __all__ = [
+    "LastRead",
     "MomentTagger",
     "dumps_kept",
     "dumps_record",
@@ -154,14 +155,42 @@ def _want(var: JsonValue, what: str, *kinds: type) -> None:
         raise TypeError(f"expected {what}, got {type(var).__name__}")
 
 
+class LastRead:
+    """A parse of strings that keeps its last string and result: the events of a burst of
+    timers carry one moment, read again for every event otherwise. For parses whose results
+    are immutable (they are shared); a parse that raises keeps nothing."""
+
+    __slots__ = ("_last", "_parse")
+
+    def __init__(self, parse: Callable[[str], Any]) -> None:
+        self._parse = parse
+        self._last: tuple[str | None, Any] = (None, None)
+
+    def __call__(self, text: str) -> Any:
+        last = self._last  # one tuple, read and replaced whole
+        if text == last[0]:
+            return last[1]
+        value = self._parse(text)
+        self._last = (text, value)
+        return value
+
+
+def _moment(text: str) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text)
+    if value.utcoffset() is None:
+        raise ValueError("naive datetime; give an offset such as +00:00 or Z")
+    return value
+
+
+_read_moment: Final = LastRead(_moment)
+
+
 def _datetime(var: JsonValue, path: str) -> dt.datetime:
     if isinstance(var, int | float) and not isinstance(var, bool):
         return dt.datetime.fromtimestamp(var, dt.UTC)
     _want(var, "an ISO 8601 string or epoch seconds", str)
-    value = dt.datetime.fromisoformat(var)
-    if value.utcoffset() is None:
-        raise ValueError("naive datetime; give an offset such as +00:00 or Z")
-    return value
+    moment: dt.datetime = _read_moment(var)
+    return moment
 
 
 def _date(var: JsonValue, path: str) -> dt.date:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ._codec import from_tagged
+from ._codec import LastRead, from_tagged
 from ._deferral import _instant, _queue_ok, _tagged_object
 from ._errors import SchemaError
 from ._models import AnyRecord, EventStatus, TaskKey, TaskOutcome, TriggerEventRecord
@@ -26,6 +26,9 @@ __all__ = ["EventFields", "decode_event", "quick_event_fields"]
 _STATUSES = frozenset({"fired", "failed", "timed_out", "cancelled"})
 _OUTCOMES = frozenset({"success", "failed", "skipped"})
 _validate_task_key = TaskKey.__pydantic_validator__.validate_python
+# A burst's events carry one due moment and one queue: each read once, not once an event.
+_due_instant = LastRead(_instant)
+_known_queue = LastRead(_queue_ok)
 
 
 @dataclass(slots=True)
@@ -119,13 +122,13 @@ def quick_event_fields(raw: dict[str, Any]) -> EventFields | None:
         or (traceback is not None and type(traceback) is not str)
         or (member is not None and type(member) is not str)
         or (partition is not None and type(partition) is not int)
-        or (queue is not None and not _queue_ok(queue))
+        or (queue is not None and not _known_queue(queue))
         or type(resumed_directly) is not bool
     ):
         return None
     emitted_at = _instant(raw.get("emitted_at"))  # absent: the model's default is now
     due_at = raw.get("due_at")
-    if emitted_at is None or (due_at is not None and (due_at := _instant(due_at)) is None):
+    if emitted_at is None or (due_at is not None and (due_at := _due_instant(due_at)) is None):
         return None
     xcoms = raw.get("xcoms")
     if xcoms is not None and (xcoms := _tagged_object(xcoms)) is None:

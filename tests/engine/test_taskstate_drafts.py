@@ -152,6 +152,44 @@ def test_a_resumes_own_state_read_back_is_an_echo_and_leaves_nothing_in_flight()
     assert table.drain() == []
 
 
+def test_own_states_read_back_behind_later_decisions_land_in_order_and_move_nothing() -> None:
+    """The resume's state comes back after the task moved on (its try failed, the table
+    scheduled and queued the next): each write lands in turn, the later ones stay in flight
+    until read, and the state stays the newest decision."""
+    task = TaskKey(dag_id="d", task_id="t", run_id="r")
+    deferred, event = _deferral(task)
+    table, out = resume(deferred, event)
+    failed = TaskStateRecord(
+        task=task, state="up_for_retry", updated_at=event.emitted_at, source="worker"
+    )
+    assert table.apply(failed) == "applied"
+    later = [emit for emit in table.drain() if emit.kind == "task_state"]
+    assert [(e.record.state, e.record.task.try_number) for e in later] == [  # type: ignore[union-attr]
+        ("scheduled", 2),
+        ("queued", 2),
+    ]
+    newest = table.get(task.ti_key)
+    for written, still in [(out[0], 2), (later[0], 1), (later[1], 0)]:
+        assert table.apply(written.written) == "echo"
+        assert len(table._views[task.ti_key].inflight) == still
+        assert table.get(task.ti_key) == newest
+    assert table.drain() == [], "nothing to repair: the last write read back is the state"
+
+
+def test_own_state_read_back_after_a_workers_later_state_is_stale_and_repaired() -> None:
+    """The worker's end landed before the resume's ``queued`` (it ran from a direct resume):
+    the topic's last record of the task is then behind, and the state is written again."""
+    task = TaskKey(dag_id="d", task_id="t", run_id="r")
+    deferred, event = _deferral(task)
+    table, out = resume(deferred, event)
+    done = TaskStateRecord(task=task, state="success", updated_at=event.emitted_at, source="worker")
+    assert table.apply(done) == "applied"
+    assert table.drain() == []
+    assert table.apply(out[0].written) == "stale"
+    [repair] = table.drain()
+    assert repair.record == done
+
+
 def test_a_resumes_state_read_back_decoded_is_an_echo_too() -> None:
     """After a step-down the scheduler forgets its own writes and decodes what it reads."""
     task = TaskKey(dag_id="d", task_id="t", run_id="r")

@@ -214,6 +214,22 @@ def test_naive_datetime_is_rejected_when_decoding_with_its_path() -> None:
     assert info.value.field == "when"
 
 
+def test_a_moment_read_again_is_the_one_read_before_and_a_bad_one_still_fails() -> None:
+    """A burst's events carry one moment: it is parsed once and the datetime shared."""
+    good = {"__type": "datetime", "__var": "2030-01-01T00:00:00.250000+02:00"}
+    first, second = from_tagged(good), from_tagged(dict(good))
+    assert first == dt.datetime(2030, 1, 1, 0, 0, 0, 250000, dt.timezone(dt.timedelta(hours=2)))
+    assert second is first
+    with pytest.raises(SchemaError, match="naive datetime"):
+        from_tagged({"__type": "datetime", "__var": "2030-01-01T00:00:00"})
+    with pytest.raises(SchemaError, match="naive datetime"):  # a failure is not kept either
+        from_tagged({"__type": "datetime", "__var": "2030-01-01T00:00:00"})
+    assert from_tagged(good) == first
+    assert from_tagged({"__type": "datetime", "__var": 1893456000}) == dt.datetime(
+        2030, 1, 1, tzinfo=dt.UTC
+    ), "epoch seconds are read as before"
+
+
 def test_unsupported_type_names_the_type_and_path() -> None:
     with pytest.raises(SchemaError, match="cannot encode a value of type object") as info:
         to_tagged({"a": [1, object()]})

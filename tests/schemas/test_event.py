@@ -93,6 +93,26 @@ def test_usual_events_are_read_quickly_and_as_the_model_reads_them(
     assert quick.full() == decode(encode(record)), "the fields give the model's record back"
 
 
+def test_a_bursts_events_share_their_due_moment_and_payload() -> None:
+    """Read once for the burst, not once an event; an odd queue between them is still
+    refused as the model refuses it."""
+    first, second = (
+        decode_event(encode(event(emitted_at=MOMENT + dt.timedelta(seconds=n)))) for n in (1, 2)
+    )
+    assert isinstance(first, EventFields)
+    assert isinstance(second, EventFields)
+    assert second.due_at is first.due_at
+    assert first.due_at == MOMENT
+    assert second.payload is first.payload
+    assert first.payload == MOMENT
+    assert second.emitted_at == MOMENT + dt.timedelta(seconds=2)
+    odd = orjson.loads(encode(event(queue="default")))
+    odd["queue"] = "no spaces allowed"
+    assert quick_event_fields(odd) is None
+    assert model_fields(odd) is None
+    assert quick_event_fields(orjson.loads(encode(event(queue="default")))) is not None
+
+
 task_names = st.from_regex(r"[A-Za-z0-9_.\-]{1,12}", fullmatch=True)
 queues = st.from_regex(r"[A-Za-z0-9_\-]{1,64}", fullmatch=True)
 run_ids = st.text(
