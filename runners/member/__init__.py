@@ -28,7 +28,6 @@ from ._producer import (
     MemberProducerError,
     Outgoing,
     Placed,
-    RecordsRefused,
 )
 from ._sticky_assignor import StickyAssignor
 
@@ -57,7 +56,6 @@ __all__ = [
     "PartitionPhase",
     "PartitionProcessor",
     "Placed",
-    "RecordsRefused",
     "RocksPartitionDatabase",
     "StickyAssignor",
     "answers_fetches_early",

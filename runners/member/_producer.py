@@ -44,8 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (
@@ -87,7 +87,6 @@ __all__ = [
     "MemberProducerError",
     "Outgoing",
     "Placed",
-    "RecordsRefused",
 ]
 
 logger = logging.getLogger(__name__)
@@ -105,7 +104,6 @@ _Records = list[bytes | None]
 """One partition's records in a round, flat: key, value, key, value, and so on (no tuple per
 record)."""
 
-_T = TypeVar("_T")
 _NO_HEADERS: list[tuple[str, bytes]] = []  # an untraced record's (never changed)
 _NO_MEMBER = GroupMetadata(group_id="", generation=-1, member_id="")
 _STABLE_POLL = 0.02  # seconds between asks for offsets a transaction holds
@@ -129,17 +127,6 @@ def _group(groups: dict[str, dict[int, _Records]], topic: str, partition: int) -
 
 class MemberFenced(DeferlineError):
     """The group went on without this member: the round holding the batch was aborted."""
-
-
-class RecordsRefused(DeferlineError):
-    """Records of a round were refused before they were sent (larger than a request, say):
-    the round was aborted. ``errors`` holds, per placed record of the batch, why it was
-    refused (None: it was not, and was aborted with the round)."""
-
-    def __init__(self, errors: list[BaseException | None]) -> None:
-        first = next((e for e in errors if e is not None), None)
-        super().__init__(f"records refused, round aborted: {first!r}")
-        self.errors = errors
 
 
 class MemberProducerError(DeferlineError):
@@ -294,10 +281,9 @@ class MemberProducer:
         """Write ``records`` to the partitions they name in the next round, committing
         ``offsets`` for the group and ``foreign`` (other groups' offsets, as a standalone
         reader's) with them. Returns each record's offset once the round committed. Raises
-        :class:`MemberFenced` when the group refused the round, :class:`RecordsRefused` when
-        records of it were refused before they were sent (larger than a request, say: the
-        round was aborted), the broker's error when it failed otherwise. In transactions
-        only."""
+        :class:`MemberFenced` when the group refused the round, the broker's error when it
+        failed otherwise (a record larger than the broker takes fails its whole round). In
+        transactions only."""
         if not self._producers or not self.transactional:
             raise MemberProducerError(f"{self.transactional_id} writes placed records in rounds")
         acked = await self._in_round(_Batch((), offsets, placed=records, foreign=foreign))
@@ -364,14 +350,10 @@ class MemberProducer:
                 for wave in batch.waves
                 for f in await self._send(producer, wave, chosen)
             ]
-            refused = False
             for batch in batches:
                 if batch.placed is not None:
                     batch.placement = await self._send_placed(producer, batch.placed)
-                    futures += batch.placement.futures()
-                    refused = refused or batch.placement.refused()
-            if refused:
-                raise _Refused()
+                    futures += batch.placement.sent
             if offsets:
                 await producer.send_offsets_to_transaction(offsets, self.group_id)
             for group, theirs in foreign.items():
@@ -385,7 +367,7 @@ class MemberProducer:
             raise FencedByGroup(
                 f"the broker aborted the round after its transaction timeout ({exc})"
             ) from exc
-        except (KafkaError, FencedByGroup, _Refused):
+        except (KafkaError, FencedByGroup):
             await _abort(producer)
             raise
         await asyncio.gather(*futures)
@@ -440,10 +422,9 @@ class MemberProducer:
         futures: list[asyncio.Future[Any]] = []
         for topic, parts in groups.items():
             for partition, records in parts.items():
-                for sent, _ in await self._pack(producer, topic, partition, records):
-                    if not isinstance(sent, asyncio.Future):
-                        raise sent
-                    futures.append(sent)
+                futures += [
+                    sent for sent, _ in await self._pack(producer, topic, partition, records)
+                ]
         return futures
 
     async def _send_placed(
@@ -467,7 +448,7 @@ class MemberProducer:
             group.append(key)
             group.append(value)
             order.append(group)
-        sent: list[asyncio.Future[Any] | BaseException] = []
+        sent: list[asyncio.Future[Any]] = []
         spans: dict[int, list[tuple[int, int]]] = {}
         for topic, parts in groups.items():
             for partition, group in parts.items():
@@ -483,31 +464,26 @@ class MemberProducer:
         topic: str,
         partition: int,
         records: _Records,
-    ) -> list[tuple[asyncio.Future[Any] | BaseException, int]]:
+    ) -> list[tuple[asyncio.Future[Any], int]]:
         """Queue ``records`` for one partition as few record batches as hold them; per batch,
-        in order, its future (or why it was refused) and how many records it holds."""
+        in order, its future and how many records it holds.
+
+        A batch's first record always fits (aiokafka's builder takes it whatever its size),
+        so a record larger than a batch goes alone; one larger than the broker takes fails
+        the round with the broker's error."""
         traced = tracing_on()  # asked once a call, not per record
-        sent: list[tuple[asyncio.Future[Any] | BaseException, int]] = []
+        sent: list[tuple[asyncio.Future[Any], int]] = []
         batch = producer.create_batch()
         pairs = iter(records)
         for key, value in zip(pairs, pairs, strict=True):
             headers = trace_send(topic, value) if traced else _NO_HEADERS
             if batch.append(key=key, value=value, timestamp=None, headers=headers) is not None:
                 continue
-            if count := batch.record_count():  # full: send it, start the next
-                sent.append((await producer.send_batch(batch, topic, partition=partition), count))
+            count = batch.record_count()  # full: send it, start the next
+            sent.append((await producer.send_batch(batch, topic, partition=partition), count))
             batch = producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                # Larger than a batch on its own: send() sends it or says why not.
-                try:
-                    alone = await producer.send(
-                        topic, value, key=key, partition=partition, headers=headers
-                    )
-                except KafkaError as exc:
-                    sent.append((exc, 1))
-                else:
-                    sent.append((alone, 1))
-                batch = producer.create_batch()
+            first = batch.append(key=key, value=value, timestamp=None, headers=headers)
+            assert first is not None, "a record batch takes its first record"
         if count := batch.record_count():
             sent.append((await producer.send_batch(batch, topic, partition=partition), count))
         return sent
@@ -550,17 +526,16 @@ class MemberProducer:
 class _Placement:
     """Where a writer's placed records went, without an object per record (a round holds
     tens of thousands, and each object alive through it counts towards the collector's next
-    pass, in a process that may hold millions): the record batches sent for them (each its
-    future, or why it was refused before it was sent); per record, in the order handed over,
-    the records of its partition (:data:`_Records`); and per partition, by the ``id`` of
-    those records, its record batches in order: each one's index in ``sent`` and how many
-    records it holds."""
+    pass, in a process that may hold millions): the futures of the record batches sent for
+    them; per record, in the order handed over, the records of its partition
+    (:data:`_Records`); and per partition, by the ``id`` of those records, its record
+    batches in order: each one's index in ``sent`` and how many records it holds."""
 
     __slots__ = ("order", "sent", "spans")
 
     def __init__(
         self,
-        sent: list[asyncio.Future[Any] | BaseException],
+        sent: list[asyncio.Future[Any]],
         order: list[_Records],
         spans: dict[int, list[tuple[int, int]]],
     ) -> None:
@@ -568,27 +543,13 @@ class _Placement:
         self.order = order
         self.spans = spans
 
-    def futures(self) -> list[asyncio.Future[Any]]:
-        return [batch for batch in self.sent if isinstance(batch, asyncio.Future)]
-
-    def refused(self) -> bool:
-        return any(isinstance(batch, BaseException) for batch in self.sent)
-
     def offsets(self) -> list[int]:
-        """Each record's offset, its round committed (so no record was refused)."""
-        firsts = [int(batch.result().offset) for batch in self.futures()]  # all of them
-        return self._per_record(lambda index, count: range(firsts[index], firsts[index] + count))
-
-    def errors(self) -> list[BaseException | None]:
-        """Per record, why it was refused (None: it was not)."""
-        refusals = [None if isinstance(b, asyncio.Future) else b for b in self.sent]
-        return self._per_record(lambda index, count: [refusals[index]] * count)
-
-    def _per_record(self, each: Callable[[int, int], Iterable[_T]]) -> list[_T]:
-        """Per record, in the order handed over: its share of what ``each(index, count)``
-        gives for the record batch at ``index`` in ``sent``, which holds ``count`` records."""
+        """Each record's offset, in the order handed over, its round committed."""
+        firsts = [int(batch.result().offset) for batch in self.sent]
         per_partition = {
-            key: iter([value for index, count in batches for value in each(index, count)])
+            key: iter(
+                [o for index, count in batches for o in range(firsts[index], firsts[index] + count)]
+            )
             for key, batches in self.spans.items()
         }
         return [next(per_partition[id(records)]) for records in self.order]
@@ -619,15 +580,8 @@ class _Batch:
         return None if self.placement is None else self.placement.offsets()
 
 
-class _Refused(Exception):
-    """A round held records refused before they were sent: aborted (each batch is told
-    which of its records)."""
-
-
 def _as_written(exc: BaseException, transactional_id: str, batch: _Batch) -> BaseException:
     """What a writer whose round failed gets."""
-    if isinstance(exc, _Refused):
-        return RecordsRefused([] if batch.placement is None else batch.placement.errors())
     if isinstance(exc, FencedByGroup):
         return MemberFenced(
             f"the group went on without this member: {transactional_id}'s round was aborted ({exc})"

@@ -59,7 +59,7 @@ from aiokafka.errors import (
 from deferline.engine import SourcePosition
 from deferline.topics import trace_send
 
-from ..member import MemberFenced, Placed, RecordsRefused
+from ..member import MemberFenced, Placed
 
 __all__ = ["Ack", "Emission", "Emitter", "RoundWriter", "Send"]
 
@@ -595,30 +595,22 @@ class Emitter:
             except MemberFenced as exc:
                 self._fenced(pipeline, exc)
                 continue
-            except RecordsRefused as exc:
-                errors: list[BaseException | None] = list(exc.errors)
             except Exception as exc:
-                errors = [exc] * len(records)
+                error: BaseException | None = exc
                 if isinstance(exc, _PERMANENT) and len(write) > 1:
                     # One of them cannot be written: each goes alone until it is found,
                     # its round mates counting no failure meanwhile.
                     pipeline.solo = len(write)
-                    errors = [None] * len(records)
+                    error = None
             else:
                 pipeline.inflight = []
                 self._committed(write, acked)
                 continue
-            retry: list[Emission] = []
-            position, tombstone = 0, sum(len(e.sends) for e in write)
-            for emission in write:
-                mine = errors[position : position + len(emission.sends)]
-                position += len(emission.sends)
-                if emission.tombstone is not None:
-                    mine.append(errors[tombstone])
-                    tombstone += 1
-                error = next((e for e in mine if e is not None), None)
-                if error is None or self._note_failure(emission, error):
-                    retry.append(emission)  # aborted with the round, or to try again
+            retry = [  # aborted with the round, or to try again
+                emission
+                for emission in write
+                if error is None or self._note_failure(emission, error)
+            ]
             pipeline.inflight = retry
             await asyncio.sleep(self._retry_backoff)
             pipeline.queue.extendleft(reversed(retry))

@@ -127,8 +127,10 @@ async def test_a_failed_commit_is_aborted_and_the_round_sent_again_whole() -> No
 @pytest.mark.parametrize(
     "refused_by",
     [
-        pytest.param({"max_batch_size": 10_000}, id="client"),  # larger than a batch: send()
-        pytest.param({}, id="broker"),  # in a batch the broker refuses: the round fails whole
+        # Larger than a batch: it goes in a batch of its own, which the broker refuses.
+        pytest.param({}, id="alone"),
+        # In one batch with its round mates, which the broker refuses with it.
+        pytest.param({"max_batch_size": 1 << 20}, id="with-others"),
     ],
 )
 async def test_a_record_too_large_is_given_up_and_its_round_mates_commit(
