@@ -117,7 +117,7 @@ class Emit:
         self.queue = queue
         self._draft: _Slim | _ResumeRun | None
         self._record: Decision | None
-        if isinstance(record, _Slim | _ResumeRun):
+        if isinstance(record, _DRAFTS):  # a tuple made once: a union is made at each call
             self._draft, self._record = record, None
             self.kind = record.kind
             self.key = record.ti_key if key is None else key
@@ -443,6 +443,8 @@ class _ResumeRun:
                 pass
         return encode(self.full())
 
+
+_DRAFTS: Final = (_Slim, _ResumeRun)
 
 WrittenState = TaskStateRecord | _Slim
 """A task state as :meth:`TaskTable.apply` takes it back, read back (see :attr:`Emit.written`)."""
