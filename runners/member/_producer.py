@@ -319,7 +319,7 @@ class MemberProducer:
     def _fail(self, batches: list[_Batch], exc: BaseException) -> None:
         for batch in batches:
             if not batch.done.done():
-                batch.done.set_exception(_as_written(exc, self.transactional_id, batch))
+                batch.done.set_exception(_as_written(exc, self.transactional_id))
                 batch.done.exception()  # a writer that went away does not warn
 
     async def _one_round(
@@ -580,7 +580,7 @@ class _Batch:
         return None if self.placement is None else self.placement.offsets()
 
 
-def _as_written(exc: BaseException, transactional_id: str, batch: _Batch) -> BaseException:
+def _as_written(exc: BaseException, transactional_id: str) -> BaseException:
     """What a writer whose round failed gets."""
     if isinstance(exc, FencedByGroup):
         return MemberFenced(
