@@ -314,7 +314,7 @@ class _Slim:
                         "reason": self.reason,
                         "updated_at": updated_at,
                         "source": self.source,
-                        "resume": None if self.resume is None else _resume_fields(self.resume),
+                        "resume": None if self.resume is None else _target_fields(self.resume),
                         "timeout_at": timeout_at,
                         "queue": self.queue,
                         "xcoms": _tagged(self.xcoms),
@@ -358,26 +358,6 @@ def _tagged_value(value: Any) -> Any:
 
 def _tagged_kwargs(kwargs: dict[str, Any]) -> Any:
     return to_tagged(kwargs) if kwargs else {}  # most targets have none
-
-
-class _TargetFields:
-    """:func:`_target_fields` of the last target asked: the resumed states of a burst share
-    one target object (see ``TaskTable._shared``). The fields returned are shared: read
-    them, never change them."""
-
-    __slots__ = ("_fields", "_target")
-
-    def __init__(self) -> None:
-        self._target: ResumeTarget | None = None
-        self._fields: dict[str, Any] = {}
-
-    def __call__(self, target: ResumeTarget) -> dict[str, Any]:
-        if target is not self._target:  # the object held here keeps its identity
-            self._target, self._fields = target, _target_fields(target)
-        return self._fields
-
-
-_resume_fields: Final = _TargetFields()
 
 
 def _target_fields(target: ResumeTarget) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import math
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 import orjson
 
@@ -33,6 +33,8 @@ __all__ = [
     "to_tagged",
     "whole_minute_offset",
 ]
+
+_Read = TypeVar("_Read")
 
 TYPE = "__type"
 VAR = "__var"
@@ -155,20 +157,21 @@ def _want(var: JsonValue, what: str, *kinds: type) -> None:
         raise TypeError(f"expected {what}, got {type(var).__name__}")
 
 
-class LastRead:
-    """A parse of strings that keeps its last string and result: the events of a burst of
-    timers carry one moment, read again for every event otherwise. For parses whose results
-    are immutable (they are shared); a parse that raises keeps nothing."""
+class LastRead(Generic[_Read]):
+    """A parse that keeps its last input and result, given back for an equal input: the
+    events of a burst of timers carry one moment, read again for every event otherwise. For
+    parses of plain values whose results are immutable (they are shared); a parse that
+    raises keeps nothing."""
 
     __slots__ = ("_last", "_parse")
 
-    def __init__(self, parse: Callable[[str], Any]) -> None:
+    def __init__(self, parse: Callable[[Any], _Read]) -> None:
         self._parse = parse
-        self._last: tuple[str | None, Any] = (None, None)
+        self._last: tuple[Any, _Read] | None = None
 
-    def __call__(self, text: str) -> Any:
+    def __call__(self, text: Any) -> _Read:
         last = self._last  # one tuple, read and replaced whole
-        if text == last[0]:
+        if last is not None and text == last[0]:
             return last[1]
         value = self._parse(text)
         self._last = (text, value)
@@ -189,8 +192,7 @@ def _datetime(var: JsonValue, path: str) -> dt.datetime:
     if isinstance(var, int | float) and not isinstance(var, bool):
         return dt.datetime.fromtimestamp(var, dt.UTC)
     _want(var, "an ISO 8601 string or epoch seconds", str)
-    moment: dt.datetime = _read_moment(var)
-    return moment
+    return _read_moment(var)
 
 
 def _date(var: JsonValue, path: str) -> dt.date:
