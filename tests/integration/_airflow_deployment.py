@@ -25,6 +25,7 @@ from deferline.topics import free_port
 
 from tests._until import until_sync
 from tests.airflow_line import airflow_line
+from tests.integration._airflow_seed import stop_group
 
 DAGS = Path(__file__).with_name("airflow_bridge_dags")
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
@@ -155,7 +156,11 @@ class AirflowDeployment:
         """Start ``airflow ARGS`` in the background, its output to ``home/<name>.log``."""
         log = (self.home / f"{args[0]}.log").open("wb")
         proc = subprocess.Popen(
-            [AIRFLOW, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [AIRFLOW, *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # stopped with what it starts (see close)
         )
         self._procs.append((proc, log))
         return proc
@@ -174,15 +179,10 @@ class AirflowDeployment:
             self.spawn("api-server")
 
     def close(self) -> None:
-        for proc, _ in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc, log in self._procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        """Stop Airflow's processes with what they started (the scheduler's LocalExecutor
+        workers and log server would outlive it)."""
+        stop_group(*(proc for proc, _ in reversed(self._procs)), grace=20.0)
+        for _, log in self._procs:
             log.close()  # type: ignore[attr-defined]
 
     def query(self, sql: str, *params: object) -> list[tuple[object, ...]]:

@@ -29,6 +29,7 @@ Run in a process whose environment points Airflow at the database (``airflow_env
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -112,16 +113,22 @@ def retime(env: dict[str, str], moment: dt.datetime, every: int = 1) -> None:
     subprocess.run(command, env=env, cwd=Path(__file__).parents[2], check=True)
 
 
-def stop_group(proc: subprocess.Popen[Any]) -> None:
-    """Stop a process started with ``start_new_session`` and all it started: SIGTERM, then
-    SIGKILL after 30 s (Airflow's triggerer runs its triggers in a child process)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def stop_group(*procs: subprocess.Popen[Any], grace: float = 30.0) -> None:
+    """Stop processes started with ``start_new_session`` and all they started: SIGTERM to
+    every group at once; then, as each leader ends (or after ``grace`` seconds, when it is
+    killed), SIGKILL to what is left of its group. Airflow's triggerer runs its triggers in a
+    child process, and a scheduler's LocalExecutor workers and log server outlive it."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # the group is empty: all ended
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _dag_file() -> Path:
